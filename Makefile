@@ -1,0 +1,34 @@
+# The set-up promise: every target creates .venv when it is missing and installs the project
+# from the pinned versions in requirements/constraints.txt, so a fresh machine gets exactly
+# the versions the tests ran with.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONSTRAINTS := requirements/constraints.txt
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "turnkeeper needs Python 3.11+")'
+	PIP_CONSTRAINT=$(CONSTRAINTS) $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,1 @@
+"""turnkeeper's benchmarks (``make bench``); never part of ``make test``."""

@@ -1,0 +1,70 @@
+"""message_queue: the session's queue of follow-up messages.
+
+Owns entries and their batching and sealing, dispatch modes, dedupe keys, cancel tokens and the
+cancel-aware readers that look past withdrawn entries (SPEC.md section 2.2). It is pure: no
+I/O, no awaits, no clock, no randomness.
+
+May import ``persistence`` (for the error root). Must never import ``stream_manager`` or
+``agent_session``, nor anything that does I/O or reads time (``anyio``, ``asyncio``,
+``aiosqlite``, ``sqlite3``, ``time``, ``random``, ``os``).
+"""
+
+from message_queue._entries import (
+    Attachment,
+    CancelState,
+    CancelToken,
+    Correlation,
+    DispatchMode,
+    EntryCallbacks,
+    EntryKind,
+    GoalPolicy,
+    MessageMetadata,
+    MetadataType,
+    SendFailure,
+    SendOptions,
+    notify_all_canceled,
+)
+from message_queue._queue import MessageQueue
+from message_queue._views import (
+    AddOutcome,
+    Dequeued,
+    EntrySnapshot,
+    NewMessage,
+    PrefixRemoval,
+    Queued,
+    QueueStatistics,
+    Rejected,
+    RejectReason,
+    Restored,
+)
+from message_queue.errors import InvalidEntry, QueueEmpty, UnknownEntry
+
+__all__ = [
+    "AddOutcome",
+    "Attachment",
+    "CancelState",
+    "CancelToken",
+    "Correlation",
+    "Dequeued",
+    "DispatchMode",
+    "EntryCallbacks",
+    "EntryKind",
+    "EntrySnapshot",
+    "GoalPolicy",
+    "InvalidEntry",
+    "MessageMetadata",
+    "MessageQueue",
+    "MetadataType",
+    "NewMessage",
+    "PrefixRemoval",
+    "QueueEmpty",
+    "QueueStatistics",
+    "Queued",
+    "RejectReason",
+    "Rejected",
+    "Restored",
+    "SendFailure",
+    "SendOptions",
+    "UnknownEntry",
+    "notify_all_canceled",
+]

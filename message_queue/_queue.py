@@ -1,0 +1,641 @@
+"""The session's FIFO of follow-up messages (SPEC.md section 2.2, MQ-1 to MQ-16).
+
+Theory of operation
+-------------------
+The queue is a deque of *entries*; each entry holds one or more *messages* (adds) that leave
+together. An add joins the tail entry (batching, MQ-2) unless the tail is sealed, the add must
+start an entry of its own (MQ-3, MQ-4), or the two differ in authorship (user vs synthetic).
+
+Two views of "what is queued" coexist on purpose:
+
+* the **raw** view (``len``, ``is_empty``) counts every entry, withdrawn ones included. Drains
+  use it, so a withdrawn entry is always dequeued and its cancellation runs (MQ-8, R63);
+* the **live** readers (``has_queued``, ``next_dispatch_mode``, ``next_is_wake``,
+  ``next_continues``, ``all_continue``, ``first_live``) look past entries whose cancel token
+  fired. Stop decisions, the owner's claim and the soft-stop classification use them, so a
+  withdrawn wake never cuts a turn or makes an owner defer (MQ-7, R31, R62).
+
+Everything here is synchronous and deterministic: no awaits, no clock, no I/O, no randomness
+(``tests/test_layering.py`` enforces it). Callbacks are never run by the queue itself except
+through :func:`~message_queue.notify_all_canceled`, which the caller invokes; removals hand
+the callbacks back in queue order so the caller decides when cancellations run (AS-16, R32).
+
+Interpretations (see docs/message-queue.md): "latest options win" means the latest add that
+carried options; a withdrawn entry is not a predecessor in correlation revalidation (MQ-13),
+as in the all-predecessors scan (R62).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from message_queue._entries import (
+    Attachment,
+    CancelState,
+    CancelToken,
+    Correlation,
+    DispatchMode,
+    EntryCallbacks,
+    EntryKind,
+    MessageMetadata,
+    MetadataType,
+    OnAccepted,
+    OnAcceptedPreStreamFailure,
+    OnCanceled,
+    SendOptions,
+    parse_kind,
+    parse_mode,
+)
+from message_queue._views import (
+    AddOutcome,
+    Dequeued,
+    EntrySnapshot,
+    NewMessage,
+    PrefixRemoval,
+    Queued,
+    QueueStatistics,
+    Rejected,
+    RejectReason,
+    Restored,
+)
+from message_queue.errors import InvalidEntry, QueueEmpty, UnknownEntry
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+# (synthetic, agent_initiated) when the add does not say.
+_AUTHORSHIP_DEFAULTS: dict[EntryKind, tuple[bool, bool]] = {
+    EntryKind.USER: (False, False),
+    EntryKind.WAKE: (True, True),
+    EntryKind.REPORT: (True, True),
+    EntryKind.SYSTEM: (True, False),
+    EntryKind.FOLLOW_UP: (True, False),
+}
+
+# Metadata that seals the entry it starts (MQ-3).
+_SEALING_METADATA = frozenset({MetadataType.AGENT_SKILL, MetadataType.WORKSPACE_TURN})
+
+
+@dataclass(slots=True)
+class _Message:
+    id: str
+    text: str
+    attachments: tuple[Attachment, ...]
+    dedupe_key: str | None
+    synthetic: bool
+    agent_initiated: bool
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    id: str
+    kind: EntryKind
+    mode: DispatchMode
+    sealed: bool
+    user_authored: bool
+    continuation: bool
+    metadata: MessageMetadata | None
+    options: SendOptions | None
+    goal_pause: bool
+    on_accepted: OnAccepted | None
+    on_pre_stream_failure: OnAcceptedPreStreamFailure | None
+    on_canceled: OnCanceled | None
+    token: CancelToken | None
+    cancel_state: CancelState | None
+    messages: list[_Message] = field(default_factory=list)
+
+    @property
+    def withdrawn(self) -> bool:
+        return self.token is not None and self.token.cancelled
+
+    @property
+    def correlation(self) -> Correlation | None:
+        return self.metadata.correlation if self.metadata is not None else None
+
+    def callbacks(self) -> EntryCallbacks:
+        return EntryCallbacks(
+            entry_id=self.id,
+            on_accepted=self.on_accepted,
+            on_accepted_pre_stream_failure=self.on_pre_stream_failure,
+            on_canceled=self.on_canceled,
+        )
+
+    def snapshot(self) -> EntrySnapshot:
+        messages = self.messages
+        return EntrySnapshot(
+            id=self.id,
+            kind=self.kind,
+            mode=self.mode,
+            sealed=self.sealed,
+            user_authored=self.user_authored,
+            workspace_turn_continuation=self.continuation,
+            withdrawn=self.withdrawn,
+            texts=tuple(m.text for m in messages),
+            message_ids=tuple(m.id for m in messages),
+            dedupe_keys=tuple(m.dedupe_key for m in messages if m.dedupe_key is not None),
+            attachments=tuple(a for m in messages for a in m.attachments),
+            metadata=self.metadata,
+            options=self.options,
+            adds=len(messages),
+            synthetic_adds=sum(m.synthetic for m in messages),
+            agent_initiated_adds=sum(m.agent_initiated for m in messages),
+            has_on_canceled=self.on_canceled is not None,
+            has_on_accepted_pre_stream_failure=self.on_pre_stream_failure is not None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    """A validated add: parsed kind and mode, resolved authorship, decided sealing."""
+
+    message: NewMessage
+    kind: EntryKind
+    mode: DispatchMode
+    synthetic: bool
+    agent_initiated: bool
+    sealed: bool
+    starts_entry: bool
+
+    @property
+    def user_authored(self) -> bool:
+        return not (self.synthetic or self.agent_initiated)
+
+
+def _must_seal(message: NewMessage, kind: EntryKind, removable_key: bool) -> bool:
+    """MQ-3: the add starts a sealed entry that never absorbs later adds."""
+    metadata = message.metadata
+    return (
+        message.sealed
+        or kind is EntryKind.WAKE
+        or removable_key
+        or (metadata is not None and metadata.type in _SEALING_METADATA)
+        or (metadata is not None and bool(metadata.snapshot_refs))
+        or message.on_accepted is not None
+        or message.on_accepted_pre_stream_failure is not None
+        or message.on_canceled is not None
+        or message.cancel_token is not None
+    )
+
+
+def _validate(message: NewMessage, removable_key: bool) -> _Add:
+    kind = parse_kind(message.kind)
+    mode = parse_mode(message.mode)
+    metadata = message.metadata
+    if metadata is not None:
+        if metadata.type is MetadataType.WORKSPACE_TURN and metadata.correlation is None:
+            raise InvalidEntry("workspace-turn metadata needs a correlation (handle, owner, turn)")
+        if metadata.type is not MetadataType.WORKSPACE_TURN and metadata.correlation is not None:
+            raise InvalidEntry(f"a correlation needs workspace-turn metadata, not {metadata.type}")
+    default_synthetic, default_agent = _AUTHORSHIP_DEFAULTS[kind]
+    synthetic = default_synthetic if message.synthetic is None else message.synthetic
+    agent = default_agent if message.agent_initiated is None else message.agent_initiated
+    sealed = _must_seal(message, kind, removable_key)
+    compaction = metadata is not None and metadata.type is MetadataType.COMPACTION_REQUEST
+    return _Add(message, kind, mode, synthetic, agent, sealed, starts_entry=sealed or compaction)
+
+
+class MessageQueue:
+    """An ordered queue of entries with batching, dedupe keys and cancel-aware readers.
+
+    Not thread-safe and not async: one session owns one queue and calls it from its event loop.
+    """
+
+    __slots__ = ("_by_id", "_entries", "_keys", "_next_id")
+
+    def __init__(self) -> None:
+        self._entries: deque[_Entry] = deque()
+        self._by_id: dict[str, _Entry] = {}  # entry ids and message ids
+        self._keys: dict[str, _Entry] = {}  # dedupe key -> the entry holding it
+        self._next_id = 0
+
+    # ------------------------------------------------------------------ adding
+
+    def add(self, message: NewMessage) -> AddOutcome:
+        """Queue one message (MQ-1 to MQ-5).
+
+        Returns:
+            :class:`Queued` naming the entry it landed in, or :class:`Rejected` (MQ-1: empty
+            text and no attachments), in which case nothing changed.
+
+        Raises:
+            InvalidEntry: unknown kind or mode, an id already queued, inconsistent metadata.
+        """
+        return self._add(message, key=None, removable_key=False)
+
+    def add_once(self, message: NewMessage, key: str, *, removable: bool = False) -> AddOutcome:
+        """Queue ``message`` under dedupe ``key`` unless an entry already holds it (MQ-9).
+
+        Args:
+            message: the add.
+            key: the dedupe key; it is released when its entry dispatches or is removed.
+            removable: a removable key seals the entry, so it can later be removed by prefix.
+
+        Returns:
+            :class:`Queued`, or :class:`Rejected` with ``DUPLICATE_KEY`` or ``EMPTY``.
+        """
+        if not key:
+            raise InvalidEntry("a dedupe key must be a non-empty string")
+        return self._add(message, key=key, removable_key=removable)
+
+    def _add(self, message: NewMessage, *, key: str | None, removable_key: bool) -> AddOutcome:
+        add = _validate(message, removable_key)
+        if message.id is not None and message.id in self._by_id:
+            raise InvalidEntry(f"entry id {message.id!r} is already queued")
+        if not message.text.strip() and not message.attachments:
+            return Rejected(RejectReason.EMPTY, "a message needs non-blank text or attachments")
+        if key is not None and key in self._keys:
+            holder = self._keys[key].id
+            return Rejected(RejectReason.DUPLICATE_KEY, f"dedupe key {key!r} is held by {holder}")
+        message_id = message.id if message.id is not None else self._fresh_id()
+        stored = _Message(
+            message_id,
+            message.text,
+            message.attachments,
+            key,
+            add.synthetic,
+            add.agent_initiated,
+        )
+        tail = self._entries[-1] if self._entries else None
+        if (
+            tail is not None
+            and not add.starts_entry
+            and not tail.sealed
+            and tail.user_authored == add.user_authored
+        ):
+            self._join(tail, add, stored)
+            entry, into = tail, tail.id
+        else:
+            entry, into = self._start(add, stored), None
+        self._by_id[message_id] = entry
+        if key is not None:
+            self._keys[key] = entry
+        return Queued(entry.id, message_id, into)
+
+    def _start(self, add: _Add, stored: _Message) -> _Entry:
+        message = add.message
+        token = message.cancel_token
+        if token is None and add.kind is EntryKind.WAKE:
+            token = CancelToken()  # a wake is withdrawable by definition
+        entry = _Entry(
+            id=stored.id,
+            kind=add.kind,
+            mode=add.mode,
+            sealed=add.sealed,
+            user_authored=add.user_authored,
+            continuation=message.workspace_turn_continuation,
+            metadata=message.metadata,
+            options=message.options,
+            goal_pause=message.options is not None and message.options.goal_policy == "pause",
+            on_accepted=message.on_accepted,
+            on_pre_stream_failure=message.on_accepted_pre_stream_failure,
+            on_canceled=message.on_canceled,
+            token=token,
+            cancel_state=message.cancel_state,
+            messages=[stored],
+        )
+        self._entries.append(entry)
+        return entry
+
+    @staticmethod
+    def _join(entry: _Entry, add: _Add, stored: _Message) -> None:
+        """MQ-5: texts in order, files accumulate, first metadata, latest options, sticky modes."""
+        message = add.message
+        entry.messages.append(stored)
+        if entry.metadata is None:
+            entry.metadata = message.metadata
+        if message.options is not None:
+            entry.options = message.options
+            entry.goal_pause = entry.goal_pause or message.options.goal_policy == "pause"
+        if add.mode is DispatchMode.TOOL_END:
+            entry.mode = DispatchMode.TOOL_END  # tool-end is sticky: turn-end never downgrades
+        entry.continuation = entry.continuation or message.workspace_turn_continuation
+
+    def _fresh_id(self) -> str:
+        while True:
+            self._next_id += 1
+            candidate = f"q{self._next_id}"
+            if candidate not in self._by_id:
+                return candidate
+
+    # ------------------------------------------------------------------ raw view
+
+    def __len__(self) -> int:
+        """Entries held, withdrawn ones included (the raw size drains use, MQ-8)."""
+        return len(self._entries)
+
+    @property
+    def is_empty(self) -> bool:
+        """Raw emptiness: ``False`` while any entry, even a withdrawn one, is queued (MQ-8)."""
+        return not self._entries
+
+    def __iter__(self) -> Iterator[EntrySnapshot]:
+        """Snapshots of every entry, head first, withdrawn ones included."""
+        return (entry.snapshot() for entry in tuple(self._entries))
+
+    def get(self, entry_id: str) -> EntrySnapshot | None:
+        """The entry holding ``entry_id`` (an entry or message id), or ``None``."""
+        entry = self._by_id.get(entry_id)
+        return entry.snapshot() if entry is not None else None
+
+    def holds_dedupe_key(self, key: str) -> bool:
+        """Whether an entry holds ``key``."""
+        return key in self._keys
+
+    def holds_only_dedupe_key(self, key: str) -> bool:
+        """True only for exactly one entry with exactly one add, holding ``key`` (MQ-9)."""
+        if len(self._entries) != 1:
+            return False
+        messages = self._entries[0].messages
+        return len(messages) == 1 and messages[0].dedupe_key == key
+
+    # ------------------------------------------------------------------ live readers
+
+    def _live(self) -> Iterator[_Entry]:
+        return (entry for entry in self._entries if not entry.withdrawn)
+
+    def _first_live(self) -> _Entry | None:
+        for entry in self._entries:
+            if not entry.withdrawn:
+                return entry
+        return None
+
+    def first_live(self) -> EntrySnapshot | None:
+        """The first entry whose cancel token has not fired (MQ-7)."""
+        entry = self._first_live()
+        return entry.snapshot() if entry is not None else None
+
+    def has_queued(self, mode: DispatchMode | str | None = None) -> bool:
+        """MQ-8: a live entry exists and, when ``mode`` is given, the first live one has it."""
+        entry = self._first_live()
+        if entry is None:
+            return False
+        if mode is None:
+            return True
+        return entry.mode is (mode if isinstance(mode, DispatchMode) else parse_mode(mode))
+
+    def next_dispatch_mode(self) -> DispatchMode:
+        """The first live entry's mode; ``tool-end`` when none is live (MQ-6, MQ-7)."""
+        entry = self._first_live()
+        return entry.mode if entry is not None else DispatchMode.TOOL_END
+
+    def aggregate_dispatch_mode(self) -> DispatchMode:
+        """``tool-end`` if any live entry is ``tool-end`` or none is live, else ``turn-end``."""
+        modes = {entry.mode for entry in self._live()}
+        if not modes or DispatchMode.TOOL_END in modes:
+            return DispatchMode.TOOL_END
+        return DispatchMode.TURN_END
+
+    def next_is_wake(self) -> bool:
+        """Whether the first live entry is a background wake (MQ-7)."""
+        entry = self._first_live()
+        return entry is not None and entry.kind is EntryKind.WAKE
+
+    def next_continues(self, correlation: Correlation) -> bool:
+        """Whether the first live entry carries ``correlation`` (MQ-7, R31)."""
+        entry = self._first_live()
+        return entry is not None and entry.correlation == correlation
+
+    def all_continue(self, correlation: Correlation) -> bool:
+        """Whether every live entry carries ``correlation`` (MQ-7, R62).
+
+        Withdrawn entries are ignored entirely, so a queue holding only withdrawn entries has
+        no predecessor and answers ``True``.
+        """
+        return all(entry.correlation == correlation for entry in self._live())
+
+    def visible(self) -> list[EntrySnapshot]:
+        """The user-authored entries, in order (MQ-15); hidden ones are never shown."""
+        return [entry.snapshot() for entry in self._entries if entry.user_authored]
+
+    # ------------------------------------------------------------------ withdrawing
+
+    def withdraw(self, entry_id: str, reason: str = CancelToken.DEFAULT_REASON) -> bool:
+        """Fire the cancel token of the entry holding ``entry_id``.
+
+        The entry stays queued (raw view) for a drain or removal to cancel.
+
+        Returns:
+            ``True`` when this call withdrew it, ``False`` when it was already withdrawn.
+
+        Raises:
+            UnknownEntry: no entry holds that id.
+            InvalidEntry: the entry has no cancel token, so nobody may withdraw it.
+        """
+        entry = self._by_id.get(entry_id)
+        if entry is None:
+            raise UnknownEntry(f"no queued entry {entry_id!r}")
+        if entry.token is None:
+            raise InvalidEntry(f"entry {entry.id!r} has no cancel token and cannot be withdrawn")
+        return entry.token.cancel(reason)
+
+    # ------------------------------------------------------------------ leaving
+
+    def _release(self, entry: _Entry) -> None:
+        for message in entry.messages:
+            self._release_message(message)
+
+    def _release_message(self, message: _Message) -> None:
+        self._by_id.pop(message.id, None)
+        if message.dedupe_key is not None:
+            self._keys.pop(message.dedupe_key, None)
+
+    def _remove_entries(self, doomed: Iterable[_Entry]) -> list[EntryCallbacks]:
+        doomed_ids = {id(entry) for entry in doomed}
+        if not doomed_ids:
+            return []
+        kept: deque[_Entry] = deque()
+        removed: list[EntryCallbacks] = []
+        for entry in self._entries:
+            if id(entry) in doomed_ids:
+                self._release(entry)
+                self._by_id.pop(entry.id, None)
+                removed.append(entry.callbacks())
+            else:
+                kept.append(entry)
+        self._entries = kept
+        return removed
+
+    def dequeue_next(self) -> Dequeued:
+        """Remove the head entry, withdrawn or not, and hand it over (MQ-14).
+
+        Raises:
+            QueueEmpty: the queue holds no entry (check ``is_empty`` first).
+        """
+        if not self._entries:
+            raise QueueEmpty("dequeue_next on an empty queue")
+        entry = self._entries.popleft()
+        self._release(entry)
+        self._by_id.pop(entry.id, None)
+        messages = entry.messages
+        attachments = tuple(a for m in messages for a in m.attachments)
+        options = entry.options
+        if entry.goal_pause and (options is None or options.goal_policy != "pause"):
+            base = options if options is not None else SendOptions()
+            options = msgspec.structs.replace(base, goal_policy="pause")
+        return Dequeued(
+            entry_id=entry.id,
+            kind=entry.kind,
+            mode=entry.mode,
+            text="\n".join(m.text for m in messages),
+            options=options,
+            metadata=entry.metadata,
+            attachments=attachments or None,
+            synthetic=all(m.synthetic for m in messages),
+            agent_initiated=all(m.agent_initiated for m in messages),
+            user_authored=entry.user_authored,
+            workspace_turn_continuation=entry.continuation,
+            callbacks=entry.callbacks(),
+            cancel_token=entry.token,
+            cancel_state=entry.cancel_state,
+        )
+
+    def clear(self) -> list[EntryCallbacks]:
+        """Empty the queue (MQ-16).
+
+        Returns:
+            Every entry's callbacks, in queue order, for the caller to notify.
+        """
+        removed = self._remove_entries(list(self._entries))
+        self._keys.clear()
+        return removed
+
+    def restore_to_input(self) -> Restored:
+        """Give the visible content back and clear everything (MQ-15, AS-17).
+
+        User-authored texts and attachments come back for the composer; every entry leaves,
+        and synthetic ones are to be cancelled, never restored.
+        """
+        texts: list[str] = []
+        attachments: list[Attachment] = []
+        for entry in self._entries:
+            if entry.user_authored:
+                texts.extend(m.text for m in entry.messages)
+                attachments.extend(a for m in entry.messages for a in m.attachments)
+        return Restored("\n".join(texts), tuple(attachments), self.clear())
+
+    def remove_by_dedupe_key_prefix(self, prefix: str) -> PrefixRemoval:
+        """Remove every message whose dedupe key starts with ``prefix`` (MQ-10).
+
+        An entry that keeps messages stays, with fewer adds; an entry that loses all of them
+        leaves and its callbacks come back. An empty prefix removes nothing.
+        """
+        if not prefix:
+            return PrefixRemoval(0, [])
+        count = 0
+        emptied: list[_Entry] = []
+        for entry in self._entries:
+            doomed = [
+                m
+                for m in entry.messages
+                if m.dedupe_key is not None and m.dedupe_key.startswith(prefix)
+            ]
+            if not doomed:
+                continue
+            count += len(doomed)
+            if len(doomed) == len(entry.messages):
+                emptied.append(entry)
+                continue
+            for message in doomed:
+                self._release_message(message)
+            self._by_id[entry.id] = entry  # the entry keeps its id when its first add leaves
+            entry.messages = [m for m in entry.messages if m not in doomed]
+        return PrefixRemoval(count, self._remove_entries(emptied))
+
+    def remove_workspace_turn(self, handle_id: str) -> list[EntryCallbacks]:
+        """Remove the entries whose workspace-turn metadata names ``handle_id`` (MQ-11)."""
+        doomed = [
+            entry
+            for entry in self._entries
+            if entry.correlation is not None and entry.correlation.handle_id == handle_id
+        ]
+        return self._remove_entries(doomed)
+
+    def drop_if_only_dedupe_key(self, key: str) -> list[EntryCallbacks] | None:
+        """Clear the queue when it holds exactly the one add keyed ``key``; else ``None``."""
+        return self.clear() if self.holds_only_dedupe_key(key) else None
+
+    # ------------------------------------------------------------------ reordering
+
+    def prioritize_next_user_entry(self) -> bool:
+        """Move the oldest user-authored entry to the head (MQ-12); ``False`` if there is none."""
+        for index, entry in enumerate(self._entries):
+            if entry.user_authored:
+                if index:
+                    del self._entries[index]
+                    self._entries.appendleft(entry)
+                self._revalidate_correlations()
+                return True
+        return False
+
+    def set_visible_dispatch_mode(self, mode: DispatchMode | str) -> bool:
+        """Give every user-authored entry ``mode`` and move them ahead of hidden ones (MQ-12).
+
+        Returns:
+            ``False`` when no user-authored entry is queued (nothing changes).
+        """
+        new_mode = parse_mode(mode)
+        visible = [entry for entry in self._entries if entry.user_authored]
+        if not visible:
+            return False
+        for entry in visible:
+            entry.mode = new_mode
+        hidden = [entry for entry in self._entries if not entry.user_authored]
+        self._entries = deque(visible + hidden)
+        self._revalidate_correlations()
+        return True
+
+    def _revalidate_correlations(self) -> None:
+        """MQ-13: strip stale continuations queued behind unrelated work.
+
+        Walking live entries from the head, once an entry without a correlation or with a
+        different one than the first correlated entry has been seen, every later entry flagged
+        as a workspace-turn continuation loses its metadata and its cancellation callbacks (a
+        stale report must not settle a superseded turn). Original prompts keep theirs.
+        """
+        first: Correlation | None = None
+        superseded = False
+        for entry in self._live():
+            if superseded and entry.continuation:
+                entry.metadata = None
+                entry.on_canceled = None
+                entry.on_pre_stream_failure = None
+                continue
+            correlation = entry.correlation
+            if correlation is None or (first is not None and correlation != first):
+                superseded = True
+            elif first is None:
+                first = correlation
+
+    # ------------------------------------------------------------------ introspection
+
+    def statistics(self) -> QueueStatistics:
+        """A snapshot of the queue's shape (raw and live counts, modes, keys)."""
+        live = withdrawn = sealed = tool_end = 0
+        for entry in self._entries:
+            sealed += entry.sealed
+            if entry.withdrawn:
+                withdrawn += 1
+            else:
+                live += 1
+                tool_end += entry.mode is DispatchMode.TOOL_END
+        return QueueStatistics(
+            entries=len(self._entries),
+            live=live,
+            withdrawn=withdrawn,
+            sealed=sealed,
+            tool_end=tool_end,
+            turn_end=live - tool_end,
+            keys=len(self._keys),
+        )
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (
+            f"<MessageQueue [{s.entries} entries: {s.live} live, {s.withdrawn} withdrawn, "
+            f"{s.sealed} sealed | modes: {s.tool_end} tool-end, {s.turn_end} turn-end | "
+            f"keys: {s.keys}]>"
+        )
