@@ -197,6 +197,11 @@ class CancelToken:
         else:
             self._listeners.append(listener)
 
+    def remove_listener(self, listener: Callable[[str], None]) -> None:
+        """Forget ``listener`` (no error when it was never added or already ran)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def __repr__(self) -> str:
         state = f"cancelled {self._reason!r}" if self._reason is not None else "live"
         return f"<CancelToken {state}>"

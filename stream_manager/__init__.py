@@ -5,5 +5,128 @@ the stop conditions, the fallback chain and its progress, soft and hard stops an
 reasons, the launch probe, tool calls as operations (deadlines, cancellation, receipts), the
 ``Model``, ``Tool`` and ``Clock`` ports and the ``ScriptedModel``.
 
-May import ``message_queue`` and ``persistence``. Must never import ``agent_session``.
+May import ``message_queue`` and ``persistence``. Must never import ``agent_session``. The
+decision modules (``_budget``, ``_fallback``, ``_stop``, ``_validate``) are pure: no I/O, no
+awaits, no clock.
 """
+
+from stream_manager._budget import StepBudget, initial_budget
+from stream_manager._events import (
+    AbortReason,
+    ErrorKind,
+    FellBack,
+    LaunchRefused,
+    LoopStopped,
+    Observer,
+    OperationStarted,
+    StartCause,
+    StepCompleted,
+    StreamAborted,
+    StreamEnded,
+    StreamEvent,
+    StreamFailed,
+    StreamStarted,
+    ToolCallEnded,
+    ToolCallStarted,
+)
+from stream_manager._fallback import Hop, ModelFallbackProgress, NoHop, plan_hop, start_progress
+from stream_manager._loop import StreamManager
+from stream_manager._operations import OperationRunner, operation_id
+from stream_manager._parts import (
+    ChatMessage,
+    Finish,
+    FinishReason,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from stream_manager._request import (
+    Aborted,
+    AbortMetadata,
+    Ended,
+    Failed,
+    QueuedStopReport,
+    Refused,
+    StreamInfo,
+    StreamOutcome,
+    StreamRequest,
+    Withdrawn,
+)
+from stream_manager._stop import RequiredTools, StopDecision, StopWhy, decide_stop, is_success
+from stream_manager._stream import StreamState
+from stream_manager.clock import SystemClock, VirtualClock
+from stream_manager.errors import ErrorType, ModelError, ScriptExhausted, UnknownModel
+from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolContext, ToolKind
+from stream_manager.scripted import ScriptedModel, ScriptStep, ScriptToolCall
+
+__all__ = [
+    "AbortMetadata",
+    "AbortReason",
+    "Aborted",
+    "ChatMessage",
+    "Clock",
+    "Ended",
+    "ErrorKind",
+    "ErrorType",
+    "Failed",
+    "FellBack",
+    "Finish",
+    "FinishReason",
+    "Hop",
+    "LaunchRefused",
+    "LoopStopped",
+    "Model",
+    "ModelError",
+    "ModelFallbackProgress",
+    "ModelRequest",
+    "NoHop",
+    "Observer",
+    "OperationRunner",
+    "OperationStarted",
+    "Part",
+    "QueuedStopReport",
+    "ReasoningPart",
+    "Refused",
+    "RequiredTools",
+    "Role",
+    "ScriptExhausted",
+    "ScriptStep",
+    "ScriptToolCall",
+    "ScriptedModel",
+    "StartCause",
+    "StepBudget",
+    "StepCompleted",
+    "StopDecision",
+    "StopWhy",
+    "StreamAborted",
+    "StreamEnded",
+    "StreamEvent",
+    "StreamFailed",
+    "StreamInfo",
+    "StreamManager",
+    "StreamOutcome",
+    "StreamRequest",
+    "StreamStarted",
+    "StreamState",
+    "SystemClock",
+    "TextPart",
+    "Tool",
+    "ToolCallEnded",
+    "ToolCallPart",
+    "ToolCallStarted",
+    "ToolContext",
+    "ToolKind",
+    "ToolResultPart",
+    "UnknownModel",
+    "VirtualClock",
+    "Withdrawn",
+    "decide_stop",
+    "initial_budget",
+    "is_success",
+    "operation_id",
+    "plan_hop",
+    "start_progress",
+]

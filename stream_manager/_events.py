@@ -1,0 +1,172 @@
+"""The events the stream manager reports, with CONTRACT.md section 3's names and fields.
+
+Events are past-tense facts, frozen msgspec Structs tagged by ``event``. They are handed to the
+observers synchronously, when the fact is recorded and before any reaction to it runs; the trace
+observer adds ``seq`` and ``t``. Constructing an event is skipped entirely when no observer is
+attached, so an unobserved engine pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from stream_manager._parts import FinishReason
+    from stream_manager._stop import StopWhy
+
+
+class AbortReason(StrEnum):
+    """Why a stream was stopped (SPEC.md section 1)."""
+
+    #: An explicit Stop, edit or send-now.
+    USER = "user"
+    #: A backend hard stop: task stop, cascade, timeout, compaction interrupt, disposal.
+    SYSTEM = "system"
+    #: A stop while no stream is registered yet (the default for synthetic aborts).
+    STARTUP = "startup"
+    #: The provider-tool soft stop made for a queued tool-end entry; the only reason that may
+    #: owe a continuation.
+    QUEUED_MESSAGE = "queued-message"
+
+
+class StartCause(StrEnum):
+    """What started a stream (CONTRACT.md ``stream-start.cause``)."""
+
+    SEND = "send"
+    QUEUE = "queue"
+    RESUME = "resume"
+    RETRY = "retry"
+    RECOVERY = "recovery"
+    FOLLOW_UP = "follow-up"
+
+
+class ErrorKind(StrEnum):
+    """The category of a stream error as the trace reports it."""
+
+    RETRYABLE = "retryable"
+    TERMINAL = "terminal"
+    CONTEXT_EXCEEDED = "context_exceeded"
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
+    session: str | None
+
+
+class StreamStarted(_Event, frozen=True, kw_only=True, tag="stream-start"):
+    """A stream began processing; its first event."""
+
+    stream: str
+    model: str
+    #: The stream's step ceiling.
+    budget: int
+    cause: StartCause
+    handle: str | None = None
+
+
+class StepCompleted(_Event, frozen=True, kw_only=True, tag="step"):
+    """One model step finished (a refused step included)."""
+
+    stream: str
+    #: The step's number in the stream, counted across in-stream restarts.
+    n: int
+    model: str
+
+
+class FellBack(_Event, frozen=True, kw_only=True, tag="fallback"):
+    """A refusal hopped to the next model of the chain."""
+
+    stream: str
+    from_: str = msgspec.field(name="from")
+    to: str
+    refused: tuple[str, ...]
+
+
+class LoopStopped(_Event, frozen=True, kw_only=True, tag="stop"):
+    """The model loop ended, and why."""
+
+    stream: str
+    why: StopWhy
+
+
+class StreamEnded(_Event, frozen=True, kw_only=True, tag="stream-end"):
+    """The stream finished normally."""
+
+    stream: str
+    finish: FinishReason
+    steps: int
+    remaining: int
+
+
+class StreamAborted(_Event, frozen=True, kw_only=True, tag="stream-abort"):
+    """The stream was stopped; ``stream`` is empty for a synthetic abort (SM-12)."""
+
+    stream: str
+    reason: AbortReason
+    remaining: int
+
+
+class StreamFailed(_Event, frozen=True, kw_only=True, tag="stream-error"):
+    """The stream failed."""
+
+    stream: str
+    kind: ErrorKind
+    remaining: int
+    #: The error type (SM-19), e.g. ``model_refusal`` or ``stream_truncated``.
+    type: str
+    message: str
+
+
+class LaunchRefused(_Event, frozen=True, kw_only=True, tag="launch-refused"):
+    """A launch was refused before any ``stream-start`` (SM-4)."""
+
+    why: str
+
+
+class ToolCallStarted(_Event, frozen=True, kw_only=True, tag="tool-call-start"):
+    """The model asked for a tool (AS-20); provider calls run inside the step."""
+
+    stream: str
+    call: str
+    tool: str
+    provider: bool
+
+
+class ToolCallEnded(_Event, frozen=True, kw_only=True, tag="tool-call-end"):
+    """A tool call has its result: a provider's inside the step, or the engine's execution."""
+
+    stream: str
+    call: str
+    tool: str
+    provider: bool
+    is_error: bool
+
+
+class OperationStarted(_Event, frozen=True, kw_only=True, tag="op-start"):
+    """A tool call is about to execute as an operation."""
+
+    op: str
+    tool: str
+    stream: str
+    #: The operation's absolute deadline, in clock milliseconds.
+    deadline: int
+
+
+StreamEvent = (
+    StreamStarted
+    | StepCompleted
+    | FellBack
+    | LoopStopped
+    | StreamEnded
+    | StreamAborted
+    | StreamFailed
+    | LaunchRefused
+    | OperationStarted
+    | ToolCallStarted
+    | ToolCallEnded
+)
+
+Observer = Callable[[StreamEvent], None]

@@ -1,0 +1,92 @@
+"""What a model step streams, and the messages a request carries.
+
+A model call runs one step and yields *parts*: text and reasoning blocks (each ends at its own
+boundary, the ``text-end`` / ``reasoning-end`` where a soft stop may land), tool calls (client
+or provider-executed), the results of provider-executed tools, and one ``Finish``. All are
+frozen msgspec Structs tagged by ``type``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+class FinishReason(StrEnum):
+    """Why a step finished (CONTRACT.md ``stream-end.finish``)."""
+
+    STOP = "stop"
+    TOOL_CALLS = "tool-calls"
+    LENGTH = "length"
+    REFUSAL = "refusal"
+
+
+class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag="text", tag_field="type"):
+    """A complete text block; its end is a soft-stop boundary."""
+
+    text: str
+
+
+class ReasoningPart(msgspec.Struct, frozen=True, kw_only=True, tag="reasoning", tag_field="type"):
+    """A complete reasoning block; its end is a soft-stop boundary."""
+
+    text: str
+
+
+class ToolCallPart(msgspec.Struct, frozen=True, kw_only=True, tag="tool-call", tag_field="type"):
+    """The model asks for a tool.
+
+    A client-executed call is run by the engine after the step finishes; a provider-executed one
+    runs inside the model's response and is answered by a :class:`ToolResultPart` in the same step.
+    """
+
+    call_id: str
+    name: str
+    args: Mapping[str, object] = msgspec.field(default_factory=dict)
+    provider_executed: bool = False
+    #: Harness-only hints for a scripted tool (never sent back to a model).
+    behaviour: Mapping[str, object] = msgspec.field(default_factory=dict)
+
+
+class ToolResultPart(
+    msgspec.Struct, frozen=True, kw_only=True, tag="tool-result", tag_field="type"
+):
+    """A tool's result: a provider's inside the step, or the engine's after executing a call."""
+
+    call_id: str
+    name: str
+    output: object = None
+    is_error: bool = False
+    provider_executed: bool = False
+
+
+class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish", tag_field="type"):
+    """The step's terminal part: the step is complete (a ``finish-step``)."""
+
+    reason: FinishReason
+
+
+Part = TextPart | ReasoningPart | ToolCallPart | ToolResultPart | Finish
+
+
+class Role(StrEnum):
+    """Who speaks in a request message."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One message of a model request."""
+
+    role: Role
+    text: str = ""
+    tool_calls: tuple[ToolCallPart, ...] = ()
+    tool_results: tuple[ToolResultPart, ...] = ()

@@ -1,0 +1,86 @@
+"""Errors of the step loop and its ports.
+
+A model fails a step by raising a :class:`ModelError`; the loop turns it into a stream error
+(a value) with its SM-19 category. The remaining classes are caller misuse.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from persistence import TurnkeeperError, UsageError
+
+
+class ErrorType(StrEnum):
+    """Stream error types (SM-19)."""
+
+    AUTHENTICATION = "authentication"
+    QUOTA = "quota"
+    MODEL_NOT_FOUND = "model_not_found"
+    CONTEXT_EXCEEDED = "context_exceeded"
+    ABORTED = "aborted"
+    RUNTIME_NOT_READY = "runtime_not_ready"
+    MODEL_REFUSAL = "model_refusal"
+    MALFORMED_OUTPUT = "malformed_output"
+    SCRIPT_EXHAUSTED = "script_exhausted"
+    UNKNOWN = "unknown"
+    RUNTIME_START_FAILED = "runtime_start_failed"
+    STREAM_TRUNCATED = "stream_truncated"
+    EMPTY_OUTPUT = "empty_output"
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    #: A provider failure worth retrying (a scripted ``error = "retryable"``).
+    PROVIDER_ERROR = "provider_error"
+    #: A provider failure not worth retrying (a scripted ``error = "terminal"``).
+    PROVIDER_REJECTED = "provider_rejected"
+
+
+#: SM-19: stream error types an auto-retry must not retry.
+NON_RETRYABLE: frozenset[ErrorType] = frozenset(
+    {
+        ErrorType.AUTHENTICATION,
+        ErrorType.QUOTA,
+        ErrorType.MODEL_NOT_FOUND,
+        ErrorType.CONTEXT_EXCEEDED,
+        ErrorType.ABORTED,
+        ErrorType.RUNTIME_NOT_READY,
+        ErrorType.MODEL_REFUSAL,
+        ErrorType.MALFORMED_OUTPUT,
+        ErrorType.SCRIPT_EXHAUSTED,
+        ErrorType.PROVIDER_REJECTED,
+    }
+)
+
+
+def is_retryable(error_type: ErrorType) -> bool:
+    """SM-19: everything not listed as non-retryable is retryable."""
+    return error_type not in NON_RETRYABLE
+
+
+class ModelError(TurnkeeperError):
+    """A model call failed; ``type`` says how (SM-19)."""
+
+    def __init__(self, error_type: ErrorType, message: str) -> None:
+        super().__init__(message)
+        self.type = error_type
+        self.message = message
+
+
+class ScriptExhausted(ModelError):
+    """A ``ScriptedModel`` was asked for a step its script does not have."""
+
+    def __init__(self, model: str, step_index: int) -> None:
+        super().__init__(
+            ErrorType.SCRIPT_EXHAUSTED,
+            f"model {model!r} ran out of scripted steps: it was asked for step "
+            f"{step_index + 1} and its script has {step_index}",
+        )
+        self.model = model
+        self.step_index = step_index
+
+
+class UnknownModel(UsageError):
+    """A request or chain named a model the stream manager does not have."""
+
+
+class StreamBusy(UsageError):
+    """An operation needs a registered stream state it does not have."""

@@ -1,0 +1,103 @@
+"""The ports the step loop talks to: ``Model``, ``Tool`` and ``Clock``.
+
+Hosts implement them (or use the ``ScriptedModel`` and the clocks in ``stream_manager.clock``);
+the engine never imports a provider SDK.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+
+if TYPE_CHECKING:
+    from message_queue import Correlation
+    from stream_manager._parts import ChatMessage, Part, ToolCallPart, ToolResultPart
+
+
+class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What one model call is asked: one step of a stream."""
+
+    model: str
+    stream: str
+    #: The step's number in the stream (1-based, across in-stream restarts).
+    step: int
+    #: The step ceiling of the loop this step runs in (a restarted loop's is the remainder).
+    step_ceiling: int
+    messages: tuple[ChatMessage, ...]
+    correlation: Correlation | None = None
+    extra_system_context: str | None = None
+    thinking_level: str | None = None
+
+
+class Model(Protocol):
+    """A model: one call runs one step and streams its parts.
+
+    A call fails by raising a :class:`~stream_manager.errors.ModelError` (retryable, terminal,
+    context exceeded, or a malformed output).
+    """
+
+    @property
+    def id(self) -> str:
+        """The model's id, as chains and requests name it."""
+        ...
+
+    def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
+        """Run one step and yield its parts, ending with a ``Finish``."""
+        ...
+
+
+class ToolKind(StrEnum):
+    """How a tool runs (CONTRACT.md ``tools.kind``)."""
+
+    #: Executed by the engine after the step finishes.
+    CLIENT = "client"
+    #: Executed inside the model's response; the engine only sees its result.
+    PROVIDER = "provider"
+    #: A required tool: its successful result ends the turn.
+    COMPLETION = "completion"
+
+
+class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a tool call runs."""
+
+    session: str
+    stream: str
+    op_id: str
+    #: The operation's absolute deadline on the engine's clock (seconds).
+    deadline_at: float
+
+
+class Tool(Protocol):
+    """A client-executed tool. Its execute runs inside a cancel scope the engine owns."""
+
+    @property
+    def name(self) -> str:
+        """The name the model calls it by."""
+        ...
+
+    @property
+    def kind(self) -> ToolKind:
+        """How it runs."""
+        ...
+
+    async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
+        """Run the call and return its result; raising is a failed result, not a crash."""
+        ...
+
+
+class Clock(Protocol):
+    """The engine's only source of time. ``now`` is in seconds; deadlines are absolute."""
+
+    def now(self) -> float:
+        """The current time in seconds."""
+        ...
+
+    async def sleep_until(self, deadline_at: float) -> None:
+        """Return once ``now() >= deadline_at``."""
+        ...
+
+
+ToolRegistry = Mapping[str, Tool]

@@ -1,0 +1,160 @@
+"""Fakes and drivers for step-loop tests: tools we own, an event recorder, a virtual-time driver."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import anyio
+import anyio.abc
+
+from stream_manager import (
+    ChatMessage,
+    Role,
+    ScriptedModel,
+    ScriptStep,
+    ScriptToolCall,
+    StreamEvent,
+    StreamManager,
+    StreamRequest,
+    Tool,
+    ToolCallPart,
+    ToolContext,
+    ToolKind,
+    ToolResultPart,
+    VirtualClock,
+)
+
+T = TypeVar("T")
+
+
+@dataclass
+class FakeTool:
+    """A client tool that answers ``output``; ``before`` runs first (e.g. to queue something)."""
+
+    name: str
+    output: object = field(default_factory=lambda: {"success": True})
+    kind: ToolKind = ToolKind.CLIENT
+    before: Callable[[ToolCallPart], None] | None = None
+    gate: anyio.Event | None = None
+    raises: Exception | None = None
+    calls: list[ToolCallPart] = field(default_factory=list)
+
+    async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
+        self.calls.append(call)
+        if self.before is not None:
+            self.before(call)
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.raises is not None:
+            raise self.raises
+        output = call.args.get("output", self.output)
+        return ToolResultPart(call_id=call.call_id, name=call.name, output=output)
+
+
+@dataclass
+class Recorder:
+    """An observer that keeps every event."""
+
+    events: list[StreamEvent] = field(default_factory=list)
+
+    def __call__(self, event: StreamEvent) -> None:
+        self.events.append(event)
+
+    def names(self) -> list[str]:
+        return [type(e).__struct_config__.tag for e in self.events]  # type: ignore[attr-defined]
+
+    def of(self, kind: type[T]) -> list[T]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def T_(*tools: str) -> ScriptStep:
+    """A step that calls client tools (the catalogue's T(a, b...))."""
+    return ScriptStep(tool_calls=tuple(ScriptToolCall(tool=t) for t in tools))
+
+
+def X(text: str = "done") -> ScriptStep:
+    """A text-only step (X("text"))."""
+    return ScriptStep(text=text)
+
+
+def P(tool: str, text: str = "partial text", result: object = None) -> ScriptStep:
+    """A step with a provider-executed tool and text (P(x))."""
+    return ScriptStep(
+        tool_calls=(ScriptToolCall(tool=tool, provider_executed=True, result=result or {"ok": True}),),
+        text=text,
+    )
+
+
+REFUSE = ScriptStep(refuse=True)
+EMPTY = ScriptStep(error="empty")
+
+
+def user_messages(text: str = "go") -> tuple[ChatMessage, ...]:
+    return (ChatMessage(role=Role.USER, text=text),)
+
+
+@dataclass
+class Rig:
+    """A StreamManager over scripted models and fake tools, with a recorder attached."""
+
+    manager: StreamManager
+    models: dict[str, ScriptedModel]
+    tools: dict[str, FakeTool]
+    clock: VirtualClock
+    recorder: Recorder
+
+    def request(self, model: str = "M", **kw: object) -> StreamRequest:
+        return StreamRequest(session="s1", model=model, messages=user_messages(), **kw)  # type: ignore[arg-type]
+
+
+def rig(
+    scripts: Mapping[str, Sequence[ScriptStep]],
+    *,
+    tools: Sequence[FakeTool] = (),
+    fallbacks: Mapping[str, Sequence[str]] | None = None,
+    max_stream_steps: int = 8,
+    extra_models: Mapping[str, object] | None = None,
+) -> Rig:
+    clock = VirtualClock()
+    models = {name: ScriptedModel(name, steps, clock=clock) for name, steps in scripts.items()}
+    tool_map: dict[str, FakeTool] = {t.name: t for t in tools}
+    for name in ("bash", "a", "b"):
+        tool_map.setdefault(name, FakeTool(name))
+    recorder = Recorder()
+    all_models: dict[str, object] = {**models, **(extra_models or {})}
+    manager = StreamManager(
+        models=all_models,  # type: ignore[arg-type]
+        tools=tool_map,  # type: ignore[arg-type]
+        clock=clock,
+        fallbacks=fallbacks,
+        max_stream_steps=max_stream_steps,
+        observers=[recorder],
+    )
+    return Rig(manager, models, tool_map, clock, recorder)
+
+
+async def drive(clock: VirtualClock, main: Callable[[], Awaitable[T]]) -> T:
+    """Run ``main`` while moving virtual time to the next sleeper whenever all tasks block."""
+    result: list[T] = []
+
+    async def run_main(scope: anyio.CancelScope) -> None:
+        result.append(await main())
+        scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run_main, group.cancel_scope)
+        while True:
+            await anyio.wait_all_tasks_blocked()
+            deadline = clock.next_deadline()
+            if deadline is None:
+                break
+            clock.advance_to(deadline)
+    if not result:
+        raise AssertionError("main blocked forever with no timer pending (a hang)")
+    return result[0]
+
+
+def _tool_protocol_check(tool: FakeTool) -> Tool:
+    return tool
