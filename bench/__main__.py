@@ -1,6 +1,13 @@
 """``python -m bench``: run every benchmark and print its table."""
 
-from bench import queue_ops
+from bench import queue_ops, step_overhead
+
+
+def main() -> int:
+    """Run every benchmark; non-zero when any of them misses its target."""
+    codes = [queue_ops.main(), step_overhead.main()]
+    return 0 if all(code == 0 for code in codes) else 1
+
 
 if __name__ == "__main__":
-    raise SystemExit(queue_ops.main())
+    raise SystemExit(main())

@@ -79,7 +79,7 @@ from stream_manager.errors import ErrorType, ModelError, UnknownModel, is_retrya
 from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolKind
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
     from message_queue import CancelToken
 
@@ -410,8 +410,9 @@ class StreamManager:
         stream.step_open = True
         stream.required_in_step = False
         calls: dict[str, ToolCallPart] = {}
-        iterator = model.stream_step(model_request)
+        iterator: AsyncIterator[Part] | None = None
         try:
+            iterator = model.stream_step(model_request)  # a model may refuse to even start
             async for part in iterator:
                 problem = malformed(part, step.parts, calls)
                 if problem is not None:
@@ -435,7 +436,8 @@ class StreamManager:
                 f"{type(error).__name__}: {error}",
             )
         finally:
-            await _close(iterator)
+            if iterator is not None:
+                await _close(iterator)
         stream.step_open = False
         return step
 
@@ -534,7 +536,7 @@ class StreamManager:
         all_calls = [p for p in step.parts if isinstance(p, ToolCallPart)]
         client_calls = [c for c in all_calls if not c.provider_executed]
         if not client_calls:
-            return self._complete(stream, request, step.finish.reason, StopWhy.FINISHED)
+            return await self._complete(stream, request, step.finish.reason, StopWhy.FINISHED)
         results = [p for p in step.parts if isinstance(p, ToolResultPart)]
         for index, call in enumerate(client_calls):
             result = await self._ops.run(
@@ -568,14 +570,19 @@ class StreamManager:
         )
         if decision is None:
             return None
-        return self._complete(stream, request, FinishReason.TOOL_CALLS, decision.why)
+        return await self._complete(stream, request, FinishReason.TOOL_CALLS, decision.why)
 
     # ------------------------------------------------------------ endings
 
-    def _complete(
+    async def _complete(
         self, stream: ActiveStream, request: StreamRequest, finish: FinishReason, why: StopWhy
     ) -> Ended | _Stopped:
-        """SM-15: report the stop (and a cut, SM-8), then complete and emit ``stream-end``."""
+        """SM-15: report the stop (and a cut, SM-8), complete, persist, emit ``stream-end``.
+
+        The stream is COMPLETED before the final write is awaited, so a hard stop arriving
+        during that write emits nothing (SM-11) instead of aborting a stream whose final
+        message is being committed.
+        """
         if stream.hard_reason is not None:
             return _STOPPED  # a hard stop landed first: the abort path emits its one event
         report = None
@@ -591,17 +598,7 @@ class StreamManager:
         if report is not None and request.on_queued_message_stop is not None:
             request.on_queued_message_stop(report)  # synchronously, before stream-end (R1)
         stream.move(StreamState.COMPLETED)
-        if self._observers:
-            self._emit(
-                StreamEndedEvent(
-                    session=stream.session,
-                    stream=stream.id,
-                    finish=finish,
-                    steps=stream.budget.spent,
-                    remaining=stream.budget.remaining,
-                )
-            )
-        return Ended(
+        ended = Ended(
             stream=stream.id,
             model=stream.model,
             finish=finish,
@@ -612,6 +609,20 @@ class StreamManager:
             queued_stop=report,
             parts=tuple(stream.parts),
         )
+        if request.on_complete is not None:
+            with anyio.CancelScope(shield=True):
+                await request.on_complete(ended)
+        if self._observers:
+            self._emit(
+                StreamEndedEvent(
+                    session=stream.session,
+                    stream=stream.id,
+                    finish=finish,
+                    steps=stream.budget.spent,
+                    remaining=stream.budget.remaining,
+                )
+            )
+        return ended
 
     def _fail(self, stream: ActiveStream, error_type: ErrorType, message: str) -> Failed:
         """SM-19, SM-20: a stream error that reports what the attempt left."""

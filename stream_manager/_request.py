@@ -88,6 +88,9 @@ class StreamRequest:
     on_stream_constructed: Callable[[StreamInfo], Awaitable[None]] | None = None
     #: The caller's abort signal (SM-2); firing it during processing is a hard stop.
     abort: CancelToken | None = None
+    #: SM-15's durable final write (the assistant row, with the cut record when the stream was
+    #: cut, R60), awaited shielded after the stream is COMPLETED and before ``stream-end``.
+    on_complete: Callable[[Ended], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

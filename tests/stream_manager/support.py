@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.abc
@@ -25,6 +24,9 @@ from stream_manager import (
     ToolResultPart,
     VirtualClock,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 T = TypeVar("T")
 
@@ -63,7 +65,7 @@ class Recorder:
         self.events.append(event)
 
     def names(self) -> list[str]:
-        return [type(e).__struct_config__.tag for e in self.events]  # type: ignore[attr-defined]
+        return [str(type(e).__struct_config__.tag) for e in self.events]
 
     def of(self, kind: type[T]) -> list[T]:
         return [e for e in self.events if isinstance(e, kind)]
@@ -82,7 +84,9 @@ def X(text: str = "done") -> ScriptStep:
 def P(tool: str, text: str = "partial text", result: object = None) -> ScriptStep:
     """A step with a provider-executed tool and text (P(x))."""
     return ScriptStep(
-        tool_calls=(ScriptToolCall(tool=tool, provider_executed=True, result=result or {"ok": True}),),
+        tool_calls=(
+            ScriptToolCall(tool=tool, provider_executed=True, result=result or {"ok": True}),
+        ),
         text=text,
     )
 
@@ -126,7 +130,7 @@ def rig(
     all_models: dict[str, object] = {**models, **(extra_models or {})}
     manager = StreamManager(
         models=all_models,  # type: ignore[arg-type]
-        tools=tool_map,  # type: ignore[arg-type]
+        tools=tool_map,
         clock=clock,
         fallbacks=fallbacks,
         max_stream_steps=max_stream_steps,
@@ -149,6 +153,7 @@ async def drive(clock: VirtualClock, main: Callable[[], Awaitable[T]]) -> T:
             await anyio.wait_all_tasks_blocked()
             deadline = clock.next_deadline()
             if deadline is None:
+                group.cancel_scope.cancel()  # main is blocked with no timer pending: a hang
                 break
             clock.advance_to(deadline)
     if not result:

@@ -1,0 +1,329 @@
+"""Stream registration, launch and stops: SM-1 to SM-4 and SM-10 to SM-14, R16.
+
+Synchronisation is by gates (``anyio.Event``) and ``wait_all_tasks_blocked``, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from message_queue import CancelToken
+from stream_manager import (
+    Aborted,
+    AbortReason,
+    Ended,
+    LaunchRefused,
+    Refused,
+    ScriptStep,
+    StreamAborted,
+    StreamInfo,
+    StreamStarted,
+    StreamState,
+    ToolCallEnded,
+    ToolCallPart,
+    Withdrawn,
+)
+from tests.stream_manager.support import T_, FakeTool, P, X, rig
+
+HANG = ScriptStep(text="thinking", hang=True)
+
+
+# ---------------------------------------------------------------- SM-1
+
+
+async def test_sm1_a_new_start_stops_the_running_stream_first() -> None:
+    r = rig({"M": [HANG, X("second")]})
+    outcomes: list[object] = []
+
+    async def first() -> None:
+        outcomes.append(await r.manager.start_stream(r.request()))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(first)
+        await anyio.wait_all_tasks_blocked()
+        assert r.manager.stream_state("s1") is StreamState.STREAMING
+        outcomes.append(await r.manager.start_stream(r.request()))
+
+    aborted, ended = outcomes
+    assert isinstance(aborted, Aborted)
+    assert aborted.reason is AbortReason.SYSTEM
+    assert isinstance(ended, Ended)
+    names = r.recorder.names()
+    # the first stream's abort comes before the second's start: they never overlap
+    assert names.index("stream-abort") < [i for i, n in enumerate(names) if n == "stream-start"][1]
+
+
+async def test_sm1_start_calls_are_serialized() -> None:
+    gate = anyio.Event()
+    entered: list[str] = []
+
+    async def envelope(info: StreamInfo) -> None:
+        entered.append(info.stream)
+        await gate.wait()
+
+    r = rig({"M": [X("one"), X("two")]})
+    results: list[object] = []
+
+    async def start(stream_id: str) -> None:
+        results.append(
+            await r.manager.start_stream(
+                r.request(stream_id=stream_id, on_stream_constructed=envelope)
+            )
+        )
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(start, "first")
+        await anyio.wait_all_tasks_blocked()
+        group.start_soon(start, "second")
+        await anyio.wait_all_tasks_blocked()
+        # the second launch replaced the first's registration only after the first registered
+        assert entered == ["first", "second"]
+        gate.set()
+    withdrawn = [o for o in results if isinstance(o, Withdrawn)]
+    ended = [o for o in results if isinstance(o, Ended)]
+    assert len(withdrawn) == 1  # the first lost its slot while its envelope was awaited
+    assert [e.stream for e in ended] == ["second"]
+    assert len(r.recorder.of(StreamStarted)) == 1
+
+
+# ---------------------------------------------------------------- SM-2 / SM-3 / SM-4
+
+
+async def test_sm2_abort_before_registration_starts_nothing() -> None:
+    token = CancelToken()
+    token.cancel("user")
+    r = rig({"M": [X()]})
+    outcome = await r.manager.start_stream(r.request(abort=token))
+    assert isinstance(outcome, Withdrawn)
+    assert r.recorder.of(StreamStarted) == []
+    assert r.manager.active_stream_id("s1") is None
+    assert r.models["M"].requests == []
+
+
+async def test_sm2_abort_during_the_envelope_write_starts_nothing() -> None:
+    """SW-13: the signal fires while the envelope is awaited; no stream-start, deregistered."""
+    token = CancelToken()
+
+    async def envelope(info: StreamInfo) -> None:
+        assert r.manager.stream_state("s1") is StreamState.STARTING
+        token.cancel("user")
+        await anyio.lowlevel.checkpoint()
+
+    r = rig({"M": [X()]})
+    outcome = await r.manager.start_stream(r.request(abort=token, on_stream_constructed=envelope))
+    assert isinstance(outcome, Withdrawn)
+    assert outcome.reason == "user"
+    assert r.recorder.of(StreamStarted) == []
+    assert r.manager.active_stream_id("s1") is None
+
+
+async def test_sm3_envelope_is_awaited_after_registration_and_before_stream_start() -> None:
+    seen: list[object] = []
+
+    async def envelope(info: StreamInfo) -> None:
+        seen.append(r.manager.stream_state("s1"))
+        seen.append(len(r.recorder.of(StreamStarted)))
+        await anyio.lowlevel.checkpoint()
+
+    r = rig({"M": [X()]})
+    outcome = await r.manager.start_stream(r.request(on_stream_constructed=envelope))
+    assert isinstance(outcome, Ended)
+    assert seen == [StreamState.STARTING, 0]
+    assert len(r.recorder.of(StreamStarted)) == 1
+
+
+async def test_sm3_a_failing_envelope_write_deregisters_and_propagates() -> None:
+    async def envelope(info: StreamInfo) -> None:
+        raise OSError("disk full")
+
+    r = rig({"M": [X()]})
+    with pytest.raises(OSError, match="disk full"):
+        await r.manager.start_stream(r.request(on_stream_constructed=envelope))
+    assert r.manager.active_stream_id("s1") is None
+    assert r.recorder.of(StreamStarted) == []
+
+
+async def test_sm4_probe_refuses_before_registration() -> None:
+    envelope_calls: list[str] = []
+
+    async def envelope(info: StreamInfo) -> None:
+        envelope_calls.append(info.stream)
+
+    r = rig({"M": [X()]})
+    outcome = await r.manager.start_stream(
+        r.request(refuse_stream_start=lambda: "goal paused", on_stream_constructed=envelope)
+    )
+    assert outcome == Refused("goal paused")
+    assert envelope_calls == []
+    assert [e.why for e in r.recorder.of(LaunchRefused)] == ["goal paused"]
+    assert r.recorder.of(StreamStarted) == []
+
+
+async def test_sm4_probe_is_consulted_again_after_the_envelope_write() -> None:
+    """ST-17: a pause during the durable envelope write refuses the launch."""
+    paused = False
+
+    async def envelope(info: StreamInfo) -> None:
+        nonlocal paused
+        paused = True
+        await anyio.lowlevel.checkpoint()
+
+    r = rig({"M": [X()]})
+    outcome = await r.manager.start_stream(
+        r.request(
+            refuse_stream_start=lambda: "goal paused" if paused else None,
+            on_stream_constructed=envelope,
+        )
+    )
+    assert outcome == Refused("goal paused")
+    assert r.recorder.of(StreamStarted) == []
+    assert r.manager.active_stream_id("s1") is None
+    assert r.models["M"].requests == []
+
+
+# ---------------------------------------------------------------- SM-11 / SM-12 / SM-13
+
+
+async def test_sm11_hard_stop_emits_exactly_one_abort() -> None:
+    r = rig({"M": [T_("bash"), HANG]})
+    outcomes: list[object] = []
+
+    async def run() -> None:
+        outcomes.append(await r.manager.start_stream(r.request()))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        await r.manager.stop_stream("s1", reason=AbortReason.USER)
+        assert outcomes, "stop_stream returns after the stream's processing finished"
+        await r.manager.stop_stream("s1", reason=AbortReason.USER)  # nothing registered now
+    (outcome,) = outcomes
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.USER
+    aborts = r.recorder.of(StreamAborted)
+    assert [(a.stream != "", a.reason) for a in aborts] == [
+        (True, AbortReason.USER),
+        (False, AbortReason.USER),  # the second stop found nothing: a synthetic abort
+    ]
+
+
+async def test_sm11_hard_stop_of_a_completed_stream_emits_nothing() -> None:
+    """SW-12 (a): stream-end already emitted; the stop waits and emits nothing."""
+    r = rig({"M": [X()]})
+    stop_results: list[object] = []
+
+    def stop_at_end(event: object) -> None:
+        if type(event).__name__ == "StreamEnded":
+            assert r.manager.stream_state("s1") is StreamState.COMPLETED
+            r.manager.request_stop_nowait("s1", reason=AbortReason.SYSTEM)
+            stop_results.append(r.manager.stream_state("s1"))
+
+    r.manager.add_observer(stop_at_end)
+    outcome = await r.manager.start_stream(r.request())
+    assert isinstance(outcome, Ended)
+    assert stop_results == [StreamState.COMPLETED]
+    assert r.recorder.of(StreamAborted) == []
+
+
+async def test_sm12_stop_with_nothing_registered_is_a_synthetic_abort() -> None:
+    """SW-12 (b): empty stream id, default reason ``startup``."""
+    r = rig({"M": []})
+    await r.manager.stop_stream("s1")
+    await r.manager.stop_stream("s1", reason=AbortReason.SYSTEM)
+    aborts = r.recorder.of(StreamAborted)
+    assert [(a.stream, a.reason, a.session) for a in aborts] == [
+        ("", AbortReason.STARTUP, "s1"),
+        ("", AbortReason.SYSTEM, "s1"),
+    ]
+
+
+async def test_sm12_registered_stream_default_reason_is_system() -> None:
+    r = rig({"M": [HANG]})
+    outcomes: list[object] = []
+
+    async def run() -> None:
+        outcomes.append(await r.manager.start_stream(r.request()))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        await r.manager.stop_stream("s1")
+    (outcome,) = outcomes
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.SYSTEM
+
+
+async def test_sm13_hard_stop_during_a_pending_soft_stop_is_hard() -> None:
+    """SW-11 / R16: the abort carries the hard stop's reason, never queued-message."""
+    r = rig({"M": [T_("bash"), ScriptStep(text="x", hang=True)]})
+    outcomes: list[object] = []
+
+    def soft_then_wait(_: ToolCallPart) -> None:
+        r.manager.request_stop_nowait("s1", soft=True, reason=AbortReason.QUEUED_MESSAGE)
+
+    r.tools["bash"].before = soft_then_wait
+    r.tools["bash"].gate = anyio.Event()
+
+    async def run() -> None:
+        outcomes.append(await r.manager.start_stream(r.request()))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        await anyio.wait_all_tasks_blocked()  # soft stop pending, tool still running
+        await r.manager.stop_stream("s1", reason=AbortReason.SYSTEM)
+    (outcome,) = outcomes
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.SYSTEM
+    assert [a.reason for a in r.recorder.of(StreamAborted)] == [AbortReason.SYSTEM]
+
+
+async def test_r16_only_the_soft_stop_reason_is_queued_message() -> None:
+    r = rig({"M": [P("web"), X()]})
+
+    def soft(event: object) -> None:
+        if isinstance(event, ToolCallEnded) and event.provider:
+            r.manager.request_stop_nowait("s1", soft=True, reason=AbortReason.QUEUED_MESSAGE)
+
+    r.manager.add_observer(soft)
+    outcome = await r.manager.start_stream(r.request())
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.QUEUED_MESSAGE
+
+
+async def test_sm14_abort_cleanup_reports_model_remainder_progress() -> None:
+    r = rig({"A": [ScriptStep(refuse=True)], "B": [T_("bash"), HANG]}, fallbacks={"A": ["B"]})
+    outcomes: list[object] = []
+
+    async def run() -> None:
+        outcomes.append(await r.manager.start_stream(r.request(model="A")))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        await r.manager.stop_stream("s1", reason=AbortReason.USER)
+    (outcome,) = outcomes
+    assert isinstance(outcome, Aborted)
+    meta = outcome.metadata
+    assert meta.model == "B"
+    assert meta.fallback_progress.refused_models == ("A",)
+    assert meta.steps_remaining == 8 - 3  # refused step, tool step, and the step cut mid-flight
+    assert r.manager.active_stream_id("s1") is None
+
+
+async def test_sm2_caller_abort_during_processing_is_a_hard_stop() -> None:
+    token = CancelToken()
+    gate = anyio.Event()
+    r = rig({"M": [T_("bash"), X()]}, tools=[FakeTool("bash", gate=gate)])
+    outcomes: list[object] = []
+
+    async def run() -> None:
+        outcomes.append(await r.manager.start_stream(r.request(abort=token)))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        token.cancel("user")
+    (outcome,) = outcomes
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.USER
