@@ -7,13 +7,16 @@ BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "turnkeeper needs Python 3.11+")'
 	PIP_CONSTRAINT=$(CONSTRAINTS) $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/turnkeeper demo
 
 test: lint typecheck pytest
 

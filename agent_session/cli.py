@@ -1,32 +1,64 @@
-"""The ``turnkeeper`` command line.
+"""The ``turnkeeper`` command line (CONTRACT.md section 1).
 
-The commands of CONTRACT.md section 1 (``run``, ``demo``, ``inspect``, ``receipts``) arrive with
-the engine (the walking-skeleton and operations issues). Until then the command names itself and
-says plainly that they are not available, rather than pretending to run anything.
+``run`` drives scenario files through the harness; ``demo`` runs the built-in incident on a
+fresh SQLite file with a live timeline. ``inspect`` and ``receipts`` arrive with the crash
+recovery and Operations issues; until then they say so and exit 2 rather than pretend.
 """
 
+from __future__ import annotations
+
 import argparse
+import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 
-_NOT_YET = (
-    "turnkeeper: the engine commands (run, demo, inspect, receipts) are not built yet; "
-    "this release ships the message queue only"
-)
+import anyio
+
+from agent_session.harness.commands import demo_command, run_command
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnkeeper",
+        description="A turn engine for coding-agent hosts: no stranded turn, no lost receipt.",
+    )
+    parser.add_argument("--version", action="version", version=version("turnkeeper"))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run scenario files to quiescence and check them")
+    run.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="TOML or JSON files")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--db", metavar="PATH", help="SQLite file (default: a fresh temp file)")
+    where.add_argument("--memory", action="store_true", help="use the in-memory store")
+    run.add_argument("--trace", metavar="FILE", help="write the trace as JSON Lines ('-': stdout)")
+    run.add_argument("--json", action="store_true", help="print a JSON summary per scenario")
+
+    demo = commands.add_parser("demo", help="the stranded-turn incident, end to end on SQLite")
+    demo.add_argument("--db", metavar="PATH", default="turnkeeper-demo.db", help="SQLite file")
+    demo.add_argument("--trace", metavar="FILE", help="write the trace as JSON Lines")
+    demo.add_argument("--plain", action="store_true", help="no colours or live redraw")
+
+    inspect = commands.add_parser("inspect", help="what a store holds (not built yet)")
+    inspect.add_argument("--db", metavar="PATH", required=True)
+    inspect.add_argument("session", nargs="?")
+    inspect.add_argument("--json", action="store_true")
+    receipts = commands.add_parser("receipts", help="operation receipts (not built yet)")
+    receipts.add_argument("--db", metavar="PATH", required=True)
+    receipts.add_argument("--state")
+    receipts.add_argument("--json", action="store_true")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line and return its exit code.
-
-    Args:
-        argv: the arguments after the program name; ``None`` reads ``sys.argv``.
-
-    Returns:
-        The process exit code: 0 for ``--version``, 2 for anything else (usage).
-    """
-    parser = argparse.ArgumentParser(prog="turnkeeper", description=_NOT_YET)
-    parser.add_argument("--version", action="version", version=version("turnkeeper"))
-    parser.parse_args(argv)
-    parser.print_usage()
-    print(_NOT_YET)
+    """Run the command line and return its exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return anyio.run(run_command, args.scenarios, args.db, args.memory, args.trace, args.json)
+    if args.command == "demo":
+        return anyio.run(demo_command, args.db, args.trace, args.plain)
+    print(
+        f"turnkeeper {args.command}: not built yet (it arrives with the crash-recovery and "
+        "Operations work)",
+        file=sys.stderr,
+    )
     return 2

@@ -9,6 +9,42 @@ Must never import: ``agent_session``, ``stream_manager``, ``message_queue`` (it 
 layer; the packages above convert their domain objects to and from its records).
 """
 
-from persistence._errors import TurnkeeperError, UsageError
+from persistence._errors import (
+    CorruptRecord,
+    MigrationRequired,
+    NotATurnkeeperStore,
+    StoreError,
+    TurnkeeperError,
+    UnsupportedSchemaVersion,
+    UsageError,
+)
+from persistence._memory import MemoryStore
+from persistence._sqlite import SqliteStore
+from persistence.records import (
+    CutRecord,
+    CutState,
+    HistoryRow,
+    RowKind,
+    SessionRecord,
+    TurnEnvelope,
+)
+from persistence.store import Store
 
-__all__ = ["TurnkeeperError", "UsageError"]
+__all__ = [
+    "CorruptRecord",
+    "CutRecord",
+    "CutState",
+    "HistoryRow",
+    "MemoryStore",
+    "MigrationRequired",
+    "NotATurnkeeperStore",
+    "RowKind",
+    "SessionRecord",
+    "SqliteStore",
+    "Store",
+    "StoreError",
+    "TurnEnvelope",
+    "TurnkeeperError",
+    "UnsupportedSchemaVersion",
+    "UsageError",
+]

@@ -12,3 +12,78 @@ class TurnkeeperError(Exception):
 
 class UsageError(TurnkeeperError):
     """The caller used an API wrongly (bad argument, unknown name, wrong state)."""
+
+
+class StoreError(TurnkeeperError):
+    """The store could not carry out an operation (I/O failure, a database locked too long)."""
+
+
+class CorruptRecord(TurnkeeperError):
+    """A stored value failed validation when it was read back.
+
+    A corrupt value is never read as "absent" (SPEC R61), and nothing stored is deleted or
+    rewritten because of it: the caller decides what to abandon.
+
+    Attributes:
+        table: The table (or collection) the value was read from.
+        key: The value's key within that table, e.g. ``s1/r7``.
+        detail: What failed, led by the field path, e.g. ``$.remaining: Expected int, got str``.
+    """
+
+    def __init__(self, table: str, key: str, detail: str) -> None:
+        super().__init__(f"{table}[{key}]: {detail}")
+        self.table = table
+        self.key = key
+        self.detail = detail
+
+
+class NotATurnkeeperStore(TurnkeeperError):
+    """The path is not a turnkeeper store; it was left exactly as it was.
+
+    Attributes:
+        path: The path that was opened.
+        reason: Why it is not a store (not SQLite, no ``schema_version`` table, missing).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} is not a turnkeeper store: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class UnsupportedSchemaVersion(TurnkeeperError):
+    """The store was written by a newer turnkeeper; it was left exactly as it was.
+
+    Attributes:
+        path: The path that was opened.
+        found: The schema version the store holds.
+        supported: The newest schema version this code knows.
+    """
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        super().__init__(
+            f"{path} has schema version {found}, newer than the newest this turnkeeper knows "
+            f"({supported}); upgrade turnkeeper to open it"
+        )
+        self.path = path
+        self.found = found
+        self.supported = supported
+
+
+class MigrationRequired(TurnkeeperError):
+    """A read-only open met a store with an older schema; read-only opens never migrate.
+
+    Attributes:
+        path: The path that was opened.
+        found: The schema version the store holds.
+        supported: The schema version this code needs.
+    """
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        super().__init__(
+            f"{path} has schema version {found} and needs migrating to {supported}; "
+            "open it once read-write to migrate"
+        )
+        self.path = path
+        self.found = found
+        self.supported = supported

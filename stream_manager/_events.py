@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 import msgspec
 
-if TYPE_CHECKING:
-    from stream_manager._parts import FinishReason
-    from stream_manager._stop import StopWhy
+from stream_manager._parts import FinishReason
+from stream_manager._stop import StopWhy
 
 
 class AbortReason(StrEnum):

@@ -257,6 +257,9 @@ class StreamManager:
                     handle=request.handle,
                 )
             )
+        if request.on_started is not None:
+            with anyio.CancelScope(shield=True):
+                await request.on_started()
         return await self._process(stream, request)
 
     def _refuse(self, request: StreamRequest, why: str) -> Refused:

@@ -8,13 +8,10 @@ frozen msgspec Structs tagged by ``type``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 import msgspec
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 
 class FinishReason(StrEnum):

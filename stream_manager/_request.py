@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from stream_manager._events import AbortReason, ErrorKind, StartCause
+from stream_manager._fallback import ModelFallbackProgress
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from message_queue import CancelToken, Correlation
-    from stream_manager._fallback import ModelFallbackProgress
     from stream_manager._parts import ChatMessage, FinishReason, Part
     from stream_manager._stop import StopWhy
     from stream_manager.errors import ErrorType
@@ -88,6 +88,9 @@ class StreamRequest:
     on_stream_constructed: Callable[[StreamInfo], Awaitable[None]] | None = None
     #: The caller's abort signal (SM-2); firing it during processing is a hard stop.
     abort: CancelToken | None = None
+    #: Awaited (shielded) right after ``stream-start`` and before the first step: what the
+    #: start makes durable (the consumed continuation's record) lands before the model runs.
+    on_started: Callable[[], Awaitable[None]] | None = None
     #: SM-15's durable final write (the assistant row, with the cut record when the stream was
     #: cut, R60), awaited shielded after the stream is COMPLETED and before ``stream-end``.
     on_complete: Callable[[Ended], Awaitable[None]] | None = None

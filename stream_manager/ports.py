@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
+from message_queue import Correlation
+from stream_manager._parts import ChatMessage
+
 if TYPE_CHECKING:
-    from message_queue import Correlation
-    from stream_manager._parts import ChatMessage, Part, ToolCallPart, ToolResultPart
+    from stream_manager._parts import Part, ToolCallPart, ToolResultPart
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):

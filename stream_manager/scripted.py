@@ -13,6 +13,7 @@ there are client calls, else ``stop``, unless ``finish`` says otherwise).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 import anyio
@@ -30,7 +31,7 @@ from stream_manager._parts import (
 from stream_manager.errors import ErrorType, ModelError, ScriptExhausted
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Sequence
 
     from stream_manager.ports import Clock, ModelRequest
 

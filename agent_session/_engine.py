@@ -1,0 +1,177 @@
+"""The Engine: the composition root a host embeds.
+
+It owns the store, the stream manager (models, tools, clock), the sessions and one task group
+in which every session's turns run. Events from the stream manager and the sessions reach the
+engine's observers synchronously, in order, before the session reacts to them (so an observer
+sees a fact before its consequences).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+import anyio.abc
+
+from agent_session._events import EngineEvent
+from agent_session._session_turns import AgentSession
+from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
+from persistence import SessionRecord, Store, UsageError
+from stream_manager import Clock, Model, StreamEvent, StreamManager, SystemClock, Tool
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+EngineObserver = Callable[[EngineEvent], None]
+
+
+class Engine:
+    """Runs many sessions' turns on one event loop and one store.
+
+    Use it as an async context manager; leaving it shuts the engine down (work still running
+    is cancelled), so wait for what you need first::
+
+        async with Engine(store=MemoryStore(), models={"m": model}) as engine:
+            session = await engine.open_session("s1", model="m")
+            session.send("hello")
+            await session.wait_idle()
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        models: Mapping[str, Model],
+        tools: Mapping[str, Tool] | None = None,
+        fallbacks: Mapping[str, Sequence[str]] | None = None,
+        clock: Clock | None = None,
+        config: EngineConfig | None = None,
+        gate: PreStreamGate | None = None,
+        observers: Iterable[EngineObserver] = (),
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.store = store
+        self.clock = clock or SystemClock()
+        self._models = dict(models)
+        self._gate = gate or OpenGate()
+        self._observers: list[EngineObserver] = list(observers)
+        self.manager = StreamManager(
+            models=self._models,
+            tools=tools,
+            fallbacks=fallbacks,
+            clock=self.clock,
+            max_stream_steps=self.config.max_stream_steps,
+            tool_deadline_s=self.config.tool_deadline_s,
+            observers=[self._on_stream_event],
+        )
+        self._sessions: dict[str, AgentSession] = {}
+        self._group: anyio.abc.TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Self:
+        stack = AsyncExitStack()
+        await stack.enter_async_context(self.store)
+        self._group = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        assert self._group is not None
+        self._group.cancel_scope.cancel()
+        await stack.__aexit__(exc_type, exc, tb)
+        self._group = None
+
+    def _spawn(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if self._group is None:
+            raise UsageError("the engine is not running: use it as `async with Engine(...)`")
+        self._group.start_soon(work)
+
+    # ------------------------------------------------------------ events
+
+    def add_observer(self, observer: EngineObserver) -> None:
+        """Report every engine event to ``observer``, synchronously and in order."""
+        self._observers.append(observer)
+
+    def _emit(self, event: EngineEvent) -> None:
+        for observer in self._observers:
+            observer(event)
+
+    def _on_stream_event(self, event: StreamEvent) -> None:
+        self._emit(event)
+        session = self._sessions.get(event.session) if event.session is not None else None
+        if session is not None:
+            session.on_stream_event(event)
+
+    # ------------------------------------------------------------ sessions
+
+    async def open_session(self, session_id: str, *, model: str) -> AgentSession:
+        """Create (or reopen) a session and return it.
+
+        Raises:
+            UsageError: an unknown model, or the id exists with another model.
+        """
+        if session_id in self._sessions:
+            return self._sessions[session_id]
+        if model not in self._models:
+            raise UsageError(f"unknown model {model!r} for session {session_id!r}")
+        await self.store.create_session(SessionRecord(id=session_id, model=model))
+        rows = await self.store.history(session_id)
+        envelopes = await self.store.envelopes(session_id)
+        next_stream = 1 + max((_stream_number(e.stream) for e in envelopes), default=0)
+        session = AgentSession(
+            session_id=session_id,
+            model=model,
+            store=self.store,
+            manager=self.manager,
+            config=self.config,
+            gate=self._gate,
+            emit=self._emit,
+            spawn=self._spawn,
+            known_models=frozenset(self._models),
+            next_seq=1 + max((r.seq for r in rows), default=0),
+            next_stream=next_stream,
+        )
+        self._sessions[session_id] = session
+        return session
+
+    def session(self, session_id: str) -> AgentSession:
+        """The open session ``session_id``.
+
+        Raises:
+            UsageError: no such session is open.
+        """
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UsageError(f"no open session {session_id!r}") from None
+
+    @property
+    def sessions(self) -> Mapping[str, AgentSession]:
+        """Every open session, by id."""
+        return dict(self._sessions)
+
+    async def wait_idle(self) -> None:
+        """Return once every session is idle with nothing running or scheduled."""
+        while True:
+            for session in list(self._sessions.values()):
+                await session.wait_idle()
+            await anyio.lowlevel.checkpoint()
+            if all(s.idle for s in self._sessions.values()):
+                return
+
+
+def _stream_number(stream: str) -> int:
+    tail = stream.rsplit("/", 1)[-1]
+    return int(tail) if tail.isdigit() else 0

@@ -1,0 +1,108 @@
+"""The events the session reports, with CONTRACT.md section 3's names and fields.
+
+Like the stream manager's, they are frozen msgspec Structs tagged by ``event`` and handed to the
+engine's observers synchronously, when the fact is recorded.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from agent_session._continuation import EndedHow
+from agent_session._phases import Phase
+from message_queue import DispatchMode, EntryKind
+from stream_manager import StreamEvent
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
+    session: str | None
+
+
+class PhaseChanged(_Event, frozen=True, kw_only=True, tag="phase"):
+    """The session's turn phase moved."""
+
+    from_: Phase = msgspec.field(name="from")
+    to: Phase
+
+
+class EntryQueued(_Event, frozen=True, kw_only=True, tag="queued"):
+    """A message was queued; ``into`` names the entry it batched into."""
+
+    entry: str
+    kind: EntryKind
+    mode: DispatchMode
+    into: str | None
+
+
+class EntryWithdrawn(_Event, frozen=True, kw_only=True, tag="withdrawn"):
+    """An entry's cancel token fired."""
+
+    entry: str
+
+
+class EntryDequeued(_Event, frozen=True, kw_only=True, tag="dequeued"):
+    """The drain took an entry off the queue's head."""
+
+    entry: str
+
+
+class EntryCanceled(_Event, frozen=True, kw_only=True, tag="entry-canceled"):
+    """An entry left without running: cancelled before acceptance, cleared or removed."""
+
+    entry: str
+    reason: str
+
+
+class QueueCleared(_Event, frozen=True, kw_only=True, tag="cleared"):
+    """The queue was cleared."""
+
+    entries: tuple[str, ...]
+    hard_stop: bool
+
+
+class ContinuationOwed(_Event, frozen=True, kw_only=True, tag="owed"):
+    """A cut turn is owed a continuation."""
+
+    cut: str
+    remaining: int
+    model: str
+    handle: str | None
+
+
+class ContinuationEnded(_Event, frozen=True, kw_only=True, tag="continuation-ended"):
+    """An owed continuation ended, and how."""
+
+    cut: str
+    how: EndedHow
+    why: str
+
+
+class ResumeAttempted(_Event, frozen=True, kw_only=True, tag="resume"):
+    """A resume attempt has an outcome: started, failed, refused or withdrawn."""
+
+    cut: str
+    attempt: int
+    outcome: str
+
+
+class Persisted(_Event, frozen=True, kw_only=True, tag="persisted"):
+    """A durable write committed (a crash point)."""
+
+    what: str
+    id: str
+
+
+SessionEvent = (
+    PhaseChanged
+    | EntryQueued
+    | EntryWithdrawn
+    | EntryDequeued
+    | EntryCanceled
+    | QueueCleared
+    | ContinuationOwed
+    | ContinuationEnded
+    | ResumeAttempted
+    | Persisted
+)
+
+EngineEvent = SessionEvent | StreamEvent

@@ -1,0 +1,63 @@
+"""The session's turn phase: one enum, one table, one function that raises (AS-1, AS-2).
+
+``IDLE``: nothing runs. ``PREPARING``: a send, a drained entry or a resume has claimed the turn
+and is doing pre-stream work (validation, persistence, history, request, registration).
+``STREAMING``: a stream emitted ``stream-start``. ``COMPLETING``: the session is processing a
+stream's end, abort or error; a new turn may start from here and takes ownership.
+``DISPOSED``: torn down; nothing leaves it.
+
+Every move to ``IDLE`` schedules the stranded-turn sweep (AS-2); that is the session shell's
+job, not this table's.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+from persistence import TurnkeeperError
+
+
+class Phase(StrEnum):
+    """Where a session's turn is (CONTRACT.md ``phase``)."""
+
+    IDLE = "idle"
+    PREPARING = "preparing"
+    STREAMING = "streaming"
+    COMPLETING = "completing"
+    DISPOSED = "disposed"
+
+
+_P = Phase
+TRANSITIONS: Final[frozenset[tuple[Phase, Phase]]] = frozenset(
+    {
+        (_P.IDLE, _P.PREPARING),
+        (_P.IDLE, _P.DISPOSED),
+        (_P.PREPARING, _P.STREAMING),
+        (_P.PREPARING, _P.COMPLETING),  # a pre-stream failure routed to the stream-error path
+        (_P.PREPARING, _P.IDLE),
+        (_P.PREPARING, _P.DISPOSED),
+        (_P.STREAMING, _P.COMPLETING),
+        (_P.STREAMING, _P.DISPOSED),
+        (_P.COMPLETING, _P.IDLE),
+        (_P.COMPLETING, _P.PREPARING),  # a drained entry or follow-up takes the turn over
+        (_P.COMPLETING, _P.DISPOSED),
+    }
+)
+
+
+class IllegalTransition(TurnkeeperError):
+    """A phase move the table does not allow (an engine bug, or a call in the wrong state)."""
+
+    def __init__(self, session: str, current: Phase, to: Phase) -> None:
+        super().__init__(f"session {session}: phase {current} -> {to} is not allowed")
+        self.session = session
+        self.current = current
+        self.to = to
+
+
+def next_phase(session: str, current: Phase, to: Phase) -> Phase:
+    """Return ``to`` when the table allows ``current -> to``; raise and change nothing if not."""
+    if (current, to) not in TRANSITIONS:
+        raise IllegalTransition(session, current, to)
+    return to

@@ -1,0 +1,143 @@
+"""History rows as the session writes and reads them.
+
+A row's ``body`` is msgspec JSON of a :class:`RowBody`, owned here: the store keeps it byte-exact
+and never decodes it. Reading it back goes through a typed decoder, so a hand-edited or corrupt
+body is a :class:`~persistence.CorruptRecord` naming the row and the field, never a silent
+"absent" (R61).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from message_queue import Correlation
+from persistence import CorruptRecord, CutRecord, HistoryRow, RowKind
+from stream_manager import (
+    ChatMessage,
+    ModelFallbackProgress,
+    Part,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+#: B9: the synthetic, UI-hidden user row a resume appends after a complete assistant row.
+CONTINUE_TEXT = "[CONTINUE]"
+
+
+class RowBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a history row says."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCallPart, ...] = ()
+    tool_results: tuple[ToolResultPart, ...] = ()
+    #: For user rows: the queue entry kind that produced it (``wake``, ``report`` ...).
+    entry_kind: str | None = None
+    correlation: Correlation | None = None
+    #: For assistant rows: the finish reason and the effective model.
+    finish: str | None = None
+    model: str | None = None
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(RowBody)
+
+
+def encode_body(body: RowBody) -> bytes:
+    """The bytes stored for ``body``."""
+    return _encoder.encode(body)
+
+
+def decode_body(row: HistoryRow) -> RowBody:
+    """Read a row's body back, or raise ``CorruptRecord`` naming the row and the field."""
+    try:
+        return _decoder.decode(row.body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise CorruptRecord("history_rows", f"{row.session}/{row.row_id}", str(error)) from None
+
+
+def body_from_parts(parts: Sequence[Part], *, finish: str | None, model: str) -> RowBody:
+    """An assistant row's body from a stream's parts."""
+    return RowBody(
+        text="".join(p.text for p in parts if isinstance(p, TextPart)),
+        tool_calls=tuple(p for p in parts if isinstance(p, ToolCallPart)),
+        tool_results=tuple(p for p in parts if isinstance(p, ToolResultPart)),
+        finish=finish,
+        model=model,
+    )
+
+
+def cut_record(
+    remaining: int,
+    model: str,
+    progress: ModelFallbackProgress,
+    correlation: Correlation | None,
+    goal: tuple[str | None, str | None] = (None, None),
+) -> CutRecord:
+    """The durable cut record (R60, PS-6) as persistence stores it."""
+    return CutRecord(
+        remaining=remaining,
+        model=model,
+        requested_model=progress.requested_model,
+        refused_models=progress.refused_models,
+        chain=progress.chain,
+        handle_id=correlation.handle_id if correlation else None,
+        owner_session=correlation.owner_session if correlation else None,
+        turn_id=correlation.turn_id if correlation else None,
+        goal_kind=goal[0],
+        goal_id=goal[1],
+    )
+
+
+def to_messages(rows: Sequence[HistoryRow]) -> tuple[ChatMessage, ...]:
+    """The model request messages a history says (AS-22)."""
+    messages: list[ChatMessage] = []
+    for row in rows:
+        body = decode_body(row)
+        if row.kind in (RowKind.USER, RowKind.SENTINEL):
+            messages.append(ChatMessage(role=Role.USER, text=body.text))
+        elif row.kind is RowKind.SYSTEM:
+            messages.append(ChatMessage(role=Role.SYSTEM, text=body.text))
+        else:
+            messages.extend(_assistant_messages(body))
+    return tuple(messages)
+
+
+def _assistant_messages(body: RowBody) -> list[ChatMessage]:
+    """An assistant row as the model sees it: what it said and called, then the results."""
+    out: list[ChatMessage] = []
+    if body.text or body.tool_calls:
+        out.append(ChatMessage(role=Role.ASSISTANT, text=body.text, tool_calls=body.tool_calls))
+    if body.tool_results:
+        out.append(ChatMessage(role=Role.TOOL, tool_results=body.tool_results))
+    return out
+
+
+def unanswered(rows: Sequence[HistoryRow]) -> int:
+    """Tool results in history that no later model step answered (CONTRACT ``unanswered``).
+
+    A complete assistant row whose stream ended on a tool boundary (``tool-calls``) leaves its
+    last results unanswered until a later model step says something; any other finish, or a
+    later assistant or partial row with text or calls, answers them.
+    """
+    pending = 0
+    for row in rows:
+        if row.kind not in (RowKind.ASSISTANT, RowKind.PARTIAL):
+            continue
+        body = decode_body(row)
+        if body.text or body.tool_calls:
+            pending = 0
+        if row.kind is RowKind.ASSISTANT and body.finish == "tool-calls" and body.tool_results:
+            pending = 1
+    return pending
+
+
+def needs_continue_sentinel(rows: Sequence[HistoryRow]) -> bool:
+    """AS-22: a request must not end with a complete assistant row."""
+    return bool(rows) and rows[-1].kind is RowKind.ASSISTANT

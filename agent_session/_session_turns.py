@@ -1,0 +1,645 @@
+"""AgentSession's turn machinery: the send pipeline, the launch, outcomes, the drain, the sweep.
+
+See ``_session`` for the theory of operation. Rule ids in comments point at SPEC.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from agent_session._continuation import (
+    EndedHow,
+    ForfeitAtCap,
+    Marker,
+    StartResume,
+    SweepSnapshot,
+    apply_sweep,
+    consume,
+    owe,
+    plan_sweep,
+    resume_failed,
+    resume_settled,
+    retry_safe,
+)
+from agent_session._events import (
+    ContinuationEnded,
+    ContinuationOwed,
+    EntryCanceled,
+    EntryDequeued,
+    Persisted,
+    ResumeAttempted,
+)
+from agent_session._phases import Phase
+from agent_session._rows import (
+    CONTINUE_TEXT,
+    RowBody,
+    body_from_parts,
+    cut_record,
+    encode_body,
+    needs_continue_sentinel,
+    to_messages,
+)
+from agent_session._session import SessionCore
+from agent_session._turn import (
+    Accepted,
+    CanceledBeforeAcceptance,
+    PipelineResult,
+    SendRefused,
+    StreamContext,
+    TurnInput,
+)
+from agent_session.ports import PreStreamFailure
+from message_queue import CancelToken, DispatchMode, EntryKind, SendFailure, SendOptions
+from persistence import CutState, HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
+from stream_manager import (
+    Aborted,
+    AbortReason,
+    Ended,
+    Failed,
+    QueuedStopReport,
+    Refused,
+    StartCause,
+    StreamAborted,
+    StreamEvent,
+    StreamInfo,
+    StreamOutcome,
+    StreamRequest,
+    StreamStarted,
+    ToolCallEnded,
+    ToolCallStarted,
+    Withdrawn,
+)
+
+log = logging.getLogger("turnkeeper.session")
+
+
+class AgentSession(SessionCore):
+    """One conversation: its phase, queue, owed continuation and turns (SPEC.md 2.3)."""
+
+    # ------------------------------------------------------------ sending
+
+    def send(
+        self,
+        text: str,
+        *,
+        entry: str | None = None,
+        mode: DispatchMode | str = DispatchMode.TOOL_END,
+        options: SendOptions | None = None,
+    ) -> None:
+        """A user message: queued while the session is busy (AS-12), else sent now.
+
+        Raises:
+            SessionDisposed: the session is disposed.
+            UsageError: the queue refused the message (blank text, a duplicate entry id).
+        """
+        self._alive()
+        if self.busy:
+            self._queue_user(text, entry, mode, options)
+            return
+        self._manual_preflight += 1  # R3: the sweep yields until this send claims or fails
+        turn = TurnInput(text=text, entry_id=entry, options=options)
+
+        async def direct() -> None:
+            result = await self._pipeline(turn)
+            if not isinstance(result, Accepted):
+                self._release_preflight()
+                self._schedule_sweep()  # R3: a failed preflight send sweeps again
+                self._drain_if_idle()
+
+        self._run(direct)
+
+    def _release_preflight(self) -> None:
+        if self._manual_preflight:
+            self._manual_preflight -= 1
+            self._check_idle()
+
+    async def _pipeline(self, turn: TurnInput) -> PipelineResult:
+        """AS-3 to AS-10: gate, validate, persist, cross the point of no return, accept, stream."""
+        if turn.canceled():  # AS-3: checked before anything, and after every await below
+            return self._cancel_before_acceptance(turn, [])
+        try:
+            await self._gate.check(self.id, "send")
+        except PreStreamFailure as error:
+            return SendRefused(SendFailure(type="pre_stream", message=str(error)))
+        if turn.canceled():
+            return self._cancel_before_acceptance(turn, [])
+        failure = self._validate(turn)
+        if failure is not None:
+            return SendRefused(failure)
+        row = self._user_row(turn)
+        try:
+            await self._store.append([row])
+        except TurnkeeperError as error:
+            return SendRefused(SendFailure(type="store_write", message=str(error)))
+        self._emit(Persisted(session=self.id, what="user-row", id=row.row_id))
+        if turn.canceled():
+            return await self._rollback(turn, row)
+        # AS-8: the point of no return. A row that does not continue the cut turn supersedes it.
+        marker = self.continuation.marker
+        if marker is not None and not self._continues(turn, marker):
+            self._end_marker(EndedHow.WITHDRAWN, "superseded by a send (R35)")
+            await self._flush_voids()
+        if turn.callbacks is not None and turn.callbacks.on_accepted is not None:
+            turn.callbacks.on_accepted()
+        if not turn.dispatched:
+            self._set_phase(Phase.PREPARING)
+            self._release_preflight()
+        model = (turn.options.model if turn.options else None) or self.model
+        context = StreamContext(
+            model=model,
+            cause=turn.cause,
+            options=turn.options or SendOptions(),
+            correlation=turn.correlation,
+            thinking_level=turn.options.thinking_level if turn.options else None,
+            agent_initiated=turn.kind is not EntryKind.USER,
+        )
+        await self._launch(context, self._new_abort())
+        return Accepted()
+
+    def _validate(self, turn: TurnInput) -> SendFailure | None:
+        """AS-5: before any history change."""
+        if not turn.text.strip() and not turn.attachments:
+            return SendFailure(type="empty_message", message="a message needs text or files")
+        model = (turn.options.model if turn.options else None) or self.model
+        if model not in self._known_models:
+            return SendFailure(type="invalid_model_string", message=f"unknown model {model!r}")
+        return None
+
+    def _user_row(self, turn: TurnInput) -> HistoryRow:
+        seq = self._next_seq()
+        body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
+        return HistoryRow(
+            session=self.id,
+            seq=seq,
+            row_id=f"{self.id}:r{seq}",
+            kind=RowKind.USER,
+            body=encode_body(body),
+        )
+
+    @staticmethod
+    def _continues(turn: TurnInput, marker: Marker) -> bool:
+        """AS-8: a wake row, or a row with the marker's correlation, continues the cut turn."""
+        if turn.kind is EntryKind.WAKE:
+            return True
+        return marker.correlation is not None and turn.correlation == marker.correlation
+
+    def _cancel_before_acceptance(
+        self, turn: TurnInput, rows: list[HistoryRow]
+    ) -> CanceledBeforeAcceptance:
+        reason = (turn.cancel_token.reason if turn.cancel_token else None) or "withdrawn"
+        if turn.cancel_state is not None:
+            turn.cancel_state.canceled_before_acceptance = True
+        if turn.entry_id is not None:
+            self._emit(EntryCanceled(session=self.id, entry=turn.entry_id, reason=reason))
+        if turn.callbacks is not None:
+            try:
+                turn.callbacks.notify_canceled(reason)
+            except Exception as error:
+                log.warning("on_canceled of %s failed: %r", turn.entry_id, error)
+        return CanceledBeforeAcceptance(reason)
+
+    async def _rollback(self, turn: TurnInput, row: HistoryRow) -> PipelineResult:
+        """AS-3: delete exactly this send's rows; if that fails and the row stays, accept."""
+        try:
+            deleted = await self._store.delete_rows(self.id, [row.row_id])
+        except TurnkeeperError:
+            deleted = 0
+        if deleted == 0:
+            remaining = {r.row_id for r in await self._store.history(self.id)}
+            if row.row_id in remaining:
+                log.warning("rollback of %s failed; accepting the entry", row.row_id)
+                return await self._accept_anyway(turn)
+        return self._cancel_before_acceptance(turn, [row])
+
+    async def _accept_anyway(self, turn: TurnInput) -> PipelineResult:
+        if turn.callbacks is not None and turn.callbacks.on_accepted is not None:
+            turn.callbacks.on_accepted()
+        if not turn.dispatched:
+            self._set_phase(Phase.PREPARING)
+            self._release_preflight()
+        context = StreamContext(model=self.model, cause=turn.cause, correlation=turn.correlation)
+        await self._launch(context, self._new_abort())
+        return Accepted()
+
+    def _new_abort(self) -> CancelToken:
+        self._prepared_abort = CancelToken()
+        return self._prepared_abort
+
+    # ------------------------------------------------------------ launching
+
+    async def _launch(self, context: StreamContext, abort: CancelToken) -> None:
+        """AS-22: stream from history, then handle the outcome."""
+        outcome = await self._stream_with_history(context, abort)
+        await self._on_outcome(outcome, context)
+
+    async def _stream_with_history(
+        self, context: StreamContext, abort: CancelToken
+    ) -> StreamOutcome:
+        rows = await self._store.history(self.id)
+        sentinel: HistoryRow | None = None
+        if needs_continue_sentinel(rows):
+            seq = self._next_seq()
+            sentinel = HistoryRow(
+                session=self.id,
+                seq=seq,
+                row_id=f"{self.id}:r{seq}",
+                kind=RowKind.SENTINEL,
+                body=encode_body(RowBody(text=CONTINUE_TEXT)),
+            )
+            await self._store.append([sentinel])
+            self._emit(Persisted(session=self.id, what="sentinel", id=sentinel.row_id))
+            rows = [*rows, sentinel]
+        self._stream_context = context
+        request = StreamRequest(
+            session=self.id,
+            model=context.model,
+            messages=to_messages(rows),
+            stream_id=self._next_stream_id(),
+            cause=context.cause,
+            handle=context.correlation.handle_id if context.correlation else None,
+            step_budget=context.step_budget,
+            fallback_progress=context.progress,
+            correlation=context.correlation,
+            extra_system_context=context.extra_system_context,
+            thinking_level=context.thinking_level,
+            has_queued_tool_end=self._has_queued_tool_end,
+            on_queued_message_stop=self._on_queued_stop,
+            on_stream_constructed=self._write_envelope,
+            on_started=self._flush_voids,
+            on_complete=self._persist_final,
+            abort=abort,
+        )
+        outcome = await self._manager.start_stream(request)
+        if isinstance(outcome, Refused | Withdrawn) and sentinel is not None:
+            await self._store.delete_rows(self.id, [sentinel.row_id])  # R34
+        return outcome
+
+    def _has_queued_tool_end(self) -> bool:
+        return self.queue.has_queued(DispatchMode.TOOL_END)
+
+    async def _write_envelope(self, info: StreamInfo) -> None:
+        """B3: the durable turn envelope, written when the stream is constructed."""
+        context = self._stream_context
+        await self._store.put_envelope(
+            TurnEnvelope(
+                session=self.id,
+                stream=info.stream,
+                model=info.model,
+                budget=info.budget,
+                cause=context.cause.value,
+                handle=context.correlation.handle_id if context.correlation else None,
+            )
+        )
+        self._emit(Persisted(session=self.id, what="envelope", id=info.stream))
+
+    def _on_queued_stop(self, report: QueuedStopReport) -> None:
+        """ST-2, R1: the cut is owed a continuation, recorded synchronously in the report."""
+        if report.steps_remaining <= 0:
+            return  # R65
+        context = self._stream_context
+        marker = Marker(
+            cut=report.stream,
+            model=report.model,
+            step_budget=report.steps_remaining,
+            progress=report.fallback_progress,
+            options=retry_safe(context.options),
+            correlation=context.correlation,
+            agent_initiated=context.agent_initiated,
+            thinking_level=context.thinking_level,
+            extra_system_context=context.extra_system_context,
+        )
+        self.continuation, _ = owe(self.continuation, marker)
+        handle = marker.correlation.handle_id if marker.correlation else None
+        self._emit(
+            ContinuationOwed(
+                session=self.id,
+                cut=marker.cut,
+                remaining=marker.step_budget,
+                model=marker.model,
+                handle=handle,
+            )
+        )
+
+    async def _persist_final(self, ended: Ended) -> None:
+        """B5: the final assistant row; a cut's row carries the durable cut record (R60)."""
+        context = self._stream_context
+        seq = self._next_seq()
+        record = None
+        marker = self.continuation.marker
+        if ended.queued_stop is not None and marker is not None and marker.cut == ended.stream:
+            stop = ended.queued_stop
+            record = cut_record(
+                stop.steps_remaining, stop.model, stop.fallback_progress, context.correlation
+            )
+        row = HistoryRow(
+            session=self.id,
+            seq=seq,
+            row_id=f"{self.id}:r{seq}",
+            kind=RowKind.ASSISTANT,
+            body=encode_body(body_from_parts(ended.parts, finish=ended.finish, model=ended.model)),
+            stream=ended.stream,
+            cut=record,
+        )
+        await self._store.append([row])
+        if record is not None:
+            self._cut_rows[ended.stream] = row.row_id
+        self._emit(Persisted(session=self.id, what="cut" if record else "assistant", id=row.row_id))
+
+    # ------------------------------------------------------------ stream events
+
+    def on_stream_event(self, event: StreamEvent) -> None:
+        """React to the stream manager's events for this session (AS-19 to AS-21, AS-27)."""
+        if isinstance(event, StreamStarted):
+            self._on_stream_start(event)
+        elif isinstance(event, ToolCallStarted):
+            self._active_tools.add(event.call)
+        elif isinstance(event, ToolCallEnded):
+            self._active_tools.discard(event.call)
+            if event.provider and not self._active_tools:
+                self._maybe_soft_stop()
+        elif isinstance(event, StreamAborted) and not event.stream:
+            self._on_synthetic_abort(event.reason)
+
+    def _on_stream_start(self, event: StreamStarted) -> None:
+        """AS-19, ST-4: STREAMING consumes the owed continuation, whoever started the stream."""
+        self._soft_stop_in_flight = False
+        self._active_tools.clear()
+        self._set_phase(Phase.STREAMING)
+        self.continuation, marker = consume(self.continuation)
+        if marker is not None:
+            self._emit(
+                ContinuationEnded(
+                    session=self.id,
+                    cut=marker.cut,
+                    how=EndedHow.CONSUMED,
+                    why=f"stream {event.stream} started",
+                )
+            )
+            self._void_cut_record(marker.cut, CutState.CONSUMED)  # written by on_started
+        resume = self._stream_context.resume_of
+        if resume is not None and event.cause is StartCause.RESUME:
+            self._emit(
+                ResumeAttempted(
+                    session=self.id, cut=resume[0], attempt=resume[1], outcome="started"
+                )
+            )
+            self._resume_abort = None
+
+    def _maybe_soft_stop(self) -> None:
+        """AS-27: after a provider tool's result, soft-stop for a live queued tool-end entry."""
+        if (
+            self.phase is Phase.STREAMING
+            and not self._soft_stop_in_flight
+            and self.queue.has_queued(DispatchMode.TOOL_END)
+        ):
+            self._soft_stop_in_flight = True
+            self._manager.request_stop_nowait(self.id, soft=True, reason=AbortReason.QUEUED_MESSAGE)
+
+    def _on_synthetic_abort(self, reason: AbortReason) -> None:
+        """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume."""
+        if (
+            self.phase is Phase.PREPARING
+            and self._resume_abort is not None
+            and reason is not AbortReason.QUEUED_MESSAGE
+        ):
+            self._end_marker(EndedHow.WITHDRAWN, f"{reason} stop before the resume started")
+            self._flush_voids_soon()
+
+    # ------------------------------------------------------------ outcomes
+
+    async def _on_outcome(self, outcome: StreamOutcome, context: StreamContext) -> None:
+        if self.disposed:
+            return
+        if isinstance(outcome, Ended):
+            self._set_phase(Phase.COMPLETING)  # AS-24
+            self._drain()
+            self._to_idle_from(Phase.COMPLETING)
+        elif isinstance(outcome, Aborted):
+            await self._on_abort(outcome)
+        elif isinstance(outcome, Failed):
+            self._set_phase(Phase.COMPLETING)  # AS-25
+            self._end_marker(EndedHow.WITHDRAWN, "the stream failed; the error path owns it (R25)")
+            await self._flush_voids()
+            self._to_idle_from(Phase.COMPLETING)
+        else:
+            self._on_not_started(outcome, context)
+
+    def _on_not_started(self, outcome: Refused | Withdrawn, context: StreamContext) -> None:
+        """The launch never reached stream-start (AS-10, ST-10)."""
+        resume = context.resume_of
+        if resume is not None:
+            self.continuation = resume_settled(self.continuation)
+            how = "refused" if isinstance(outcome, Refused) else "withdrawn"
+            self._emit(
+                ResumeAttempted(session=self.id, cut=resume[0], attempt=resume[1], outcome=how)
+            )
+            if isinstance(outcome, Refused):
+                self._end_marker(EndedHow.FORFEITED, f"admission refused: {outcome.why}")
+        self._to_idle_from(Phase.PREPARING)
+        self._drain_if_idle()
+
+    async def _on_abort(self, aborted: Aborted) -> None:
+        """AS-23, AS-28: commit the partial; a queued-message soft stop may owe a continuation."""
+        if self.phase is Phase.STREAMING:
+            self._set_phase(Phase.COMPLETING)
+        await self._commit_partial(aborted)
+        # R16, R22: read the soft-stop flag only now, after the awaits: a hard stop that landed
+        # meanwhile cleared it, and only the queued-message reason may owe a continuation.
+        soft_stop = self._soft_stop_in_flight and aborted.reason is AbortReason.QUEUED_MESSAGE
+        self._soft_stop_in_flight = False
+        meta = aborted.metadata
+        if soft_stop and not meta.required_tool_satisfied and meta.steps_remaining > 0:
+            self._on_queued_stop(
+                QueuedStopReport(
+                    stream=aborted.stream,
+                    model=meta.model,
+                    steps_remaining=meta.steps_remaining,
+                    fallback_progress=meta.fallback_progress,
+                )
+            )
+            await self._stamp_partial(aborted)
+        if soft_stop:
+            self._drain()  # AS-28: dispatch the cutter, or cancel withdrawn entries and sweep
+        self._to_idle_from(Phase.COMPLETING)
+
+    async def _commit_partial(self, aborted: Aborted) -> None:
+        """B6: the aborted stream's partial row."""
+        self._partial_rows.pop(aborted.stream, None)
+        if not aborted.parts:
+            return
+        meta = aborted.metadata
+        seq = self._next_seq()
+        row = HistoryRow(
+            session=self.id,
+            seq=seq,
+            row_id=f"{self.id}:r{seq}",
+            kind=RowKind.PARTIAL,
+            body=encode_body(body_from_parts(aborted.parts, finish=None, model=meta.model)),
+            stream=aborted.stream,
+        )
+        await self._store.append([row])
+        self._partial_rows[aborted.stream] = row
+        self._emit(Persisted(session=self.id, what="partial", id=row.row_id))
+
+    async def _stamp_partial(self, aborted: Aborted) -> None:
+        """R47, R58: a queued-message cut's partial carries its remainder and progress."""
+        row = self._partial_rows.pop(aborted.stream, None)
+        marker = self.continuation.marker
+        if row is None or marker is None or marker.cut != aborted.stream:
+            return
+        meta = aborted.metadata
+        record = cut_record(
+            meta.steps_remaining,
+            meta.model,
+            meta.fallback_progress,
+            self._stream_context.correlation,
+        )
+        await self._store.update_row(msgspec.structs.replace(row, cut=record))
+        self._cut_rows[aborted.stream] = row.row_id
+        self._emit(Persisted(session=self.id, what="cut", id=row.row_id))
+
+    # ------------------------------------------------------------ the drain
+
+    def _drain_if_idle(self) -> None:
+        if self.phase is Phase.IDLE and self._manual_preflight == 0:
+            self._drain()
+
+    def _drain(self) -> None:
+        """AS-13: dispatch one head entry (withdrawn ones too, so they cancel), else sweep."""
+        if self.disposed:
+            return
+        self._soft_stop_in_flight = False
+        if self.queue.is_empty:
+            self._schedule_sweep()  # AS-14
+            return
+        entry = self.queue.dequeue_next()
+        self._emit(EntryDequeued(session=self.id, entry=entry.entry_id))
+        self._set_phase(Phase.PREPARING)
+        turn = TurnInput.from_dequeued(entry)
+
+        async def dispatch() -> None:
+            result = await self._pipeline(turn)
+            if isinstance(result, SendRefused) and turn.callbacks is not None:
+                callback = turn.callbacks.on_accepted_pre_stream_failure
+                if callback is not None:
+                    callback(result.failure)
+            if not isinstance(result, Accepted):
+                self._to_idle_from(Phase.PREPARING)
+                self._drain_if_idle()
+
+        self._run(dispatch)
+
+    # ------------------------------------------------------------ the sweep
+
+    def _schedule_sweep(self) -> None:
+        if self._sweep_scheduled or self.disposed:
+            return
+        self._sweep_scheduled = True
+
+        async def sweep() -> None:
+            self._sweep_scheduled = False
+            self._sweep()
+
+        self._run(sweep)
+
+    def _sweep(self) -> None:
+        """ST-7: resume a stranded turn when every precondition holds; idempotent."""
+        snapshot = SweepSnapshot(
+            disposed=self.disposed,
+            phase=self.phase,
+            queue_empty=self.queue.is_empty,
+            manual_in_preflight=self._manual_preflight,
+        )
+        action = plan_sweep(self.continuation, snapshot, self._config.resume_attempt_cap)
+        if isinstance(action, ForfeitAtCap):
+            self._end_marker(
+                EndedHow.FORFEITED,
+                f"{action.failed_attempts} resume attempts failed before a stream started (R21)",
+            )
+            self._flush_voids_soon()
+        elif isinstance(action, StartResume):
+            self.continuation = apply_sweep(self.continuation, action)
+            self._set_phase(Phase.PREPARING)  # R7: claimed before any await
+            abort = CancelToken()
+            self._resume_abort = abort
+            self._run(lambda: self._resume(action.marker, action.attempt, abort))
+
+    async def _resume(self, marker: Marker, attempt: int, abort: CancelToken) -> None:
+        """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""
+        log.info(
+            "Resuming turn stranded by a withdrawn queued message: cut=%s model=%s budget=%d "
+            "correlation=%s attempt=%d",
+            marker.cut,
+            marker.model,
+            marker.step_budget,
+            marker.correlation,
+            attempt,
+        )  # ST-14, R45
+        context = StreamContext(
+            model=marker.model,
+            cause=StartCause.RESUME,
+            options=marker.options,
+            step_budget=marker.step_budget,
+            progress=marker.progress,
+            correlation=marker.correlation,
+            thinking_level=marker.thinking_level,
+            extra_system_context=marker.extra_system_context,
+            agent_initiated=marker.agent_initiated,
+            resume_of=(marker.cut, attempt),
+        )
+        try:
+            await self._gate.check(self.id, "resume")
+            if abort.cancelled:
+                outcome: StreamOutcome = Withdrawn(abort.reason or "withdrawn")
+            else:
+                outcome = await self._stream_with_history(context, abort)
+        except (PreStreamFailure, TurnkeeperError, OSError) as error:
+            self._resume_failed(marker, attempt, error)
+            return
+        if isinstance(outcome, Refused | Withdrawn):
+            self._on_not_started(outcome, context)
+            await self._flush_voids()
+        else:
+            await self._on_outcome(outcome, context)
+
+    def _resume_failed(self, marker: Marker, attempt: int, error: BaseException) -> None:
+        """ST-10: failed before start; owed still (R4), counted (R21), swept again (R43)."""
+        log.info("resume of %s failed before its stream started: %s", marker.cut, error)
+        self.continuation = resume_failed(self.continuation)
+        self._resume_abort = None
+        self._emit(
+            ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
+        )
+        self._to_idle_from(Phase.PREPARING)
+        self._drain_if_idle()
+
+    # ------------------------------------------------------------ disposal
+
+    async def dispose(self) -> None:
+        """AS-31: forfeit the owed continuation (R27), abort a resume (R18), stop the stream."""
+        if self.disposed:
+            return
+        self._end_marker(EndedHow.FORFEITED, "session disposed")
+        await self._flush_voids()
+        if self._prepared_abort is not None:
+            self._prepared_abort.cancel(AbortReason.SYSTEM.value)
+        self.disposed = True
+        removed = self.queue.clear()
+        for callbacks in removed:
+            self._emit(EntryCanceled(session=self.id, entry=callbacks.entry_id, reason="disposed"))
+        await self._manager.stop_stream(self.id, reason=AbortReason.SYSTEM)
+        if self.phase is not Phase.DISPOSED:
+            self._set_phase(Phase.DISPOSED)
+        self._check_idle()
+
+    def owes(self) -> bool:
+        """Whether a continuation is owed right now."""
+        return self.continuation.marker is not None
+
+    def describe(self) -> str:
+        """A one-line state summary for logs and tests."""
+        marker = self.continuation.marker
+        owed = f"owed {marker.cut} ({marker.step_budget} left)" if marker else "nothing owed"
+        return f"<AgentSession {self.id} {self.phase} | {owed} | {self.queue!r}>"

@@ -1,0 +1,143 @@
+"""``turnkeeper run`` and ``turnkeeper demo``: scenario files in, exit codes out.
+
+Exit codes (CONTRACT.md section 1): 0 every expectation held; 1 an expectation failed; 2 an
+invalid scenario or usage (nothing ran); 3 the engine failed or did not reach quiescence.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from importlib.resources import as_file, files
+from pathlib import Path
+from typing import IO
+
+import anyio
+import msgspec
+
+from agent_session.harness.loader import ScenarioError, load_scenario
+from agent_session.harness.runner import SUPPORTED_OPS, RunResult, run_scenario
+from agent_session.harness.scenario import Scenario
+from agent_session.harness.support import unsupported_features
+from agent_session.harness.timeline import Timeline, verdict
+from agent_session.harness.trace import encode_line
+from persistence import MemoryStore, NotATurnkeeperStore, SqliteStore, Store, TurnkeeperError
+
+_encoder = msgspec.json.Encoder()
+
+
+def load_all(paths: list[str]) -> tuple[list[Scenario], list[str]]:
+    """Load every scenario; the problems of all of them, or none."""
+    scenarios: list[Scenario] = []
+    problems: list[str] = []
+    for path in paths:
+        try:
+            scenario = load_scenario(path, supported_ops=SUPPORTED_OPS)
+        except ScenarioError as error:
+            problems.extend(error.problems)
+            continue
+        unsupported = unsupported_features(scenario)
+        problems.extend(f"{path}: {line}" for line in unsupported)
+        scenarios.append(scenario)
+    return scenarios, problems
+
+
+async def run_command(
+    paths: list[str], db: str | None, memory: bool, trace: str | None, as_json: bool
+) -> int:
+    """``turnkeeper run``: load every scenario first (none runs if one is invalid), then run."""
+    scenarios, problems = load_all(paths)
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        return 2
+    if db is not None and len(scenarios) > 1:
+        print("turnkeeper run: --db takes one scenario; run them one at a time", file=sys.stderr)
+        return 2
+    report = sys.stderr if trace == "-" else sys.stdout
+    traced: list[bytes] = []
+    worst = 0
+    for path, scenario in zip(paths, scenarios, strict=True):
+        result = await _run_one(scenario, db, memory)
+        lines = [encode_line(line) + b"\n" for line in result.trace]
+        if trace == "-":
+            sys.stdout.buffer.writelines(lines)
+            sys.stdout.buffer.flush()
+        traced.extend(lines)
+        _report(path, result, as_json, report)
+        worst = max(worst, result.exit_code, key=_severity)
+    if trace is not None and trace != "-":
+        await anyio.Path(trace).write_bytes(b"".join(traced))
+    return worst
+
+
+def _severity(code: int) -> int:
+    return {0: 0, 1: 1, 3: 2, 2: 3}.get(code, 4)
+
+
+async def _run_one(scenario: Scenario, db: str | None, memory: bool) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="turnkeeper-") as scratch:
+        store: Store
+        if memory:
+            store = MemoryStore()
+        else:
+            store = SqliteStore(db if db is not None else Path(scratch) / "run.db")
+        try:
+            return await run_scenario(scenario, store)
+        except TurnkeeperError as error:
+            return RunResult(name=scenario.name, trace=[], error=f"{type(error).__name__}: {error}")
+
+
+def _report(path: str, result: RunResult, as_json: bool, out: IO[str]) -> None:
+    if as_json:
+        summary = {
+            "scenario": path,
+            "name": result.name,
+            "exit": result.exit_code,
+            "passed": result.exit_code == 0,
+            "failures": result.failures,
+            "error": result.error,
+            "events": len(result.trace),
+            "virtual_ms": result.virtual_ms,
+        }
+        out.write(_encoder.encode(summary).decode() + "\n")
+        return
+    if result.error is not None:
+        out.write(f"ERROR {path}: {result.error}\n")
+    elif result.failures:
+        out.write(f"FAIL  {path}: {result.name}\n")
+        out.writelines(f"      {failure}\n" for failure in result.failures)
+    else:
+        out.write(f"PASS  {path}: {result.name} ({len(result.trace)} events)\n")
+
+
+async def demo_command(db: str, trace: str | None, plain: bool) -> int:
+    """``turnkeeper demo``: the built-in incident on a fresh SQLite file, with a timeline."""
+    path = Path(db)
+    try:
+        await _start_fresh(path)
+    except NotATurnkeeperStore as error:
+        print(f"turnkeeper demo: {error}; refusing to replace it", file=sys.stderr)
+        return 2
+    with as_file(files("agent_session.harness") / "incident.toml") as incident:
+        scenario = load_scenario(incident, supported_ops=SUPPORTED_OPS)
+    timeline = Timeline(plain=plain)
+    timeline.header(scenario, path)
+    result = await run_scenario(scenario, SqliteStore(path), observers=(timeline,))
+    if trace is not None:
+        await anyio.Path(trace).write_bytes(
+            b"".join(encode_line(line) + b"\n" for line in result.trace)
+        )
+    ok, sentence = verdict(result)
+    timeline.footer(ok, sentence)
+    return 0 if ok else (result.exit_code or 3)
+
+
+async def _start_fresh(path: Path) -> None:
+    """Remove a previous demo store, but never a file that is not a turnkeeper store."""
+    if not await anyio.Path(path).exists():
+        return
+    async with SqliteStore(path, readonly=True):
+        pass  # raises NotATurnkeeperStore for anything else, leaving it untouched
+    for suffix in ("", "-wal", "-shm"):
+        await anyio.Path(f"{path}{suffix}").unlink(missing_ok=True)

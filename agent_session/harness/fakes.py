@@ -1,0 +1,247 @@
+"""The harness's scripted tools and fault injection.
+
+``ScenarioTool`` plays a scenario tool's behaviour on the virtual clock: it takes
+``duration_ms``, then returns ``result`` or fails with ``fail``; ``hang`` never returns on its
+own. A script's tool call may override any of these for that call. The cancellation and
+lost-completion behaviours belong to the Operations issue; ``support.unsupported_features``
+refuses scenarios that use them.
+
+``Faults`` counts ``fail_next`` requests: it is the engine's ``PreStreamGate`` and wraps the
+store so the next N writes fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+import anyio
+
+from agent_session.harness.scenario import ToolSpec
+from agent_session.ports import PreStreamFailure
+from persistence import (
+    CutState,
+    HistoryRow,
+    SessionRecord,
+    Store,
+    TurnEnvelope,
+    TurnkeeperError,
+)
+from stream_manager import Clock, ToolCallPart, ToolContext, ToolKind, ToolResultPart
+
+
+class ScenarioTool:
+    """A client tool whose behaviour the scenario scripts."""
+
+    def __init__(self, spec: ToolSpec, clock: Clock) -> None:
+        self._spec = spec
+        self._clock = clock
+        self.calls = 0
+
+    @property
+    def name(self) -> str:
+        """The tool's name."""
+        return self._spec.name
+
+    @property
+    def kind(self) -> ToolKind:
+        """How it runs."""
+        return ToolKind(self._spec.kind)
+
+    async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
+        """Take the scripted time, then answer, fail, or hang."""
+        self.calls += 1
+        behaviour = {**self._defaults(), **call.behaviour}
+        duration = behaviour.get("duration_ms")
+        if isinstance(duration, int) and duration > 0:
+            await self._clock.sleep_until(self._clock.now() + duration / 1000)
+        if behaviour.get("hang") is True:
+            await anyio.sleep_forever()
+        failure = behaviour.get("fail")
+        if isinstance(failure, str):
+            return ToolResultPart(
+                call_id=call.call_id, name=call.name, output={"error": failure}, is_error=True
+            )
+        return ToolResultPart(call_id=call.call_id, name=call.name, output=behaviour.get("result"))
+
+    def _defaults(self) -> dict[str, object]:
+        spec = self._spec
+        return {
+            "duration_ms": spec.duration_ms,
+            "result": spec.result,
+            "fail": spec.fail,
+            "hang": spec.hang,
+        }
+
+
+class InjectedFailure(TurnkeeperError):
+    """A failure the scenario asked for with ``fail_next``."""
+
+
+class Faults:
+    """``fail_next`` counters: the pre-stream gate, and store writes through ``FaultyStore``."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, int] = {"pre_stream": 0, "store_write": 0}
+
+    def arm(self, what: str, count: int) -> None:
+        """Make the next ``count`` operations of kind ``what`` fail."""
+        self.pending[what] = self.pending.get(what, 0) + count
+
+    def take(self, what: str) -> bool:
+        """Consume one armed failure of kind ``what``; ``True`` when one was armed."""
+        if self.pending.get(what, 0) > 0:
+            self.pending[what] -= 1
+            return True
+        return False
+
+    async def check(self, session: str, purpose: str) -> None:
+        """The engine's pre-stream gate: fails while ``pre_stream`` failures are armed."""
+        await anyio.lowlevel.checkpoint()
+        if self.take("pre_stream"):
+            raise PreStreamFailure(f"injected pre-stream failure ({purpose} of {session})")
+
+
+class FaultyStore:
+    """A store whose next writes fail while ``store_write`` failures are armed.
+
+    It also counts calls in flight, so the virtual-time driver can tell "every task waits for
+    the database thread" from "every task is idle" (a blocked task is not a finished one).
+    """
+
+    def __init__(self, inner: Store, faults: Faults) -> None:
+        self._inner = inner
+        self._faults = faults
+        self._in_flight = 0
+        self._settled = anyio.Event()
+        self._settled.set()
+
+    def _write(self, what: str) -> None:
+        if self._faults.take("store_write"):
+            raise InjectedFailure(f"injected store write failure ({what})")
+
+    @property
+    def in_flight(self) -> int:
+        """Store calls started and not yet returned."""
+        return self._in_flight
+
+    async def settled(self) -> None:
+        """Return once no store call is in flight."""
+        await self._settled.wait()
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        if self._settled.is_set():
+            self._settled = anyio.Event()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._settled.set()
+
+    async def open(self) -> None:
+        """Open the wrapped store."""
+        await self._inner.open()
+
+    async def close(self) -> None:
+        """Close the wrapped store."""
+        await self._inner.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def create_session(self, record: SessionRecord) -> None:
+        """Create a session (a write)."""
+        self._enter()
+        try:
+            self._write("session")
+            await self._inner.create_session(record)
+        finally:
+            self._leave()
+
+    async def sessions(self) -> list[SessionRecord]:
+        """Every session."""
+        self._enter()
+        try:
+            return await self._inner.sessions()
+        finally:
+            self._leave()
+
+    async def append(self, rows: Sequence[HistoryRow]) -> None:
+        """Append rows (a write)."""
+        self._enter()
+        try:
+            self._write("append")
+            await self._inner.append(rows)
+        finally:
+            self._leave()
+
+    async def update_row(self, row: HistoryRow) -> None:
+        """Replace a row (a write)."""
+        self._enter()
+        try:
+            self._write("update_row")
+            await self._inner.update_row(row)
+        finally:
+            self._leave()
+
+    async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
+        """Delete rows (a write)."""
+        self._enter()
+        try:
+            self._write("delete_rows")
+            return await self._inner.delete_rows(session, row_ids)
+        finally:
+            self._leave()
+
+    async def history(self, session: str) -> list[HistoryRow]:
+        """A session's history."""
+        self._enter()
+        try:
+            return await self._inner.history(session)
+        finally:
+            self._leave()
+
+    async def owed_cuts(self, session: str | None = None) -> list[HistoryRow]:
+        """Rows whose cut is owed."""
+        self._enter()
+        try:
+            return await self._inner.owed_cuts(session)
+        finally:
+            self._leave()
+
+    async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
+        """Move a cut record (a write)."""
+        self._enter()
+        try:
+            self._write("set_cut_state")
+            await self._inner.set_cut_state(session, row_id, state)
+        finally:
+            self._leave()
+
+    async def put_envelope(self, envelope: TurnEnvelope) -> None:
+        """Write a turn envelope (a write)."""
+        self._enter()
+        try:
+            self._write("put_envelope")
+            await self._inner.put_envelope(envelope)
+        finally:
+            self._leave()
+
+    async def envelopes(self, session: str) -> list[TurnEnvelope]:
+        """A session's turn envelopes."""
+        self._enter()
+        try:
+            return await self._inner.envelopes(session)
+        finally:
+            self._leave()

@@ -1,0 +1,396 @@
+"""Loading a scenario file: the validated boundary of the scripted fake-model harness.
+
+:func:`load_scenario` reads TOML or JSON (by suffix), validates the structure with the models of
+:mod:`agent_session.harness.scenario`, then checks the references between parts of the file.
+Every problem is reported at once, as one ``FILE: $.path.to.field: reason`` line each, in a
+:class:`ScenarioError` (a :class:`~persistence.UsageError`: the CLI's exit 2). Checks run in two
+rounds: references are only checked once the structure is valid, because there is nothing sound
+to check them against before that.
+
+Pydantic's error locations are rewritten into file paths: list positions become ``[i]``, keys
+become ``.key`` (or ``["odd key"]``), the tags of the two unions (a trigger's variant, an action's
+``op``) are dropped so the path points into the table the file holds, and an event trigger's
+gathered ``match`` fields are shown where the file put them, beside ``event``.
+
+:func:`script_steps` converts one model's script into the ``stream_manager`` Structs the
+:class:`~stream_manager.ScriptedModel` plays; nothing deeper than the harness sees pydantic.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from pydantic import ValidationError
+
+from agent_session.harness.scenario import (
+    Action,
+    DelegateAction,
+    EnqueueAction,
+    EventTrigger,
+    Expect,
+    HandleAction,
+    Scenario,
+    SendAction,
+    ToolCallSpec,
+    ToolSpec,
+    Trigger,
+    WithdrawAction,
+)
+from persistence import UsageError
+from stream_manager import ScriptStep, ScriptToolCall
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+    from pydantic_core import ErrorDetails
+
+#: Every trace event name of CONTRACT.md section 3, plus the harness's tool-call events.
+TRACE_EVENTS: Final = frozenset(
+    """
+    phase queued withdrawn dequeued entry-canceled cleared stream-start step fallback stop
+    stream-end stream-abort stream-error launch-refused op-start op-cancel-requested receipt
+    op-blocked owed continuation-ended resume claim settled retry-scheduled retry-abandoned
+    persisted crash recovered tool-call-start tool-call-end
+    """.split()  # noqa: SIM905 - grouped like CONTRACT.md's table, not one name a line
+)
+
+Loc = tuple[str | int, ...]
+Problem = tuple[Loc, str]
+
+_SIMPLE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
+_WORDING: Final = (
+    (re.compile(r"^Input should be"), "should be"),
+    (
+        re.compile(r"a valid dictionary( or (instance of \w+|object to extract fields from))?"),
+        "a table",
+    ),
+    (re.compile(r"a valid list"), "an array"),
+    (re.compile(r"a valid (string|boolean|number)"), r"a \1"),
+    (re.compile(r"a valid integer"), "an integer"),
+)
+#: Trace-event fields whose values name something the file declares.
+_NAMED_FIELDS: Final = ("session", "tool", "model", "handle")
+
+
+class ScenarioError(UsageError):
+    """A scenario file is invalid.
+
+    Attributes:
+        problems: One ``FILE: $.path.to.field: reason`` line per problem, in file order where
+            the validator knows it; ``str()`` of the error is these lines joined by newlines.
+    """
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = list(dict.fromkeys(problems))
+        super().__init__("\n".join(self.problems))
+
+
+def load_scenario(path: str | Path, *, supported_ops: frozenset[str] | None = None) -> Scenario:
+    """Read, validate and reference-check one scenario file.
+
+    Args:
+        path: A ``.toml`` or ``.json`` file; problems name it exactly as given.
+        supported_ops: When given, an action whose op is not in it is a problem (for a runtime
+            that does not implement every op yet).
+
+    Returns:
+        The validated scenario.
+
+    Raises:
+        ScenarioError: The file cannot be read or parsed, or is invalid; every problem found
+            is listed.
+    """
+    shown = str(path)
+    data = _read(Path(path), shown)
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems = (_from_pydantic(error) for error in exc.errors(include_url=False))
+        raise ScenarioError(_lines(shown, problems)) from None
+    found = list(reference_problems(scenario, supported_ops=supported_ops))
+    if found:
+        raise ScenarioError(_lines(shown, found))
+    return scenario
+
+
+def reference_problems(
+    scenario: Scenario, *, supported_ops: frozenset[str] | None = None
+) -> Iterator[Problem]:
+    """Every dangling reference in a structurally valid scenario.
+
+    Args:
+        scenario: The scenario to check.
+        supported_ops: When given, the action ops a runtime implements.
+
+    Yields:
+        ``(location, reason)`` per problem; :func:`format_path` renders the location.
+    """
+    names = _Names.of(scenario)
+    yield from _check_declarations(scenario)
+    yield from _check_models(scenario, names)
+    for index, spec in enumerate(scenario.actions):
+        yield from _check_trigger(("actions", index, "at"), spec.at, names)
+        yield from _check_action(("actions", index, "do"), spec.do, names, supported_ops)
+    if scenario.expect is not None:
+        yield from _check_expect(scenario.expect, names)
+
+
+def format_path(loc: Loc) -> str:
+    """Render a location as a file path: ``("actions", 2, "do")`` is ``$.actions[2].do``.
+
+    Args:
+        loc: Keys and list positions from the top of the file.
+
+    Returns:
+        The path, ``$`` for the whole file.
+    """
+    parts = ["$"]
+    for part in loc:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif _SIMPLE_KEY.fullmatch(part):
+            parts.append(f".{part}")
+        else:
+            parts.append(f"[{json.dumps(part)}]")
+    return "".join(parts)
+
+
+def script_steps(scenario: Scenario, model_id: str) -> list[ScriptStep]:
+    """Convert a model's scripted steps into the Structs a ``ScriptedModel`` plays.
+
+    Calls to a ``provider`` tool are marked provider-executed and carry the result (the call's
+    own override, else the tool's); every call carries the behaviour overrides it gave, and
+    only those. A declared model with no script gets no steps (its first step is an error).
+
+    Args:
+        scenario: A loaded scenario.
+        model_id: A model the scenario declares.
+
+    Returns:
+        The steps, in order.
+
+    Raises:
+        UsageError: The scenario declares no such model.
+    """
+    if model_id not in {model.id for model in scenario.models}:
+        raise UsageError(f"scenario {scenario.name!r} declares no model {model_id!r}")
+    script = scenario.scripts.get(model_id)
+    if script is None:
+        return []
+    tools = {tool.name: tool for tool in scenario.tools}
+    return [
+        ScriptStep(
+            text=step.text,
+            reasoning=step.reasoning,
+            tool_calls=tuple(_script_call(call, tools.get(call.tool)) for call in step.tool_calls),
+            refuse=step.refuse,
+            error=step.error,
+            delay_ms=step.delay_ms,
+        )
+        for step in script.steps
+    ]
+
+
+def _script_call(call: ToolCallSpec, tool: ToolSpec | None) -> ScriptToolCall:
+    provider = tool is not None and tool.kind == "provider"
+    result: object = None
+    if tool is not None and provider:
+        result = call.result if "result" in call.model_fields_set else tool.result
+    return ScriptToolCall(
+        tool=call.tool,
+        args=copy.deepcopy(call.args),
+        provider_executed=provider,
+        result=copy.deepcopy(result),
+        behaviour=copy.deepcopy(call.behaviour()),
+    )
+
+
+# --- reading and pydantic's errors -----------------------------------------------------------
+
+
+def _read(path: Path, shown: str) -> object:
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise ScenarioError([f"{shown}: $: unsupported file type {suffix!r}; use .toml or .json"])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError([f"{shown}: $: cannot read the file: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError([f"{shown}: $: not UTF-8 text: {exc.reason}"]) from None
+    try:
+        return tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError([f"{shown}: $: invalid TOML: {exc}"]) from None
+    except json.JSONDecodeError as exc:
+        raise ScenarioError([f"{shown}: $: invalid JSON: {exc}"]) from None
+
+
+def _lines(shown: str, problems: Iterable[Problem]) -> list[str]:
+    return [f"{shown}: {format_path(loc)}: {reason}" for loc, reason in problems]
+
+
+def _from_pydantic(error: ErrorDetails) -> Problem:
+    kind, loc = error["type"], tuple(error["loc"])
+    is_key = "[key]" in loc
+    loc = tuple(part for part in loc if part != "[key]")
+    if len(loc) > 3 and loc[0] == "actions" and loc[2] in ("at", "do"):
+        loc = loc[:3] + loc[4:]  # the union's tag: the trigger variant, or the action's op
+        if loc[2] == "at" and len(loc) > 4 and loc[3] == "match":
+            loc = loc[:3] + loc[4:]  # gathered match fields sit beside `event` in the file
+    if kind == "extra_forbidden":
+        return loc, f"unknown key {loc[-1]!r}"
+    if kind == "missing":
+        return loc, f"missing required key {loc[-1]!r}"
+    if kind == "union_tag_not_found":
+        return (*loc, "op"), "missing required key 'op'"
+    if kind == "union_tag_invalid":
+        ctx = error.get("ctx", {})
+        tag, expected = ctx.get("tag"), ctx.get("expected_tags")
+        return (*loc, "op"), f"unknown op {tag!r}; expected one of {expected}"
+    reason = error["msg"].removeprefix("Value error, ")
+    for pattern, replacement in _WORDING:
+        reason = pattern.sub(replacement, reason)
+    if reason.startswith("should be"):
+        reason = f"{'key ' if is_key else ''}{reason}, got {_describe(error['input'])}"
+    return loc, reason[:1].lower() + reason[1:]
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:37] + "...")
+    return str(value)
+
+
+# --- references ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Names:
+    """What the file declares, for reference checks."""
+
+    models: frozenset[str]
+    tools: frozenset[str]
+    sessions: frozenset[str]
+    entries: frozenset[tuple[str, str]]  # (session, entry) declared by send/enqueue
+    handles: frozenset[str]  # declared by delegate
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> _Names:
+        actions = [spec.do for spec in scenario.actions]
+        return cls(
+            models=frozenset(model.id for model in scenario.models),
+            tools=frozenset(tool.name for tool in scenario.tools),
+            sessions=frozenset(session.id for session in scenario.sessions),
+            entries=frozenset(
+                (a.session, a.entry)
+                for a in actions
+                if isinstance(a, SendAction | EnqueueAction) and a.entry is not None
+            ),
+            handles=frozenset(a.handle for a in actions if isinstance(a, DelegateAction)),
+        )
+
+    def named(self, field: str) -> frozenset[str]:
+        return {"session": self.sessions, "tool": self.tools, "model": self.models}.get(
+            field, self.handles
+        )
+
+
+def _check_declarations(scenario: Scenario) -> Iterator[Problem]:
+    declared = (
+        ("models", "id", [model.id for model in scenario.models]),
+        ("tools", "name", [tool.name for tool in scenario.tools]),
+        ("sessions", "id", [session.id for session in scenario.sessions]),
+    )
+    for field, key, idents in declared:
+        for index, ident in enumerate(idents):
+            if ident in idents[:index]:
+                yield (field, index, key), f"duplicate {field[:-1]} {key} {ident!r}"
+
+
+def _check_models(scenario: Scenario, names: _Names) -> Iterator[Problem]:
+    for index, model in enumerate(scenario.models):
+        for position, fallback in enumerate(model.fallbacks):
+            if fallback not in names.models:
+                yield ("models", index, "fallbacks", position), f"unknown model {fallback!r}"
+    for index, session in enumerate(scenario.sessions):
+        if session.model not in names.models:
+            yield ("sessions", index, "model"), f"unknown model {session.model!r}"
+    for model_id, script in scenario.scripts.items():
+        if model_id not in names.models:
+            yield ("scripts", model_id), f"script for undeclared model {model_id!r}"
+        for step_index, step in enumerate(script.steps):
+            for call_index, call in enumerate(step.tool_calls):
+                if call.tool not in names.tools:
+                    loc = ("scripts", model_id, "steps", step_index, "tool_calls", call_index)
+                    yield (*loc, "tool"), f"unknown tool {call.tool!r}"
+
+
+def _check_fields(loc: Loc, fields: Mapping[str, object], names: _Names) -> Iterator[Problem]:
+    for field in _NAMED_FIELDS:
+        value = fields.get(field)
+        if isinstance(value, str) and value not in names.named(field):
+            yield (*loc, field), f"unknown {field} {value!r}"
+
+
+def _check_trigger(loc: Loc, trigger: Trigger, names: _Names) -> Iterator[Problem]:
+    if not isinstance(trigger, EventTrigger):
+        return
+    if trigger.event not in TRACE_EVENTS:
+        yield (*loc, "event"), f"unknown event {trigger.event!r}"
+    yield from _check_fields(loc, trigger.match, names)
+
+
+def _check_action(
+    loc: Loc, action: Action, names: _Names, supported_ops: frozenset[str] | None
+) -> Iterator[Problem]:
+    if supported_ops is not None and action.op not in supported_ops:
+        yield (*loc, "op"), f"op {action.op!r} is not supported yet"
+    for field in ("session", "owner", "target"):
+        value = getattr(action, field, None)
+        if isinstance(value, str) and value not in names.sessions:
+            yield (*loc, field), f"unknown session {value!r}"
+    if isinstance(action, WithdrawAction) and (action.session, action.entry) not in names.entries:
+        yield (
+            (*loc, "entry"),
+            f"unknown entry {action.entry!r}; no send or enqueue action on session "
+            f"{action.session!r} declares it",
+        )
+    handle = action.handle if isinstance(action, HandleAction | EnqueueAction) else None
+    if handle is not None and handle not in names.handles:
+        yield (*loc, "handle"), f"unknown handle {handle!r}; no delegate action declares it"
+
+
+def _check_expect(expect: Expect, names: _Names) -> Iterator[Problem]:
+    by_session: Sequence[tuple[str, Mapping[str, object]]] = (
+        ("phases", expect.phases),
+        ("owed", expect.owed),
+        ("streams", expect.streams),
+        ("unanswered", expect.unanswered),
+    )
+    for field, values in by_session:
+        for key in values:
+            if key not in names.sessions:
+                yield ("expect", field, key), f"unknown session {key!r}"
+    for key in expect.handles:
+        if key not in names.handles:
+            yield ("expect", "handles", key), f"unknown handle {key!r}"
+    for index, item in enumerate(expect.events):
+        event = item["event"]
+        if event not in TRACE_EVENTS:
+            yield ("expect", "events", index, "event"), f"unknown event {event!r}"
+        yield from _check_fields(("expect", "events", index), item, names)

@@ -1,0 +1,105 @@
+"""The demo's timeline: each engine event printed as it happens, and a one-line verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from agent_session._events import EngineEvent
+from agent_session.harness.runner import RunResult
+from agent_session.harness.scenario import Scenario
+from agent_session.harness.trace import event_name
+
+#: Events the timeline leaves out (they are in the trace).
+_QUIET = frozenset({"tool-call-start", "tool-call-end", "phase"})
+_STYLE = {
+    "stream-start": "bold green",
+    "stream-end": "green",
+    "step": "cyan",
+    "op-start": "cyan",
+    "queued": "yellow",
+    "withdrawn": "bold yellow",
+    "dequeued": "yellow",
+    "entry-canceled": "yellow",
+    "stop": "magenta",
+    "owed": "bold magenta",
+    "continuation-ended": "bold magenta",
+    "resume": "bold green",
+    "persisted": "dim",
+    "stream-abort": "red",
+    "stream-error": "bold red",
+    "launch-refused": "red",
+}
+_SKIP_FIELDS = frozenset({"session"})
+
+
+class Timeline:
+    """An engine observer that prints a line per event (``plain``: no colours, no markup)."""
+
+    def __init__(self, *, plain: bool) -> None:
+        self._console = Console(
+            no_color=plain, highlight=False, force_terminal=None if not plain else False
+        )
+        self._clock_ms = 0
+        self.seen: list[str] = []
+
+    def header(self, scenario: Scenario, db: Path) -> None:
+        """Print what is about to run."""
+        self._console.print(Text(f"turnkeeper demo: {scenario.name}", style="bold"))
+        self._console.print(Text(f"store: {db} (SQLite, WAL)", style="dim"))
+
+    def __call__(self, event: EngineEvent) -> None:
+        """Print one event."""
+        name = event_name(event)
+        self.seen.append(name)
+        if name in _QUIET:
+            return
+        fields = " ".join(
+            f"{key.rstrip('_')}={_show(getattr(event, key))}"
+            for key in event.__struct_fields__
+            if key not in _SKIP_FIELDS
+        )
+        line = Text()
+        line.append(f"{name:<19}", style=_STYLE.get(name, ""))
+        line.append(fields)
+        self._console.print(line)
+
+    def footer(self, ok: bool, sentence: str) -> None:
+        """Print the verdict."""
+        style = "bold green" if ok else "bold red"
+        self._console.print(
+            Text(("verdict: " if ok else "verdict: FAILED: ") + sentence, style=style)
+        )
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple | list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def verdict(result: RunResult) -> tuple[bool, str]:
+    """Whether the stranded turn was resumed and answered, in one sentence."""
+    if result.error is not None:
+        return False, result.error
+    if result.failures:
+        return False, "; ".join(result.failures)
+    resumed = [line for line in result.trace if line["event"] == "resume"]
+    started = [line for line in resumed if line["outcome"] == "started"]
+    if not started:
+        return False, "the stranded turn was never resumed"
+    budget = next(
+        (
+            line["budget"]
+            for line in result.trace
+            if line["event"] == "stream-start" and line["cause"] == "resume"
+        ),
+        None,
+    )
+    events, virtual = len(result.trace), result.virtual_ms
+    return True, (
+        f"the turn cut for a withdrawn wake was resumed under its {budget} remaining steps "
+        f"and answered; nothing is owed ({events} events, {virtual} virtual ms)"
+    )

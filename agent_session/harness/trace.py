@@ -1,0 +1,61 @@
+"""The trace: one JSON object per engine event, in order (CONTRACT.md section 3).
+
+Every line has ``seq`` (from 1), ``t`` (virtual milliseconds), ``event`` and ``session``, then
+the event's own fields under CONTRACT's names. Lines are built from the event Structs with
+msgspec, so the same run always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from agent_session._events import EngineEvent
+from stream_manager import Clock
+
+TraceLine = dict[str, Any]
+
+_encoder = msgspec.json.Encoder()
+
+
+def event_name(event: EngineEvent) -> str:
+    """The CONTRACT name of an event (its tag)."""
+    return str(type(event).__struct_config__.tag)
+
+
+class TraceRecorder:
+    """An engine observer that turns events into trace lines and hands each to listeners."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.lines: list[TraceLine] = []
+        self._listeners: list[Callable[[TraceLine, EngineEvent], None]] = []
+
+    def listen(self, listener: Callable[[TraceLine, EngineEvent], None]) -> None:
+        """Call ``listener(line, event)`` after each line is recorded."""
+        self._listeners.append(listener)
+
+    def __call__(self, event: EngineEvent) -> None:
+        """Record ``event`` as the next trace line."""
+        fields = msgspec.to_builtins(event)
+        line: TraceLine = {
+            "seq": len(self.lines) + 1,
+            "t": round(self._clock.now() * 1000),
+            "event": fields.pop("event"),
+            "session": fields.pop("session"),
+            **fields,
+        }
+        self.lines.append(line)
+        for listener in self._listeners:
+            listener(line, event)
+
+    def jsonl(self) -> bytes:
+        """The trace as JSON Lines."""
+        return b"".join(_encoder.encode(line) + b"\n" for line in self.lines)
+
+
+def encode_line(line: TraceLine) -> bytes:
+    """One trace line as JSON, without the newline."""
+    return _encoder.encode(line)

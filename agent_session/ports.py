@@ -1,0 +1,42 @@
+"""The session's ports: what a host (or the harness) plugs in around the turn engine."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from persistence import TurnkeeperError
+
+
+class PreStreamFailure(TurnkeeperError):
+    """A pre-stream gate refused or failed; for a resume this is a failure before start."""
+
+
+class PreStreamGate(Protocol):
+    """SPEC 5.2: the check every send and resume passes before its stream (a pricing gate)."""
+
+    async def check(self, session: str, purpose: str) -> None:
+        """Return to let the turn go on; raise :class:`PreStreamFailure` to stop it."""
+        ...
+
+
+class OpenGate:
+    """The default gate: everything passes."""
+
+    async def check(self, session: str, purpose: str) -> None:
+        """Let every turn through."""
+        del session, purpose
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The engine's policies (CONTRACT.md ``[engine]``)."""
+
+    #: One logical turn's step ceiling (MAX_STREAM_STEPS).
+    max_stream_steps: int = 100
+    #: Failed-before-start resume attempts before the continuation is forfeited (R21).
+    resume_attempt_cap: int = 3
+    #: The default deadline of one operation, in seconds.
+    tool_deadline_s: float = 60.0
+    #: How long a cancelled operation has to acknowledge, in seconds.
+    cancel_grace_s: float = 5.0

@@ -1,0 +1,133 @@
+"""The records turnkeeper commits at its durable boundaries.
+
+Every record is a frozen msgspec Struct of plain data (strings, integers, tuples, bytes and
+enums), so a store can share it without copying and encode it without asking the layers above.
+Schema evolution follows msgspec's rules: a new field always gets a default, so a record
+written by older code still decodes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import msgspec
+
+
+class CutState(StrEnum):
+    """Where a durable cut record stands (SPEC PS-6)."""
+
+    #: The cut owes a continuation: startup recovery resumes it.
+    OWED = "owed"
+    #: The continuation ran; nothing is owed any more.
+    CONSUMED = "consumed"
+    #: Voided because the entry that cut the turn was withdrawn (PS-6).
+    WITHDRAWN = "withdrawn"
+    #: Voided because the continuation was forfeited (PS-6).
+    FORFEITED = "forfeited"
+    #: Voided for any other reason (e.g. admission no longer holds).
+    VOIDED = "voided"
+
+
+class RowKind(StrEnum):
+    """What a history row is."""
+
+    USER = "user"
+    ASSISTANT = "assistant"
+    #: An assistant message committed after an abort (``partial: true``, B6).
+    PARTIAL = "partial"
+    #: A ``[CONTINUE]`` sentinel (B9).
+    SENTINEL = "sentinel"
+    SYSTEM = "system"
+
+
+class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A session the store holds history for.
+
+    Attributes:
+        id: The session id, unique in the store.
+        model: The session's model.
+        created_seq: The history sequence number the session was created at.
+        goal: The goal the session works towards, if any.
+    """
+
+    id: str
+    model: str
+    created_seq: int = 0
+    goal: str | None = None
+
+
+class CutRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The durable record of a cut, riding on the cut's assistant row (SPEC PS-6, R60).
+
+    It carries what startup recovery needs to rebuild the owed continuation: the remaining
+    step budget, the fallback progress, the delegated-turn correlation and the goal attribution.
+
+    Attributes:
+        remaining: Model steps left in the logical turn (never negative).
+        model: The model the cut stream ran on.
+        requested_model: The model the turn asked for before any fallback hop.
+        refused_models: Models that refused during this turn, in order (fallback progress).
+        chain: The fallback chain still to try, in order.
+        handle_id: The delegated handle of the correlation, if the turn is delegated.
+        owner_session: The owner session of the correlation.
+        turn_id: The delegated turn id of the correlation.
+        goal_kind: The kind of goal the turn is attributed to, if any.
+        goal_id: The goal the turn is attributed to, if any.
+        state: Whether the continuation is still owed.
+    """
+
+    remaining: Annotated[int, msgspec.Meta(ge=0)]
+    model: str
+    requested_model: str
+    refused_models: tuple[str, ...] = ()
+    chain: tuple[str, ...] = ()
+    handle_id: str | None = None
+    owner_session: str | None = None
+    turn_id: str | None = None
+    goal_kind: str | None = None
+    goal_id: str | None = None
+    state: CutState = CutState.OWED
+
+
+class HistoryRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of a session's history log.
+
+    Attributes:
+        session: The session the row belongs to.
+        seq: The row's position, assigned by the caller and strictly increasing per session.
+        row_id: The row's id, unique within the session.
+        kind: What the row is.
+        body: The message, as msgspec JSON owned by the layer above; the store keeps it
+            byte-exact and never decodes it.
+        stream: The stream that wrote the row, if any.
+        cut: The durable cut record, on the assistant row of a cut stream.
+    """
+
+    session: str
+    seq: int
+    row_id: str
+    kind: RowKind
+    body: bytes = b"{}"
+    stream: str | None = None
+    cut: CutRecord | None = None
+
+
+class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+    """What a stream was constructed with (SPEC PS-1, boundary B3).
+
+    Attributes:
+        session: The session the stream runs in.
+        stream: The stream id, unique within the session.
+        model: The model the stream starts on.
+        budget: The step budget the stream starts with.
+        cause: Why the stream was started (user entry, resume, retry, ...).
+        handle: The delegated handle the stream works for, if any.
+    """
+
+    session: str
+    stream: str
+    model: str
+    budget: int
+    cause: str
+    handle: str | None = None

@@ -1,0 +1,562 @@
+"""What only the SQLite store promises: its file, its PRAGMAs, its call count, its refusals.
+
+Hand edits go through plain ``sqlite3`` (``plain_sqlite``); "left untouched" is checked by
+comparing every file in the folder, byte for byte, before and after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+import anyio
+import pytest
+
+from persistence import (
+    CorruptRecord,
+    CutState,
+    MigrationRequired,
+    NotATurnkeeperStore,
+    RowKind,
+    SqliteStore,
+    StoreError,
+    TurnkeeperError,
+    UnsupportedSchemaVersion,
+    UsageError,
+    _sqlite,
+)
+
+from .helpers import cut, envelope, plain_sqlite, row, session, snapshot
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from pathlib import Path
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "t.db"
+
+
+async def make_store_file(path: Path) -> None:
+    """A closed store holding one session with a user row and an owed cut row."""
+    async with SqliteStore(path) as store:
+        await store.create_session(session())
+        await store.append([row(1), row(2, "r7", kind=RowKind.ASSISTANT, cut=cut())])
+        await store.put_envelope(envelope())
+
+
+def connection(store: SqliteStore) -> aiosqlite.Connection:
+    """The store's own connection (tests only: to read PRAGMAs and trace statements)."""
+    db = store._db
+    assert db is not None
+    return db
+
+
+async def pragma(store: SqliteStore, statement: str) -> object:
+    rows = list(await connection(store).execute_fetchall(statement))
+    return rows[0][0]
+
+
+# -- file set-up and PRAGMAs ------------------------------------------------------------------
+
+
+async def test_a_new_store_is_created_in_wal_mode_with_foreign_keys_on(db_path: Path) -> None:
+    async with SqliteStore(db_path) as store:
+        assert await pragma(store, "PRAGMA journal_mode") == "wal"
+        assert await pragma(store, "PRAGMA foreign_keys") == 1
+        assert await pragma(store, "PRAGMA busy_timeout") == 5000
+    with plain_sqlite(db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+
+
+@pytest.mark.parametrize(("setting", "level"), [("NORMAL", 1), ("FULL", 2)])
+async def test_the_synchronous_setting_is_applied(
+    db_path: Path, setting: _sqlite.Synchronous, level: int
+) -> None:
+    async with SqliteStore(db_path, synchronous=setting) as store:
+        assert await pragma(store, "PRAGMA synchronous") == level
+
+
+def test_an_unknown_synchronous_setting_is_refused(db_path: Path) -> None:
+    with pytest.raises(UsageError, match="synchronous"):
+        SqliteStore(db_path, synchronous="OFF")  # type: ignore[arg-type]
+
+
+async def test_an_empty_file_becomes_a_store(db_path: Path) -> None:
+    await anyio.Path(db_path).write_bytes(b"")
+    async with SqliteStore(db_path) as store:
+        await store.create_session(session())
+        assert await store.sessions() == [session()]
+
+
+async def test_a_new_store_survives_a_fresh_instance_on_the_same_file(db_path: Path) -> None:
+    await make_store_file(db_path)
+    async with SqliteStore(db_path, synchronous="FULL") as store:
+        assert await store.sessions() == [session()]
+        assert [r.row_id for r in await store.owed_cuts()] == ["r7"]
+        assert await store.envelopes("s1") == [envelope()]
+
+
+async def test_a_missing_folder_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="unable to open"):
+        await SqliteStore(tmp_path / "no" / "such" / "t.db").open()
+
+
+# -- refusing files that are not (this version of) a turnkeeper store -------------------------
+
+
+async def test_a_file_that_is_not_sqlite_is_refused_and_left_byte_identical(
+    tmp_path: Path, db_path: Path
+) -> None:
+    await anyio.Path(db_path).write_bytes(b"hello")
+    before = snapshot(tmp_path)
+    with pytest.raises(NotATurnkeeperStore, match="not a SQLite database") as caught:
+        await SqliteStore(db_path).open()
+    assert caught.value.path == str(db_path)
+    assert snapshot(tmp_path) == before
+
+
+async def test_a_foreign_sqlite_database_is_refused_and_left_byte_identical(
+    tmp_path: Path, db_path: Path
+) -> None:
+    with plain_sqlite(db_path) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('mine')")
+    before = snapshot(tmp_path)
+    with pytest.raises(NotATurnkeeperStore, match="without turnkeeper's schema_version table"):
+        await SqliteStore(db_path).open()
+    assert snapshot(tmp_path) == before
+    with plain_sqlite(db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
+async def test_a_newer_schema_version_is_refused_and_left_untouched(
+    tmp_path: Path, db_path: Path
+) -> None:
+    await make_store_file(db_path)
+    with plain_sqlite(db_path) as conn:
+        conn.execute("UPDATE schema_version SET version = 99")
+    before = snapshot(tmp_path)
+    with pytest.raises(UnsupportedSchemaVersion, match="schema version 99") as caught:
+        await SqliteStore(db_path).open()
+    assert (caught.value.found, caught.value.supported) == (99, 1)
+    assert snapshot(tmp_path) == before
+    # A read-only open refuses it too. (SQLite's WAL reader may leave an empty -wal and a
+    # -shm index beside the file; the database file itself is untouched.)
+    with pytest.raises(UnsupportedSchemaVersion):
+        await SqliteStore(db_path, readonly=True).open()
+    assert snapshot(tmp_path)[db_path.name] == before[db_path.name]
+
+
+@pytest.fixture
+def second_migration(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Pretend the code knows a migration 0002 with the given SQL."""
+    known = _sqlite.migrations()
+
+    def install(sql: str) -> None:
+        extra = _sqlite.Migration(2, "0002_test.sql", _sqlite.split_statements(sql))
+        monkeypatch.setattr(_sqlite, "migrations", lambda: (*known, extra))
+
+    return install
+
+
+async def test_an_older_schema_is_migrated_in_one_transaction(
+    db_path: Path, second_migration: Callable[[str], None]
+) -> None:
+    await make_store_file(db_path)
+    second_migration(
+        "CREATE TABLE receipts (id TEXT PRIMARY KEY);\n"
+        "-- a comment between statements\n"
+        "INSERT INTO receipts VALUES ('x');\n"
+    )
+    async with SqliteStore(db_path) as store:
+        assert [r.row_id for r in await store.history("s1")] == ["r1", "r7"]
+    with plain_sqlite(db_path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT id FROM receipts").fetchall() == [("x",)]
+
+
+async def test_a_failing_migration_leaves_the_store_at_its_old_version(
+    tmp_path: Path, db_path: Path, second_migration: Callable[[str], None]
+) -> None:
+    await make_store_file(db_path)
+    before = snapshot(tmp_path)
+    second_migration("CREATE TABLE receipts (id TEXT);\nINSERT INTO nowhere VALUES (1);\n")
+    with pytest.raises(StoreError, match="no such table: nowhere"):
+        await SqliteStore(db_path).open()
+    with plain_sqlite(db_path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+        assert "receipts" not in tables
+    assert snapshot(tmp_path).keys() == before.keys()
+
+
+async def test_readonly_refuses_a_store_that_needs_migrating_and_leaves_it_untouched(
+    tmp_path: Path, db_path: Path, second_migration: Callable[[str], None]
+) -> None:
+    await make_store_file(db_path)
+    second_migration("CREATE TABLE receipts (id TEXT);\n")
+    before = snapshot(tmp_path)
+    with pytest.raises(MigrationRequired, match="version 1 and needs migrating to 2"):
+        await SqliteStore(db_path, readonly=True).open()
+    assert snapshot(tmp_path)[db_path.name] == before[db_path.name]
+
+
+def test_migrations_are_numbered_from_one_without_gaps() -> None:
+    found = _sqlite.migrations()
+    assert [m.version for m in found] == list(range(1, len(found) + 1))
+    assert found[0].name == "0001_init.sql"
+    assert any("history_rows_cut_state" in statement for statement in found[0].statements)
+
+
+def test_split_statements_refuses_an_incomplete_statement() -> None:
+    assert _sqlite.split_statements("SELECT 1;\n-- trailing comment\n") == ("SELECT 1;",)
+    with pytest.raises(ValueError, match="incomplete"):
+        _sqlite.split_statements("SELECT 1;\nCREATE TABLE t (x\n")
+
+
+# -- read-only ----------------------------------------------------------------------------------
+
+
+async def test_readonly_reads_everything_and_refuses_every_write(
+    tmp_path: Path, db_path: Path
+) -> None:
+    await make_store_file(db_path)
+    before = snapshot(tmp_path)[db_path.name]
+    async with SqliteStore(db_path, readonly=True) as store:
+        assert await store.sessions() == [session()]
+        assert [r.row_id for r in await store.history("s1")] == ["r1", "r7"]
+        assert [r.row_id for r in await store.owed_cuts()] == ["r7"]
+        assert await store.envelopes("s1") == [envelope()]
+        writes: list[Callable[[], Any]] = [
+            lambda: store.create_session(session("s2")),
+            lambda: store.append([row(3)]),
+            lambda: store.update_row(row(1, body=b"x")),
+            lambda: store.delete_rows("s1", ["r1"]),
+            lambda: store.set_cut_state("s1", "r7", CutState.VOIDED),
+            lambda: store.put_envelope(envelope("st2")),
+        ]
+        for write in writes:
+            with pytest.raises(UsageError, match="read-only"):
+                await write()
+        # Even a statement slipped past the store's own check is refused by SQLite.
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            await connection(store).execute("DELETE FROM history_rows")
+    assert snapshot(tmp_path)[db_path.name] == before
+
+
+@pytest.mark.parametrize("content", [None, b""], ids=["missing", "empty"])
+async def test_readonly_never_creates_a_store(
+    tmp_path: Path, db_path: Path, content: bytes | None
+) -> None:
+    if content is not None:
+        await anyio.Path(db_path).write_bytes(content)
+    before = snapshot(tmp_path)
+    with pytest.raises(NotATurnkeeperStore):
+        await SqliteStore(db_path, readonly=True).open()
+    assert snapshot(tmp_path) == before
+
+
+async def test_readonly_refuses_a_file_that_is_not_sqlite(tmp_path: Path, db_path: Path) -> None:
+    await anyio.Path(db_path).write_bytes(b"hello")
+    before = snapshot(tmp_path)
+    with pytest.raises(NotATurnkeeperStore, match="not a SQLite database"):
+        await SqliteStore(db_path, readonly=True).open()
+    assert snapshot(tmp_path) == before
+
+
+# -- the cost of a durable write ----------------------------------------------------------------
+
+
+class Calls:
+    """Every aiosqlite call (one thread hop each) and every statement SQLite ran."""
+
+    def __init__(self) -> None:
+        self.hops: list[str] = []
+        self.statements: list[str] = []
+
+    def reset(self) -> None:
+        self.hops.clear()
+        self.statements.clear()
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
+    """Count aiosqlite's thread hops: wrap the one method every aiosqlite call goes through."""
+    seen = Calls()
+    real: Callable[..., Awaitable[Any]] = aiosqlite.Connection._execute
+
+    async def counting(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.hops.append(getattr(fn, "__name__", repr(fn)))
+        return await real(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counting)
+    return seen
+
+
+async def traced(store: SqliteStore, calls: Calls) -> None:
+    await connection(store).set_trace_callback(calls.statements.append)
+    calls.reset()
+
+
+async def test_a_single_row_append_is_one_aiosqlite_call_and_one_statement(
+    db_path: Path, calls: Calls
+) -> None:
+    async with SqliteStore(db_path) as store:
+        await store.create_session(session())
+        await traced(store, calls)
+        await store.append([row(1)])
+        assert calls.hops == ["execute"]
+        assert len(calls.statements) == 1
+        assert calls.statements[0].startswith("INSERT INTO history_rows")
+        assert await store.history("s1") == [row(1)]
+
+
+@pytest.mark.parametrize(
+    ("name", "write"),
+    [
+        ("update_row", lambda store: store.update_row(row(1, body=b"x"))),
+        ("set_cut_state", lambda store: store.set_cut_state("s1", "r7", CutState.VOIDED)),
+        ("delete_rows", lambda store: store.delete_rows("s1", ["r1", "r7"])),
+        ("put_envelope", lambda store: store.put_envelope(envelope("st2"))),
+        ("create_session", lambda store: store.create_session(session("s2"))),
+    ],
+)
+async def test_each_single_statement_write_is_one_aiosqlite_call(
+    db_path: Path, calls: Calls, name: str, write: Callable[[SqliteStore], Any]
+) -> None:
+    await make_store_file(db_path)
+    async with SqliteStore(db_path) as store:
+        await traced(store, calls)
+        await write(store)
+        assert (calls.hops, len(calls.statements)) == (["execute"], 1), name
+
+
+async def test_a_batch_append_is_one_immediate_transaction(db_path: Path, calls: Calls) -> None:
+    async with SqliteStore(db_path) as store:
+        await store.create_session(session())
+        await traced(store, calls)
+        await store.append([row(n) for n in range(1, 6)])
+        assert calls.hops == ["execute", "executemany", "execute"]
+        assert calls.statements[0] == "BEGIN IMMEDIATE"
+        assert calls.statements[-1] == "COMMIT"
+        assert len(calls.statements) == 7
+
+
+async def test_a_refused_batch_is_rolled_back(db_path: Path, calls: Calls) -> None:
+    async with SqliteStore(db_path) as store:
+        await store.create_session(session())
+        await store.append([row(3)])
+        await traced(store, calls)
+        with pytest.raises(UsageError, match="s1/r3"):
+            await store.append([row(1), row(2), row(3)])
+        assert "ROLLBACK" in calls.statements
+        assert not connection(store).in_transaction
+        assert [r.seq for r in await store.history("s1")] == [3]
+
+
+async def test_a_batch_append_cancelled_mid_transaction_still_commits_whole(
+    db_path: Path,
+) -> None:
+    loop = asyncio.get_running_loop()
+    async with SqliteStore(db_path) as store:
+        await store.create_session(session())
+        with anyio.CancelScope() as scope:
+
+            def cancel_on_begin(statement: str) -> None:  # runs on aiosqlite's thread
+                if statement == "BEGIN IMMEDIATE":
+                    loop.call_soon_threadsafe(scope.cancel)
+
+            await connection(store).set_trace_callback(cancel_on_begin)
+            await store.append([row(n) for n in range(1, 6)])
+            await anyio.lowlevel.checkpoint()
+        assert scope.cancelled_caught
+        await connection(store).set_trace_callback(lambda _: None)
+        assert [r.seq for r in await store.history("s1")] == [1, 2, 3, 4, 5]
+        assert not connection(store).in_transaction
+        await store.append([row(9)])
+    async with SqliteStore(db_path) as store:  # nothing was left in an open transaction
+        assert [r.seq for r in await store.history("s1")] == [1, 2, 3, 4, 5, 9]
+
+
+async def test_owed_cuts_is_read_through_the_partial_cut_state_index(db_path: Path) -> None:
+    await make_store_file(db_path)
+    with plain_sqlite(db_path) as conn:
+        for sql, params in [
+            (_sqlite.SELECT_OWED, ("owed",)),
+            (_sqlite.SELECT_OWED_IN_SESSION, ("owed", "s1")),
+        ]:
+            plan = " ".join(
+                str(step[3]) for step in conn.execute("EXPLAIN QUERY PLAN " + sql, params)
+            )
+            assert "USING INDEX history_rows_cut_state" in plan, plan
+            assert "SCAN" not in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
+
+
+# -- corrupt values are reported, never read as absent, never rewritten -------------------------
+
+
+def corrupt(path: Path, sql: str, *params: object) -> bytes:
+    """Apply a hand edit to the row s1/r7 and return the row's cut blob afterwards."""
+    with plain_sqlite(path) as conn:
+        conn.execute(sql, params)
+        (blob,) = conn.execute(
+            "SELECT cut FROM history_rows WHERE session = 's1' AND row_id = 'r7'"
+        ).fetchone()
+    return bytes(blob) if blob is not None else b""
+
+
+VALID_CUT = b'{"remaining":3,"model":"beta","requested_model":"alpha","state":"owed"}'
+
+
+@pytest.mark.parametrize(
+    ("edit", "params", "detail"),
+    [
+        (
+            "UPDATE history_rows SET cut = ? WHERE row_id = 'r7'",
+            (b'{"remaining":"3","model":"beta","requested_model":"alpha","state":"owed"}',),
+            "$.cut.remaining: Expected int, got str",
+        ),
+        (
+            "UPDATE history_rows SET cut = ? WHERE row_id = 'r7'",
+            (b'{"remaining":-1,"model":"beta","requested_model":"alpha","state":"owed"}',),
+            "$.cut.remaining: Expected int >= 0",
+        ),
+        (
+            "UPDATE history_rows SET cut = ? WHERE row_id = 'r7'",
+            (b'{"remaining":3,"requested_model":"alpha","state":"owed"}',),
+            "$.cut: Object missing required field model",
+        ),
+        (
+            "UPDATE history_rows SET cut = ? WHERE row_id = 'r7'",
+            (b'{"remaining":3,"model":"beta","requested_model":"alpha","state":"owed"',),
+            "$.cut: Input data was truncated",
+        ),
+        (
+            "UPDATE history_rows SET cut = ?, cut_state = 'bogus' WHERE row_id = 'r7'",
+            (VALID_CUT.replace(b'"owed"', b'"bogus"'),),
+            "$.cut.state: Invalid enum value 'bogus'",
+        ),
+        (
+            "UPDATE history_rows SET cut = ?, cut_state = 'voided' WHERE row_id = 'r7'",
+            (VALID_CUT,),
+            "$.cut.state: the record says 'owed', the cut_state column says 'voided'",
+        ),
+        (
+            "UPDATE history_rows SET kind = ? WHERE row_id = 'r7'",
+            ("tool",),
+            "$.kind: Invalid enum value 'tool'",
+        ),
+        (
+            "UPDATE history_rows SET body = ? WHERE row_id = 'r7'",
+            ("text, not bytes",),
+            "$.body: Expected bytes, got str",
+        ),
+    ],
+    ids=["type", "negative", "missing", "truncated", "state", "column", "kind", "body"],
+)
+async def test_a_corrupt_row_raises_corrupt_record_and_stays_where_it_is(
+    db_path: Path, edit: str, params: tuple[object, ...], detail: str
+) -> None:
+    await make_store_file(db_path)
+    blob = corrupt(db_path, edit, *params)
+    async with SqliteStore(db_path) as store:
+        with pytest.raises(CorruptRecord) as caught:
+            await store.history("s1")
+        error = caught.value
+        assert (error.table, error.key) == ("history_rows", "s1/r7")
+        assert error.detail.startswith(detail), error.detail
+        assert str(error).startswith(f"history_rows[s1/r7]: {detail}")
+        assert isinstance(error, TurnkeeperError)
+        if "cut_state" not in edit:  # still listed as owed
+            with pytest.raises(CorruptRecord, match="s1/r7"):
+                await store.owed_cuts()
+        # The good row of another session still reads.
+        await store.create_session(session("s2"))
+        await store.append([row(1, sid="s2")])
+        assert await store.history("s2") == [row(1, sid="s2")]
+    with plain_sqlite(db_path) as conn:
+        rows = conn.execute("SELECT row_id, cut FROM history_rows WHERE session = 's1'").fetchall()
+    assert [(row_id, bytes(cut_blob or b"")) for row_id, cut_blob in rows] == [
+        ("r1", b""),
+        ("r7", blob),
+    ]
+
+
+async def test_set_cut_state_on_a_cut_that_is_not_json_raises_and_writes_nothing(
+    db_path: Path,
+) -> None:
+    await make_store_file(db_path)
+    blob = corrupt(db_path, "UPDATE history_rows SET cut = ? WHERE row_id = 'r7'", b"{not json")
+    async with SqliteStore(db_path) as store:
+        with pytest.raises(CorruptRecord, match=r"history_rows\[s1/r7\]: \$\.cut: malformed JSON"):
+            await store.set_cut_state("s1", "r7", CutState.VOIDED)
+    with plain_sqlite(db_path) as conn:
+        assert conn.execute(
+            "SELECT cut_state, cut FROM history_rows WHERE row_id = 'r7'"
+        ).fetchone() == ("owed", blob)
+
+
+@pytest.mark.parametrize(
+    ("table", "edit", "key", "detail"),
+    [
+        (
+            "sessions",
+            'UPDATE sessions SET record = CAST(\'{"id":"s1"}\' AS BLOB)',
+            "s1",
+            "$: Object missing required field model",
+        ),
+        (
+            "sessions",
+            'UPDATE sessions SET record = CAST(\'{"id":"s9","model":"a"}\' AS BLOB)',
+            "s1",
+            "$.id: the record says 's9'",
+        ),
+        (
+            "turn_envelopes",
+            'UPDATE turn_envelopes SET record = CAST(\'{"session":"s1"}\' AS BLOB)',
+            "s1/st1",
+            "$: Object missing required field stream",
+        ),
+    ],
+    ids=["session", "session_id", "envelope"],
+)
+async def test_corrupt_sessions_and_envelopes_raise_corrupt_record(
+    db_path: Path, table: str, edit: str, key: str, detail: str
+) -> None:
+    await make_store_file(db_path)
+    corrupt(db_path, edit)
+    async with SqliteStore(db_path) as store:
+        read = store.sessions if table == "sessions" else functools.partial(store.envelopes, "s1")
+        with pytest.raises(CorruptRecord) as caught:
+            await read()
+        assert (caught.value.table, caught.value.key) == (table, key)
+        assert caught.value.detail.startswith(detail), caught.value.detail
+        if table == "sessions":
+            with pytest.raises(CorruptRecord):
+                await store.create_session(session())
+
+
+async def test_a_corrupt_schema_version_is_reported(db_path: Path) -> None:
+    await make_store_file(db_path)
+    corrupt(db_path, "INSERT INTO schema_version VALUES (1)")
+    with pytest.raises(CorruptRecord, match=r"schema_version\[version\]"):
+        await SqliteStore(db_path).open()
+
+
+async def test_leaving_a_cancelled_scope_still_closes_the_store(db_path: Path) -> None:
+    with anyio.CancelScope() as scope:
+        async with SqliteStore(db_path) as store:
+            await store.create_session(session())
+            scope.cancel()
+            await anyio.lowlevel.checkpoint()
+    assert scope.cancelled_caught
+    assert store._db is None
+    async with SqliteStore(db_path) as again:
+        assert await again.sessions() == [session()]
