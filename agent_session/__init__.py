@@ -7,3 +7,60 @@ scenario harness and the ``turnkeeper`` CLI.
 
 May import every other package; nothing imports it.
 """
+
+from agent_session._continuation import (
+    Continuation,
+    EndedHow,
+    Marker,
+    SweepSnapshot,
+    plan_sweep,
+)
+from agent_session._engine import Engine, EngineObserver
+from agent_session._events import (
+    ContinuationEnded,
+    ContinuationOwed,
+    EngineEvent,
+    EntryCanceled,
+    EntryDequeued,
+    EntryQueued,
+    EntryWithdrawn,
+    Persisted,
+    PhaseChanged,
+    QueueCleared,
+    ResumeAttempted,
+    SessionEvent,
+)
+from agent_session._phases import IllegalTransition, Phase
+from agent_session._session import SessionDisposed
+from agent_session._session_resume import AgentSession
+from agent_session.ports import EngineConfig, OpenGate, PreStreamFailure, PreStreamGate
+
+__all__ = [
+    "AgentSession",
+    "Continuation",
+    "ContinuationEnded",
+    "ContinuationOwed",
+    "EndedHow",
+    "Engine",
+    "EngineConfig",
+    "EngineEvent",
+    "EngineObserver",
+    "EntryCanceled",
+    "EntryDequeued",
+    "EntryQueued",
+    "EntryWithdrawn",
+    "IllegalTransition",
+    "Marker",
+    "OpenGate",
+    "Persisted",
+    "Phase",
+    "PhaseChanged",
+    "PreStreamFailure",
+    "PreStreamGate",
+    "QueueCleared",
+    "ResumeAttempted",
+    "SessionDisposed",
+    "SessionEvent",
+    "SweepSnapshot",
+    "plan_sweep",
+]

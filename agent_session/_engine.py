@@ -8,6 +8,7 @@ sees a fact before its consequences).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Self
@@ -16,7 +17,7 @@ import anyio
 import anyio.abc
 
 from agent_session._events import EngineEvent
-from agent_session._session_turns import AgentSession
+from agent_session._session_resume import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from persistence import SessionRecord, Store, UsageError
 from stream_manager import Clock, Model, StreamEvent, StreamManager, SystemClock, Tool
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 EngineObserver = Callable[[EngineEvent], None]
+log = logging.getLogger("turnkeeper.engine")
 
 
 class Engine:
@@ -106,7 +108,10 @@ class Engine:
 
     def _emit(self, event: EngineEvent) -> None:
         for observer in self._observers:
-            observer(event)
+            try:
+                observer(event)
+            except Exception:  # a host's observer must never wedge a turn mid-flight
+                log.exception("observer %r failed on %s", observer, type(event).__name__)
 
     def _on_stream_event(self, event: StreamEvent) -> None:
         self._emit(event)

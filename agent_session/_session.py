@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -50,6 +50,7 @@ from message_queue import (
     DispatchMode,
     EntryCallbacks,
     EntryKind,
+    EntrySnapshot,
     MessageMetadata,
     MessageQueue,
     MetadataType,
@@ -72,6 +73,30 @@ Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
 class SessionDisposed(UsageError):
     """The session was disposed; it accepts nothing more."""
+
+
+class ThinkingHolder:
+    """A turn's thinking level: the original, a pending mid-turn change, the applied one."""
+
+    __slots__ = ("applied", "original", "pending")
+
+    def __init__(self, original: str | None) -> None:
+        self.original = original
+        self.pending: str | None = None
+        self.applied: str | None = None
+
+    def for_step(self) -> str | None:
+        """The level a step prepares with; a pending change becomes applied here."""
+        if self.pending is not None:
+            self.applied, self.pending = self.pending, None
+        return self.applied if self.applied is not None else self.original
+
+    def at_cut(self) -> str | None:
+        """R20: ``pending ?? applied ?? original``."""
+        for level in (self.pending, self.applied):
+            if level is not None:
+                return level
+        return self.original
 
 
 class SessionCore(ABC):
@@ -115,11 +140,20 @@ class SessionCore(ABC):
         self._sweep_scheduled = False
         self._cut_rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
         self._pending_voids: list[tuple[str, CutState]] = []
+        self._send_now = False  # AS-18: the interrupted stream's abort drains instead of idling
+        self._defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
+        self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
+        self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
         self._partial_rows: dict[str, HistoryRow] = {}
         self._stream_context = StreamContext(model=model, cause=StartCause.SEND)
         self._idle = anyio.Event()
         self._idle.set()
         self._tasks = 0
+        #: The session's thinking level between turns; a turn's holder tracks mid-turn changes.
+        self.thinking_level: str | None = None
+        self._thinking: ThinkingHolder | None = None
+        #: The live scratchpad (``additionalSystemContext``) the host keeps up to date (R26).
+        self.scratchpad: str | None = None
 
     # ------------------------------------------------------------ phase
 
@@ -131,6 +165,7 @@ class SessionCore(ABC):
         if to is Phase.IDLE:
             self._soft_stop_in_flight = False
             self._active_tools.clear()
+            self._thinking = None  # AS-1: the turn's thinking holder expires
             self._schedule_sweep()
             self._check_idle()
         else:
@@ -330,20 +365,22 @@ class SessionCore(ABC):
         entries hear of it after any forfeit (R32); then the sweep runs.
         """
         self._alive()
-        entries = [e.id for e in self.queue]
+        before = {e.id: e for e in self.queue}
         if hard_stop:
             self._soft_stop_in_flight = False
             self._end_marker(EndedHow.FORFEITED, "hard-stop queue clear")
         removed = self.queue.clear()
-        self._emit(QueueCleared(session=self.id, entries=tuple(entries), hard_stop=hard_stop))
-        self._cancel_removed(removed, reason)
+        self._emit(QueueCleared(session=self.id, entries=tuple(before), hard_stop=hard_stop))
+        self._cancel_removed(removed, reason, before)
         self._flush_voids_soon()
 
     def remove_dedupe(self, prefix: str, reason: str = "removed") -> int:
         """AS-16: remove the queued messages whose dedupe keys start with ``prefix``."""
         self._alive()
+        before = {e.id: e for e in self.queue}
         removal = self.queue.remove_by_dedupe_key_prefix(prefix)
-        self._cancel_removed(removal.removed_entries, reason)
+        self._cancel_removed(removal.removed_entries, reason, before)
+        self._flush_voids_soon()
         return removal.removed_messages
 
     def restore_queue(self) -> str:
@@ -353,19 +390,55 @@ class SessionCore(ABC):
             The restored text (empty when nothing user-authored was queued).
         """
         self._alive()
-        entries = [e.id for e in self.queue]
+        before = {e.id: e for e in self.queue}
         restored = self.queue.restore_to_input()
-        self._emit(QueueCleared(session=self.id, entries=tuple(entries), hard_stop=False))
-        self._cancel_removed(restored.removed, "restored to input")
+        self._emit(QueueCleared(session=self.id, entries=tuple(before), hard_stop=False))
+        self._cancel_removed(restored.removed, "restored to input", before)
+        self._flush_voids_soon()
         return restored.text
 
-    def _cancel_removed(self, removed: list[EntryCallbacks], reason: str) -> None:
-        """Run the removed entries' cancellations in order, then sweep (AS-16, R32)."""
+    def _cancel_removed(
+        self,
+        removed: list[EntryCallbacks],
+        reason: str,
+        before: Mapping[str, EntrySnapshot],
+    ) -> None:
+        """Run the removed entries' cancellations in order, then sweep (AS-16, R32).
+
+        A removed entry that continues the owed turn (its correlation, or a live wake while a
+        correlated continuation is owed) is that turn's terminal path: the continuation is
+        forfeited before any cancellation runs, so the sweep cannot resume a turn whose
+        owner the cancellation is about to settle.
+        """
+        marker = self.continuation.marker
+        if marker is not None and marker.correlation is not None:
+            for callbacks in removed:
+                entry = before.get(callbacks.entry_id)
+                if entry is not None and (
+                    entry.correlation == marker.correlation
+                    or (entry.kind is EntryKind.WAKE and not entry.withdrawn)
+                ):
+                    self._end_marker(EndedHow.FORFEITED, "its queued continuation was removed")
+                    break
         for callbacks in removed:
             self._emit(EntryCanceled(session=self.id, entry=callbacks.entry_id, reason=reason))
-        for entry, error in notify_all_canceled(removed, reason):
-            log.warning("cancellation callback of %s failed: %r", entry, error)
+        for entry_id, error in notify_all_canceled(removed, reason):
+            log.warning("cancellation callback of %s failed: %r", entry_id, error)
         self._schedule_sweep()
+
+    # ------------------------------------------------------------ turn settings
+
+    def set_thinking(self, level: str) -> None:
+        """Change the thinking level: mid-turn it is applied at the next step; else from now."""
+        self._alive()
+        if self._thinking is not None:
+            self._thinking.pending = level
+        else:
+            self.thinking_level = level
+
+    def set_scratchpad(self, text: str | None) -> None:
+        """The live scratchpad text passed to every request (never persisted, R26)."""
+        self.scratchpad = text
 
     # ------------------------------------------------------------ stops
 

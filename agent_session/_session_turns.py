@@ -5,21 +5,16 @@ See ``_session`` for the theory of operation. Rule ids in comments point at SPEC
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import msgspec
 
 from agent_session._continuation import (
     EndedHow,
-    ForfeitAtCap,
     Marker,
-    StartResume,
-    SweepSnapshot,
-    apply_sweep,
     consume,
     owe,
-    plan_sweep,
-    resume_failed,
     resume_settled,
     retry_safe,
 )
@@ -41,7 +36,7 @@ from agent_session._rows import (
     needs_continue_sentinel,
     to_messages,
 )
-from agent_session._session import SessionCore
+from agent_session._session import SessionCore, ThinkingHolder
 from agent_session._turn import (
     Accepted,
     CanceledBeforeAcceptance,
@@ -57,12 +52,14 @@ from stream_manager import (
     Aborted,
     AbortReason,
     Ended,
+    ErrorKind,
     Failed,
     QueuedStopReport,
     Refused,
     StartCause,
     StreamAborted,
     StreamEvent,
+    StreamFailed,
     StreamInfo,
     StreamOutcome,
     StreamRequest,
@@ -75,8 +72,8 @@ from stream_manager import (
 log = logging.getLogger("turnkeeper.session")
 
 
-class AgentSession(SessionCore):
-    """One conversation: its phase, queue, owed continuation and turns (SPEC.md 2.3)."""
+class SessionTurns(SessionCore):
+    """The session's turns: the send pipeline, the launch, stream events, outcomes, the drain."""
 
     # ------------------------------------------------------------ sending
 
@@ -122,7 +119,7 @@ class AgentSession(SessionCore):
         try:
             await self._gate.check(self.id, "send")
         except PreStreamFailure as error:
-            return SendRefused(SendFailure(type="pre_stream", message=str(error)))
+            return await self._gate_refused(turn, error)
         if turn.canceled():
             return self._cancel_before_acceptance(turn, [])
         failure = self._validate(turn)
@@ -147,16 +144,38 @@ class AgentSession(SessionCore):
             self._set_phase(Phase.PREPARING)
             self._release_preflight()
         model = (turn.options.model if turn.options else None) or self.model
+        thinking = (turn.options.thinking_level if turn.options else None) or self.thinking_level
+        self._thinking = ThinkingHolder(thinking)  # AS-9: a fresh holder for the turn
         context = StreamContext(
             model=model,
             cause=turn.cause,
             options=turn.options or SendOptions(),
             correlation=turn.correlation,
-            thinking_level=turn.options.thinking_level if turn.options else None,
+            thinking_level=thinking,
+            extra_system_context=self.scratchpad,
             agent_initiated=turn.kind is not EntryKind.USER,
         )
         await self._launch(context, self._new_abort())
         return Accepted()
+
+    async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
+        """AS-4: a refused manual send keeps the user's row and surfaces a stream error."""
+        failure = SendFailure(type="pre_stream", message=str(error))
+        if turn.kind is EntryKind.USER and self._validate(turn) is None:
+            row = self._user_row(turn)
+            await self._store.append([row])
+            self._emit(Persisted(session=self.id, what="user-row", id=row.row_id))
+            self._emit(
+                StreamFailed(
+                    session=self.id,
+                    stream="",
+                    kind=ErrorKind.TERMINAL,
+                    remaining=0,
+                    type="pre_stream_rejected",
+                    message=str(error),
+                )
+            )
+        return SendRefused(failure)
 
     def _validate(self, turn: TurnInput) -> SendFailure | None:
         """AS-5: before any history change."""
@@ -264,6 +283,7 @@ class AgentSession(SessionCore):
             correlation=context.correlation,
             extra_system_context=context.extra_system_context,
             thinking_level=context.thinking_level,
+            thinking_for_step=self._thinking_for_step,
             has_queued_tool_end=self._has_queued_tool_end,
             on_queued_message_stop=self._on_queued_stop,
             on_stream_constructed=self._write_envelope,
@@ -275,6 +295,10 @@ class AgentSession(SessionCore):
         if isinstance(outcome, Refused | Withdrawn) and sentinel is not None:
             await self._store.delete_rows(self.id, [sentinel.row_id])  # R34
         return outcome
+
+    def _thinking_for_step(self) -> str | None:
+        holder = self._thinking
+        return holder.for_step() if holder is not None else self._stream_context.thinking_level
 
     def _has_queued_tool_end(self) -> bool:
         return self.queue.has_queued(DispatchMode.TOOL_END)
@@ -307,8 +331,10 @@ class AgentSession(SessionCore):
             options=retry_safe(context.options),
             correlation=context.correlation,
             agent_initiated=context.agent_initiated,
-            thinking_level=context.thinking_level,
-            extra_system_context=context.extra_system_context,
+            thinking_level=(  # R20: a pending change survives the cut
+                self._thinking.at_cut() if self._thinking is not None else context.thinking_level
+            ),
+            extra_system_context=self.scratchpad,  # R26: the live snapshot at the cut
         )
         self.continuation, _ = owe(self.continuation, marker)
         handle = marker.correlation.handle_id if marker.correlation else None
@@ -420,6 +446,7 @@ class AgentSession(SessionCore):
             await self._on_abort(outcome)
         elif isinstance(outcome, Failed):
             self._set_phase(Phase.COMPLETING)  # AS-25
+            self.continuation = resume_settled(self.continuation)
             self._end_marker(EndedHow.WITHDRAWN, "the stream failed; the error path owns it (R25)")
             await self._flush_voids()
             self._to_idle_from(Phase.COMPLETING)
@@ -461,13 +488,19 @@ class AgentSession(SessionCore):
             )
             await self._stamp_partial(aborted)
         if soft_stop:
+            self._classify_cutter()
+            await self._flush_voids()
             self._drain()  # AS-28: dispatch the cutter, or cancel withdrawn entries and sweep
+        elif self._send_now:
+            self._send_now = False
+            self._drain()  # AS-18: the user's prioritized entry goes next
         self._to_idle_from(Phase.COMPLETING)
 
     async def _commit_partial(self, aborted: Aborted) -> None:
-        """B6: the aborted stream's partial row."""
+        """B6: the aborted stream's partial row (dropped when an edit abandons it, AS-6)."""
         self._partial_rows.pop(aborted.stream, None)
-        if not aborted.parts:
+        abandon, self._abandon_partial = self._abandon_partial, False
+        if not aborted.parts or abandon:
             return
         meta = aborted.metadata
         seq = self._next_seq()
@@ -500,6 +533,26 @@ class AgentSession(SessionCore):
         self._cut_rows[aborted.stream] = row.row_id
         self._emit(Persisted(session=self.id, what="cut", id=row.row_id))
 
+    def _classify_cutter(self) -> None:
+        """AS-28 step 4: the next live entry continues the cut turn, or supersedes it.
+
+        A wake (or an entry of the cut stream's correlation) continues it; a wake without a
+        correlation is stamped with the cut stream's (R56), since a partial row gives history
+        nothing to inherit from. Anything else supersedes a correlated continuation, which is
+        forfeited before that entry is dispatched (R29): no owner event follows an abort cut.
+        """
+        marker = self.continuation.marker
+        first = self.queue.first_live()
+        if first is None or marker is None:
+            return
+        cut_correlation = self._stream_context.correlation
+        if first.kind is EntryKind.WAKE:
+            if first.correlation is None and cut_correlation is not None:
+                self._stamp = (first.id, cut_correlation)
+            return
+        if marker.correlation is not None and first.correlation != marker.correlation:
+            self._end_marker(EndedHow.FORFEITED, "superseded by unrelated input (R29)")
+
     # ------------------------------------------------------------ the drain
 
     def _drain_if_idle(self) -> None:
@@ -511,6 +564,8 @@ class AgentSession(SessionCore):
         if self.disposed:
             return
         self._soft_stop_in_flight = False
+        if self._defer_drain:
+            return  # AS-15: an edit is waiting; it restores the queue itself
         if self.queue.is_empty:
             self._schedule_sweep()  # AS-14
             return
@@ -518,6 +573,9 @@ class AgentSession(SessionCore):
         self._emit(EntryDequeued(session=self.id, entry=entry.entry_id))
         self._set_phase(Phase.PREPARING)
         turn = TurnInput.from_dequeued(entry)
+        stamp, self._stamp = self._stamp, None
+        if stamp is not None and stamp[0] == entry.entry_id and turn.correlation is None:
+            turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
 
         async def dispatch() -> None:
             result = await self._pipeline(turn)
@@ -530,116 +588,3 @@ class AgentSession(SessionCore):
                 self._drain_if_idle()
 
         self._run(dispatch)
-
-    # ------------------------------------------------------------ the sweep
-
-    def _schedule_sweep(self) -> None:
-        if self._sweep_scheduled or self.disposed:
-            return
-        self._sweep_scheduled = True
-
-        async def sweep() -> None:
-            self._sweep_scheduled = False
-            self._sweep()
-
-        self._run(sweep)
-
-    def _sweep(self) -> None:
-        """ST-7: resume a stranded turn when every precondition holds; idempotent."""
-        snapshot = SweepSnapshot(
-            disposed=self.disposed,
-            phase=self.phase,
-            queue_empty=self.queue.is_empty,
-            manual_in_preflight=self._manual_preflight,
-        )
-        action = plan_sweep(self.continuation, snapshot, self._config.resume_attempt_cap)
-        if isinstance(action, ForfeitAtCap):
-            self._end_marker(
-                EndedHow.FORFEITED,
-                f"{action.failed_attempts} resume attempts failed before a stream started (R21)",
-            )
-            self._flush_voids_soon()
-        elif isinstance(action, StartResume):
-            self.continuation = apply_sweep(self.continuation, action)
-            self._set_phase(Phase.PREPARING)  # R7: claimed before any await
-            abort = CancelToken()
-            self._resume_abort = abort
-            self._run(lambda: self._resume(action.marker, action.attempt, abort))
-
-    async def _resume(self, marker: Marker, attempt: int, abort: CancelToken) -> None:
-        """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""
-        log.info(
-            "Resuming turn stranded by a withdrawn queued message: cut=%s model=%s budget=%d "
-            "correlation=%s attempt=%d",
-            marker.cut,
-            marker.model,
-            marker.step_budget,
-            marker.correlation,
-            attempt,
-        )  # ST-14, R45
-        context = StreamContext(
-            model=marker.model,
-            cause=StartCause.RESUME,
-            options=marker.options,
-            step_budget=marker.step_budget,
-            progress=marker.progress,
-            correlation=marker.correlation,
-            thinking_level=marker.thinking_level,
-            extra_system_context=marker.extra_system_context,
-            agent_initiated=marker.agent_initiated,
-            resume_of=(marker.cut, attempt),
-        )
-        try:
-            await self._gate.check(self.id, "resume")
-            if abort.cancelled:
-                outcome: StreamOutcome = Withdrawn(abort.reason or "withdrawn")
-            else:
-                outcome = await self._stream_with_history(context, abort)
-        except (PreStreamFailure, TurnkeeperError, OSError) as error:
-            self._resume_failed(marker, attempt, error)
-            return
-        if isinstance(outcome, Refused | Withdrawn):
-            self._on_not_started(outcome, context)
-            await self._flush_voids()
-        else:
-            await self._on_outcome(outcome, context)
-
-    def _resume_failed(self, marker: Marker, attempt: int, error: BaseException) -> None:
-        """ST-10: failed before start; owed still (R4), counted (R21), swept again (R43)."""
-        log.info("resume of %s failed before its stream started: %s", marker.cut, error)
-        self.continuation = resume_failed(self.continuation)
-        self._resume_abort = None
-        self._emit(
-            ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
-        )
-        self._to_idle_from(Phase.PREPARING)
-        self._drain_if_idle()
-
-    # ------------------------------------------------------------ disposal
-
-    async def dispose(self) -> None:
-        """AS-31: forfeit the owed continuation (R27), abort a resume (R18), stop the stream."""
-        if self.disposed:
-            return
-        self._end_marker(EndedHow.FORFEITED, "session disposed")
-        await self._flush_voids()
-        if self._prepared_abort is not None:
-            self._prepared_abort.cancel(AbortReason.SYSTEM.value)
-        self.disposed = True
-        removed = self.queue.clear()
-        for callbacks in removed:
-            self._emit(EntryCanceled(session=self.id, entry=callbacks.entry_id, reason="disposed"))
-        await self._manager.stop_stream(self.id, reason=AbortReason.SYSTEM)
-        if self.phase is not Phase.DISPOSED:
-            self._set_phase(Phase.DISPOSED)
-        self._check_idle()
-
-    def owes(self) -> bool:
-        """Whether a continuation is owed right now."""
-        return self.continuation.marker is not None
-
-    def describe(self) -> str:
-        """A one-line state summary for logs and tests."""
-        marker = self.continuation.marker
-        owed = f"owed {marker.cut} ({marker.step_budget} left)" if marker else "nothing owed"
-        return f"<AgentSession {self.id} {self.phase} | {owed} | {self.queue!r}>"

@@ -357,7 +357,11 @@ class StreamManager:
                 messages=tuple(messages),
                 correlation=request.correlation,
                 extra_system_context=request.extra_system_context,
-                thinking_level=request.thinking_level,
+                thinking_level=(
+                    request.thinking_for_step()
+                    if request.thinking_for_step is not None
+                    else request.thinking_level
+                ),
             )
             step = await self._step(stream, self._models[stream.model], model_request, required)
             if step.soft_stopped:

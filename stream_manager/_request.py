@@ -76,6 +76,9 @@ class StreamRequest:
     correlation: Correlation | None = None
     extra_system_context: str | None = None
     thinking_level: str | None = None
+    #: Consulted at each step's preparation: the thinking level in force for that step (a
+    #: mid-turn change is applied at the next step). ``None``: ``thinking_level`` throughout.
+    thinking_for_step: Callable[[], str | None] | None = None
     #: Required-tool patterns beyond the tools of kind ``completion`` (SM-7 condition 3).
     required_tools: tuple[str, ...] = ()
     #: The live reader "is a tool-end entry queued?" (MQ-8); ``None``: never.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agent_session._rows import unanswered
-from agent_session._session_turns import AgentSession
+from agent_session._session_resume import AgentSession
 from agent_session.harness.scenario import Expect
 from agent_session.harness.trace import TraceLine
 from persistence import Store

@@ -1,0 +1,182 @@
+"""A rig for session tests: an Engine over ScriptedModels, fake tools we own, a MemoryStore
+and a virtual clock, with every engine event recorded in order.
+
+Tests drive it with ``await r.settle()``: virtual time moves to the next sleeper whenever every
+task is blocked, until nothing sleeps (quiescence). Hooks on tools and on events let a test act
+at an exact point of the turn, the way a scenario action runs inside its trigger's emission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import anyio
+
+from agent_session import AgentSession, Engine, EngineConfig, EngineEvent, PreStreamGate
+from persistence import HistoryRow, MemoryStore, RowKind, Store
+from stream_manager import (
+    ScriptedModel,
+    ScriptStep,
+    ScriptToolCall,
+    ToolCallPart,
+    ToolContext,
+    ToolKind,
+    ToolResultPart,
+    VirtualClock,
+)
+
+T = TypeVar("T")
+
+
+@dataclass
+class HookTool:
+    """A client tool: ``before`` runs first (queue something, stop the session ...), then an
+    optional ``gate`` is awaited, then it answers ``output`` (or the call's ``output`` arg)."""
+
+    name: str
+    output: object = "ok"
+    kind: ToolKind = ToolKind.CLIENT
+    before: Callable[[ToolCallPart], None] | None = None
+    gate: anyio.Event | None = None
+    duration_s: float = 0.0
+    clock: VirtualClock | None = None
+    calls: list[ToolCallPart] = field(default_factory=list)
+
+    async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
+        self.calls.append(call)
+        if self.before is not None:
+            self.before(call)
+        if self.duration_s and self.clock is not None:
+            await self.clock.sleep_until(self.clock.now() + self.duration_s)
+        if self.gate is not None:
+            await self.gate.wait()
+        return ToolResultPart(
+            call_id=call.call_id, name=call.name, output=call.args.get("output", self.output)
+        )
+
+
+def T_(*tools: str) -> ScriptStep:
+    """A step calling client tools."""
+    return ScriptStep(tool_calls=tuple(ScriptToolCall(tool=t) for t in tools))
+
+
+def X(text: str = "done", delay_ms: int = 0) -> ScriptStep:
+    """A text-only step."""
+    return ScriptStep(text=text, delay_ms=delay_ms)
+
+
+def P(tool: str, text: str = "partial text") -> ScriptStep:
+    """A step with a provider-executed tool, then text."""
+    return ScriptStep(
+        tool_calls=(ScriptToolCall(tool=tool, provider_executed=True, result={"ok": True}),),
+        text=text,
+    )
+
+
+def tag(event: EngineEvent) -> str:
+    return str(type(event).__struct_config__.tag)
+
+
+@dataclass
+class Rig:
+    engine: Engine
+    clock: VirtualClock
+    models: dict[str, ScriptedModel]
+    tools: dict[str, HookTool]
+    store: Store
+    events: list[EngineEvent]
+    hooks: list[Callable[[EngineEvent], None]]
+
+    def session(self, name: str = "s1") -> AgentSession:
+        return self.engine.session(name)
+
+    def names(self) -> list[str]:
+        return [tag(e) for e in self.events]
+
+    def of(self, kind: type[T]) -> list[T]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def on(self, hook: Callable[[EngineEvent], None]) -> None:
+        """Run ``hook`` synchronously inside every event's emission (after it is recorded)."""
+        self.hooks.append(hook)
+
+    async def settle(self) -> None:
+        """Move virtual time until the engine is quiescent."""
+        while True:
+            await anyio.wait_all_tasks_blocked()
+            deadline = self.clock.next_deadline()
+            if deadline is None:
+                break
+            self.clock.advance_to(deadline)
+        await self.engine.wait_idle()
+
+    async def history(self, session: str = "s1") -> list[HistoryRow]:
+        return await self.store.history(session)
+
+    async def kinds(self, session: str = "s1") -> list[RowKind]:
+        return [row.kind for row in await self.history(session)]
+
+
+@asynccontextmanager
+async def session_rig(
+    scripts: Mapping[str, Sequence[ScriptStep]],
+    *,
+    tools: Sequence[HookTool] = (),
+    fallbacks: Mapping[str, Sequence[str]] | None = None,
+    config: EngineConfig | None = None,
+    gate: PreStreamGate | None = None,
+    store: Store | None = None,
+    sessions: Sequence[tuple[str, str]] = (("s1", "M"),),
+) -> AsyncIterator[Rig]:
+    """An engine with one session per ``sessions`` entry, running, with events recorded."""
+    clock = VirtualClock()
+    models = {name: ScriptedModel(name, steps, clock=clock) for name, steps in scripts.items()}
+    tool_map = {t.name: t for t in tools}
+    for name in ("bash", "task_await", "a", "b"):
+        tool_map.setdefault(name, HookTool(name))
+    for tool in tool_map.values():
+        tool.clock = clock
+    events: list[EngineEvent] = []
+    hooks: list[Callable[[EngineEvent], None]] = []
+
+    def observe(event: EngineEvent) -> None:
+        events.append(event)
+        for hook in hooks:
+            hook(event)
+
+    the_store = store if store is not None else MemoryStore()
+    engine = Engine(
+        store=the_store,
+        models=models,
+        tools=tool_map,
+        fallbacks=fallbacks,
+        clock=clock,
+        config=config or EngineConfig(max_stream_steps=8),
+        gate=gate,
+        observers=[observe],
+    )
+    async with engine:
+        for session, model in sessions:
+            await engine.open_session(session, model=model)
+        yield Rig(engine, clock, models, tool_map, the_store, events, hooks)
+
+
+class FailingGate:
+    """A pre-stream gate that fails the next ``count`` checks (optionally only for ``purpose``)."""
+
+    def __init__(self, count: int = 0, purpose: str | None = None) -> None:
+        self.count = count
+        self.purpose = purpose
+        self.checks: list[str] = []
+
+    async def check(self, session: str, purpose: str) -> None:
+        from agent_session import PreStreamFailure
+
+        self.checks.append(purpose)
+        await anyio.lowlevel.checkpoint()
+        if self.count > 0 and (self.purpose is None or self.purpose == purpose):
+            self.count -= 1
+            raise PreStreamFailure(f"gate refused the {purpose}")
