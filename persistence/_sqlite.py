@@ -393,7 +393,7 @@ class SqliteStore:
     async def _open_readwrite(self) -> aiosqlite.Connection:
         size, _ = await anyio.to_thread.run_sync(_file_facts, self._path)
         fresh = not size
-        db = await aiosqlite.connect(self._path, isolation_level=None)
+        db = await _connect(self._path)
         try:
             # Nothing up to the migration writes to the file: a refused file stays byte-identical.
             await db.execute("PRAGMA busy_timeout = 5000")
@@ -418,7 +418,7 @@ class SqliteStore:
             raise NotATurnkeeperStore(self._path, "no such file (read-only opens create nothing)")
         if size == 0:
             raise NotATurnkeeperStore(self._path, "the file is empty")
-        db = await aiosqlite.connect(uri, uri=True, isolation_level=None)
+        db = await _connect(uri, uri=True)
         try:
             await db.execute("PRAGMA busy_timeout = 5000")
             await db.execute("PRAGMA query_only = ON")
@@ -681,6 +681,25 @@ def _file_facts(path: str) -> tuple[int | None, str]:
     """The file's size (``None`` when it is missing or not a file) and its read-only URI."""
     size = os.path.getsize(path) if os.path.isfile(path) else None
     return size, Path(path).absolute().as_uri() + "?mode=ro"
+
+
+async def _connect(database: str, *, uri: bool = False) -> aiosqlite.Connection:
+    """Open an aiosqlite connection; on failure, let its worker thread finish first.
+
+    When connecting fails, aiosqlite stops its worker thread with a result posted to the
+    running loop that nobody awaits; if the loop closed before the thread got there, the
+    thread would raise "Event loop is closed". Joining the thread keeps that inside the loop.
+    """
+    connection = aiosqlite.connect(database, uri=uri, isolation_level=None)
+    try:
+        return await connection
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            worker = connection._thread  # aiosqlite 0.22's worker (pinned); see the docstring
+            if worker.is_alive():
+                await anyio.to_thread.run_sync(worker.join, 5.0)
+            await anyio.lowlevel.checkpoint()
+        raise
 
 
 async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[object] = ()) -> Sequence[Any]:
