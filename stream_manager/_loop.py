@@ -136,7 +136,7 @@ class StreamManager:
             emit=self._emit,
         )
         self._completion_tools = tuple(
-            name for name, tool in self._tools.items() if tool.kind is ToolKind.COMPLETION
+            name for name, tool in self._tools.items() if tool.kind == ToolKind.COMPLETION
         )
         self._streams: dict[str, ActiveStream] = {}
         self._locks: dict[str, anyio.Lock] = {}

@@ -30,6 +30,7 @@ from agent_session.harness.loader import script_steps
 from agent_session.harness.scenario import (
     ActionSpec,
     ClearQueueAction,
+    DiscardContextAction,
     DisposeAction,
     EnqueueAction,
     EventTrigger,
@@ -40,6 +41,7 @@ from agent_session.harness.scenario import (
     Scenario,
     SendAction,
     StopAction,
+    ThinkingAction,
     TimeTrigger,
     WithdrawAction,
 )
@@ -62,6 +64,8 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
         "hard_stop",
         "dispose",
         "fail_next",
+        "thinking",
+        "discard_context",
     }
 )
 
@@ -121,42 +125,56 @@ class _Actions:
             self.errors.append(f"$.actions[{index}].do ({action.do.op}): {error}")
 
     def _do(self, action: ActionSpec) -> None:
-        do = action.do
-        engine = self._engine
-        if isinstance(do, SendAction):
-            mode = do.mode or DispatchMode.TOOL_END
-            engine.session(do.session).send(do.text, entry=do.entry, mode=mode)
-        elif isinstance(do, EnqueueAction):
-            if do.handle is not None:
-                raise RunFailed("enqueue with a delegated handle is not supported yet")
-            engine.session(do.session).enqueue(
-                do.text,
-                kind=do.kind,
-                entry=do.entry,
-                mode=do.mode or DispatchMode.TOOL_END,
-                dedupe_key=do.dedupe_key,
-                sealed=do.sealed,
-            )
-        elif isinstance(do, WithdrawAction):
-            engine.session(do.session).withdraw(do.entry, "withdrawn by the scenario")
-        elif isinstance(do, RemoveDedupeAction):
-            engine.session(do.session).remove_dedupe(do.prefix)
-        elif isinstance(do, ClearQueueAction):
-            engine.session(do.session).clear_queue(
-                "cleared by the scenario", hard_stop=do.hard_stop
-            )
-        elif isinstance(do, RestoreQueueAction):
-            engine.session(do.session).restore_queue()
-        elif isinstance(do, StopAction):
-            engine.session(do.session).stop()
-        elif isinstance(do, HardStopAction):
-            engine.session(do.session).hard_stop()
-        elif isinstance(do, DisposeAction):
-            engine._spawn(engine.session(do.session).dispose)
-        elif isinstance(do, FailNextAction):
-            self._faults.arm(do.what, do.count)
-        else:  # the loader refuses every op outside SUPPORTED_OPS
-            raise RunFailed(f"op {do.op!r} is not supported yet")
+        handler = _HANDLERS.get(type(action.do))
+        if handler is None:  # the loader refuses every op outside SUPPORTED_OPS
+            raise RunFailed(f"op {action.do.op!r} is not supported yet")
+        handler(self._engine, self._faults, action.do)
+
+
+def _send(engine: Engine, faults: Faults, do: Any) -> None:
+    engine.session(do.session).send(do.text, entry=do.entry, mode=do.mode or DispatchMode.TOOL_END)
+
+
+def _enqueue(engine: Engine, faults: Faults, do: Any) -> None:
+    if do.handle is not None:
+        raise RunFailed("enqueue with a delegated handle is not supported yet")
+    engine.session(do.session).enqueue(
+        do.text,
+        kind=do.kind,
+        entry=do.entry,
+        mode=do.mode or DispatchMode.TOOL_END,
+        dedupe_key=do.dedupe_key,
+        sealed=do.sealed,
+    )
+
+
+def _fail_next(engine: Engine, faults: Faults, do: Any) -> None:
+    if do.what == "settlement":
+        raise RunFailed("fail_next of settlement is not supported yet")
+    faults.arm(do.what, do.count)
+
+
+def _dispose(engine: Engine, faults: Faults, do: Any) -> None:
+    engine._spawn(engine.session(do.session).dispose)
+
+
+_Handler = Callable[[Engine, Faults, Any], object]
+_HANDLERS: dict[type, _Handler] = {
+    SendAction: _send,
+    EnqueueAction: _enqueue,
+    WithdrawAction: lambda e, f, do: e.session(do.session).withdraw(do.entry, "withdrawn"),
+    RemoveDedupeAction: lambda e, f, do: e.session(do.session).remove_dedupe(do.prefix),
+    ClearQueueAction: lambda e, f, do: e.session(do.session).clear_queue(
+        "cleared by the scenario", hard_stop=do.hard_stop
+    ),
+    RestoreQueueAction: lambda e, f, do: e.session(do.session).restore_queue(),
+    StopAction: lambda e, f, do: e.session(do.session).stop(),
+    HardStopAction: lambda e, f, do: e.session(do.session).hard_stop(),
+    DisposeAction: _dispose,
+    FailNextAction: _fail_next,
+    ThinkingAction: lambda e, f, do: e.session(do.session).set_thinking(do.level),
+    DiscardContextAction: lambda e, f, do: e.session(do.session).discard_context(),
+}
 
 
 async def run_scenario(

@@ -37,6 +37,11 @@ def unsupported_features(scenario: Scenario) -> list[str]:
                     if getattr(call, key) is not None:
                         where = f"$.scripts.{model}.steps[{s_index}].tool_calls[{c_index}].{key}"
                         problems.append(f"{where}: tool behaviour {key!r} is not supported yet")
+    problems.extend(
+        f"$.actions[{index}].do.what: fail_next of 'settlement' is not supported yet"
+        for index, action in enumerate(scenario.actions)
+        if action.do.op == "fail_next" and getattr(action.do, "what", None) == "settlement"
+    )
     expect = scenario.expect
     if expect is not None:
         problems.extend(
