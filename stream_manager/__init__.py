@@ -58,7 +58,13 @@ from stream_manager._request import (
 from stream_manager._stop import RequiredTools, StopDecision, StopWhy, decide_stop, is_success
 from stream_manager._stream import StreamState
 from stream_manager.clock import SystemClock, VirtualClock
-from stream_manager.errors import ErrorType, ModelError, ScriptExhausted, UnknownModel
+from stream_manager.errors import (
+    ErrorType,
+    ModelError,
+    ScriptExhausted,
+    TerminationUnconfirmed,
+    UnknownModel,
+)
 from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolContext, ToolKind
 from stream_manager.scripted import ScriptedModel, ScriptStep, ScriptToolCall
 
@@ -112,6 +118,7 @@ __all__ = [
     "StreamStarted",
     "StreamState",
     "SystemClock",
+    "TerminationUnconfirmed",
     "TextPart",
     "Tool",
     "ToolCallEnded",

@@ -78,6 +78,16 @@ class ScriptExhausted(ModelError):
         self.step_index = step_index
 
 
+class TerminationUnconfirmed(TurnkeeperError):
+    """A cancelled tool could not confirm that its work stopped.
+
+    A tool raises it from ``execute`` when it was cancelled (its cancel scope fired) and the
+    layer below it did not confirm termination in time (e.g. an MCP server that never answered
+    the cancelled request). The operation's receipt is then ``indeterminate``, never
+    ``cancelled`` (OP-3). Returning or letting the cancellation propagate is the acknowledgement.
+    """
+
+
 class UnknownModel(UsageError):
     """A request or chain named a model the stream manager does not have."""
 
