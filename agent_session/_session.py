@@ -215,6 +215,10 @@ class SessionCore(ABC):
             if self._idle.is_set():
                 return
 
+    def is_disposed(self) -> bool:
+        """Whether the session was disposed (it can become so across any await)."""
+        return self.disposed
+
     def _alive(self) -> None:
         if self.disposed:
             raise SessionDisposed(f"session {self.id!r} is disposed")
@@ -442,11 +446,14 @@ class SessionCore(ABC):
 
     # ------------------------------------------------------------ stops
 
-    def stop(self) -> None:
+    def stop(self) -> str:
         """AS-30: a user Stop.
 
         The owed continuation is withdrawn first (R6, R11), the stream (or the preparing turn)
         is stopped with reason ``user``, then the queue is restored to the input.
+
+        Returns:
+            The queued user-authored text given back for the composer (AS-17, Q-02).
         """
         self._alive()
         self._end_marker(EndedHow.WITHDRAWN, "user stop")
@@ -455,8 +462,9 @@ class SessionCore(ABC):
         self._soft_stop_in_flight = False
         self._active_tools.clear()
         self._manager.request_stop_nowait(self.id, reason=AbortReason.USER)
-        self.restore_queue()
+        restored = self.restore_queue()
         self._flush_voids_soon()
+        return restored
 
     def hard_stop(self) -> None:
         """TD-7: a task hard stop: clear the queue with ``hard_stop`` first, then stop (system)."""

@@ -169,6 +169,7 @@ class AgentSession(SessionTurns):
                     self._prepared_abort.cancel(AbortReason.USER.value)
                 self._manager.request_stop_nowait(self.id, reason=AbortReason.USER)
             await self.wait_idle()
+            self._abandon_partial = False  # only the interrupt above may drop a partial
             restored = self.restore_queue()
             doomed = [
                 row.row_id for row in await self._store.history(self.id) if row.seq >= target.seq

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import anyio
 import msgspec
 
 from agent_session._continuation import (
@@ -71,6 +72,8 @@ from stream_manager import (
 
 log = logging.getLogger("turnkeeper.session")
 
+_DISPOSED = SendRefused(SendFailure(type="disposed", message="the session was disposed"))
+
 
 class SessionTurns(SessionCore):
     """The session's turns: the send pipeline, the launch, stream events, outcomes, the drain."""
@@ -99,9 +102,10 @@ class SessionTurns(SessionCore):
         turn = TurnInput(text=text, entry_id=entry, options=options)
 
         async def direct() -> None:
-            result = await self._pipeline(turn)
+            result = await self._guarded_pipeline(turn)
             if not isinstance(result, Accepted):
                 self._release_preflight()
+                self._to_idle_from(Phase.PREPARING)
                 self._schedule_sweep()  # R3: a failed preflight send sweeps again
                 self._drain_if_idle()
 
@@ -112,6 +116,15 @@ class SessionTurns(SessionCore):
             self._manual_preflight -= 1
             self._check_idle()
 
+    async def _guarded_pipeline(self, turn: TurnInput) -> PipelineResult:
+        """AS-13: whatever goes wrong in one send, the session goes on (IDLE, drain again)."""
+        try:
+            return await self._pipeline(turn)
+        except Exception as error:  # an unexpected failure must not kill the session's drain
+            log.exception("send of %s failed", turn.entry_id or "a direct message")
+            failure = SendFailure(type="unknown", message=f"{type(error).__name__}: {error}")
+            return SendRefused(failure)
+
     async def _pipeline(self, turn: TurnInput) -> PipelineResult:
         """AS-3 to AS-10: gate, validate, persist, cross the point of no return, accept, stream."""
         if turn.canceled():  # AS-3: checked before anything, and after every await below
@@ -120,6 +133,8 @@ class SessionTurns(SessionCore):
             await self._gate.check(self.id, "send")
         except PreStreamFailure as error:
             return await self._gate_refused(turn, error)
+        if self.is_disposed():
+            return _DISPOSED
         if turn.canceled():
             return self._cancel_before_acceptance(turn, [])
         failure = self._validate(turn)
@@ -131,6 +146,8 @@ class SessionTurns(SessionCore):
         except TurnkeeperError as error:
             return SendRefused(SendFailure(type="store_write", message=str(error)))
         self._emit(Persisted(session=self.id, what="user-row", id=row.row_id))
+        if self.is_disposed():
+            return _DISPOSED
         if turn.canceled():
             return await self._rollback(turn, row)
         # AS-8: the point of no return. A row that does not continue the cut turn supersedes it.
@@ -138,11 +155,9 @@ class SessionTurns(SessionCore):
         if marker is not None and not self._continues(turn, marker):
             self._end_marker(EndedHow.WITHDRAWN, "superseded by a send (R35)")
             await self._flush_voids()
-        if turn.callbacks is not None and turn.callbacks.on_accepted is not None:
-            turn.callbacks.on_accepted()
-        if not turn.dispatched:
-            self._set_phase(Phase.PREPARING)
-            self._release_preflight()
+        refused = self._accept(turn)
+        if refused is not None:
+            return refused
         model = (turn.options.model if turn.options else None) or self.model
         thinking = (turn.options.thinking_level if turn.options else None) or self.thinking_level
         self._thinking = ThinkingHolder(thinking)  # AS-9: a fresh holder for the turn
@@ -155,7 +170,38 @@ class SessionTurns(SessionCore):
             extra_system_context=self.scratchpad,
             agent_initiated=turn.kind is not EntryKind.USER,
         )
-        await self._launch(context, self._new_abort())
+        return await self._launch_accepted(context)
+
+    def _accept(self, turn: TurnInput) -> SendRefused | None:
+        """AS-9, AS-10: ``on_accepted`` (a failure is an error result), then PREPARING."""
+        if turn.callbacks is not None and turn.callbacks.on_accepted is not None:
+            try:
+                turn.callbacks.on_accepted()
+            except Exception as error:
+                log.warning("on_accepted of %s failed: %r", turn.entry_id, error)
+                return SendRefused(SendFailure(type="on_accepted", message=str(error)))
+        if not turn.dispatched:
+            self._set_phase(Phase.PREPARING)
+            self._release_preflight()
+        return None
+
+    async def _launch_accepted(self, context: StreamContext) -> PipelineResult:
+        """AS-10, AS-22: launch an accepted turn; a failure before its stream is reported."""
+        try:
+            await self._launch(context, self._new_abort())
+        except (TurnkeeperError, OSError) as error:
+            log.warning("the turn failed before its stream started: %s", error)
+            self._emit(
+                StreamFailed(
+                    session=self.id,
+                    stream="",
+                    kind=ErrorKind.RETRYABLE,
+                    remaining=context.step_budget or 0,
+                    type="pre_stream_failure",
+                    message=str(error),
+                )
+            )
+            return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
         return Accepted()
 
     async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
@@ -233,14 +279,11 @@ class SessionTurns(SessionCore):
         return self._cancel_before_acceptance(turn, [row])
 
     async def _accept_anyway(self, turn: TurnInput) -> PipelineResult:
-        if turn.callbacks is not None and turn.callbacks.on_accepted is not None:
-            turn.callbacks.on_accepted()
-        if not turn.dispatched:
-            self._set_phase(Phase.PREPARING)
-            self._release_preflight()
+        refused = self._accept(turn)
+        if refused is not None:
+            return refused
         context = StreamContext(model=self.model, cause=turn.cause, correlation=turn.correlation)
-        await self._launch(context, self._new_abort())
-        return Accepted()
+        return await self._launch_accepted(context)
 
     def _new_abort(self) -> CancelToken:
         self._prepared_abort = CancelToken()
@@ -291,10 +334,22 @@ class SessionTurns(SessionCore):
             on_complete=self._persist_final,
             abort=abort,
         )
-        outcome = await self._manager.start_stream(request)
+        try:
+            outcome = await self._manager.start_stream(request)
+        except BaseException:
+            if sentinel is not None:  # R34: a launch that failed leaves no orphan sentinel
+                with anyio.CancelScope(shield=True):
+                    await self._delete_sentinel(sentinel)
+            raise
         if isinstance(outcome, Refused | Withdrawn) and sentinel is not None:
-            await self._store.delete_rows(self.id, [sentinel.row_id])  # R34
+            await self._delete_sentinel(sentinel)  # R34
         return outcome
+
+    async def _delete_sentinel(self, sentinel: HistoryRow) -> None:
+        try:
+            await self._store.delete_rows(self.id, [sentinel.row_id])
+        except TurnkeeperError as error:  # the launch's own failure is what the caller reports
+            log.warning("could not remove the sentinel %s: %s", sentinel.row_id, error)
 
     def _thinking_for_step(self) -> str | None:
         holder = self._thinking
@@ -425,6 +480,9 @@ class SessionTurns(SessionCore):
 
     def _on_synthetic_abort(self, reason: AbortReason) -> None:
         """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume."""
+        if reason is not AbortReason.QUEUED_MESSAGE:
+            self._soft_stop_in_flight = False
+            self._active_tools.clear()
         if (
             self.phase is Phase.PREPARING
             and self._resume_abort is not None
@@ -455,8 +513,10 @@ class SessionTurns(SessionCore):
 
     def _on_not_started(self, outcome: Refused | Withdrawn, context: StreamContext) -> None:
         """The launch never reached stream-start (AS-10, ST-10)."""
+        self._send_now = False  # the preempted turn never streamed; the drain below serves it
         resume = context.resume_of
         if resume is not None:
+            self._resume_abort = None
             self.continuation = resume_settled(self.continuation)
             how = "refused" if isinstance(outcome, Refused) else "withdrawn"
             self._emit(
@@ -578,7 +638,7 @@ class SessionTurns(SessionCore):
             turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
 
         async def dispatch() -> None:
-            result = await self._pipeline(turn)
+            result = await self._guarded_pipeline(turn)
             if isinstance(result, SendRefused) and turn.callbacks is not None:
                 callback = turn.callbacks.on_accepted_pre_stream_failure
                 if callback is not None:

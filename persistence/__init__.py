@@ -21,9 +21,13 @@ from persistence._errors import (
 from persistence._memory import MemoryStore
 from persistence._sqlite import SqliteStore
 from persistence.records import (
+    OPEN_OP_STATES,
     CutRecord,
     CutState,
     HistoryRow,
+    OperationRecord,
+    OpState,
+    ReceiptQuery,
     RowKind,
     SessionRecord,
     TurnEnvelope,
@@ -31,6 +35,7 @@ from persistence.records import (
 from persistence.store import Store
 
 __all__ = [
+    "OPEN_OP_STATES",
     "CorruptRecord",
     "CutRecord",
     "CutState",
@@ -38,6 +43,9 @@ __all__ = [
     "MemoryStore",
     "MigrationRequired",
     "NotATurnkeeperStore",
+    "OpState",
+    "OperationRecord",
+    "ReceiptQuery",
     "RowKind",
     "SessionRecord",
     "SqliteStore",

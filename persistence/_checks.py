@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence._errors import UsageError
-from persistence.records import CutState
+from persistence.records import OPEN_OP_STATES, CutState, OperationRecord, OpState
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -94,3 +94,24 @@ def seq_mismatch(row: HistoryRow, stored_seq: int) -> UsageError:
 def no_cut(session: str, row_id: str) -> UsageError:
     """The error for setting the cut state of a row that carries no cut record."""
     return UsageError(f"history row {row_key(session, row_id)} has no cut record")
+
+
+def order_receipts(
+    records: Sequence[OperationRecord],
+    *,
+    session: str | None,
+    states: frozenset[OpState] | None,
+    recent: int | None,
+) -> tuple[OperationRecord, ...]:
+    """``receipts()``'s filter and order, shared by both stores (records oldest first in)."""
+    chosen = [
+        r
+        for r in records
+        if (session is None or r.session == session) and (states is None or r.state in states)
+    ]
+    indeterminate = [r for r in chosen if r.state is OpState.INDETERMINATE]
+    running = [r for r in chosen if r.state in (OpState.REQUESTED, OpState.RUNNING)]
+    done = [r for r in reversed(chosen) if r.state not in OPEN_OP_STATES]
+    if recent is not None:
+        done = done[: max(recent, 0)]
+    return (*indeterminate, *running, *done)

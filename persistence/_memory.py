@@ -14,7 +14,15 @@ import msgspec
 
 from persistence import _checks
 from persistence._errors import UsageError
-from persistence.records import CutState, HistoryRow, SessionRecord, TurnEnvelope
+from persistence.records import (
+    CutState,
+    HistoryRow,
+    OperationRecord,
+    OpState,
+    ReceiptQuery,
+    SessionRecord,
+    TurnEnvelope,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -38,6 +46,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._sessions: dict[str, _SessionData] = {}
+        self._operations: dict[str, OperationRecord] = {}
         self._open = False
 
     def __repr__(self) -> str:
@@ -202,3 +211,27 @@ class MemoryStore:
         self._check_open()
         data = self._sessions.get(session)
         return [] if data is None else list(data.envelopes.values())
+
+    async def put_operation(self, record: OperationRecord) -> None:
+        """Write an operation's receipt, replacing the one with the same ``op_id``."""
+        self._check_open()
+        self._operations[record.op_id] = record
+
+    async def operation(self, op_id: str) -> OperationRecord | None:
+        """The receipt ``op_id``, or ``None``."""
+        self._check_open()
+        return self._operations.get(op_id)
+
+    async def receipts(
+        self,
+        session: str | None = None,
+        *,
+        states: frozenset[OpState] | None = None,
+        recent: int | None = None,
+    ) -> ReceiptQuery:
+        """Open receipts first (indeterminate, then requested and running), then recent others."""
+        self._check_open()
+        records = _checks.order_receipts(
+            list(self._operations.values()), session=session, states=states, recent=recent
+        )
+        return ReceiptQuery(records=records)

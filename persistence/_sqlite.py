@@ -42,6 +42,9 @@ from persistence.records import (
     CutRecord,
     CutState,
     HistoryRow,
+    OperationRecord,
+    OpState,
+    ReceiptQuery,
     RowKind,
     SessionRecord,
     TurnEnvelope,
@@ -101,6 +104,17 @@ SELECT_ENVELOPES = (
 SELECT_VERSION_TABLE = (
     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
 )
+PUT_OPERATION = (
+    "INSERT INTO operations (op_id, session, state, capability, target, record) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (op_id) DO UPDATE SET session = excluded.session, "
+    "state = excluded.state, capability = excluded.capability, target = excluded.target, "
+    "record = excluded.record"
+)
+SELECT_OPERATION = "SELECT op_id, state, record FROM operations WHERE op_id = ?"
+SELECT_OPERATIONS = "SELECT op_id, state, record FROM operations ORDER BY rowid"
+SELECT_OPERATIONS_IN_SESSION = (
+    "SELECT op_id, state, record FROM operations WHERE session = ? ORDER BY rowid"
+)
 SELECT_VERSION = "SELECT version FROM schema_version"
 INSERT_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 UPDATE_VERSION = "UPDATE schema_version SET version = ?"
@@ -109,6 +123,7 @@ _ENCODE = msgspec.json.Encoder().encode
 _CUT = msgspec.json.Decoder(CutRecord)
 _SESSION = msgspec.json.Decoder(SessionRecord)
 _ENVELOPE = msgspec.json.Decoder(TurnEnvelope)
+_OPERATION = msgspec.json.Decoder(OperationRecord)
 _MSGSPEC_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 
 
@@ -258,6 +273,26 @@ def decode_envelope(values: Sequence[Any]) -> TurnEnvelope:
             "turn_envelopes", key, f"$: the record is for {envelope.session}/{envelope.stream}"
         )
     return envelope
+
+
+def decode_operation(values: Sequence[Any]) -> OperationRecord:
+    """Build a receipt from its ``(op_id, state, record)`` columns.
+
+    Raises:
+        CorruptRecord: The record fails validation or disagrees with its columns.
+    """
+    op_id, state, blob = values
+    try:
+        record = _OPERATION.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise _decode_error("operations", str(op_id), exc, "") from None
+    if record.op_id != op_id or record.state.value != state:
+        raise CorruptRecord(
+            "operations",
+            str(op_id),
+            f"$: the record says {record.op_id}/{record.state.value}, the columns {op_id}/{state}",
+        )
+    return record
 
 
 def row_params(row: HistoryRow) -> tuple[object, ...]:
@@ -675,6 +710,61 @@ class SqliteStore:
             with self._errors:
                 rows = await db.execute_fetchall(SELECT_ENVELOPES, (session,))
         return [decode_envelope(row) for row in rows]
+
+    async def put_operation(self, record: OperationRecord) -> None:
+        """Write an operation's receipt, replacing the one with the same ``op_id`` (one call)."""
+        params = (
+            record.op_id,
+            record.session,
+            record.state.value,
+            record.capability,
+            record.target,
+            _ENCODE(record),
+        )
+        async with self._lock:
+            db = self._writer()
+            with self._errors:
+                await db.execute(PUT_OPERATION, params)
+
+    async def operation(self, op_id: str) -> OperationRecord | None:
+        """The receipt ``op_id``, or ``None``.
+
+        Raises:
+            CorruptRecord: The stored receipt fails validation (it stays where it is).
+        """
+        async with self._lock:
+            db = self._reader()
+            with self._errors:
+                rows = list(await db.execute_fetchall(SELECT_OPERATION, (op_id,)))
+        return decode_operation(rows[0]) if rows else None
+
+    async def receipts(
+        self,
+        session: str | None = None,
+        *,
+        states: frozenset[OpState] | None = None,
+        recent: int | None = None,
+    ) -> ReceiptQuery:
+        """Open receipts first (indeterminate, then requested and running), then recent others.
+
+        A row that fails validation is reported by id in ``corrupt`` and skipped.
+        """
+        async with self._lock:
+            db = self._reader()
+            with self._errors:
+                if session is None:
+                    rows = await db.execute_fetchall(SELECT_OPERATIONS)
+                else:
+                    rows = await db.execute_fetchall(SELECT_OPERATIONS_IN_SESSION, (session,))
+        records: list[OperationRecord] = []
+        corrupt: list[tuple[str, str]] = []
+        for row in rows:
+            try:
+                records.append(decode_operation(row))
+            except CorruptRecord as error:
+                corrupt.append((str(row[0]), str(error)))
+        ordered = _checks.order_receipts(records, session=session, states=states, recent=recent)
+        return ReceiptQuery(records=ordered, corrupt=tuple(corrupt))
 
 
 def _file_facts(path: str) -> tuple[int | None, str]:

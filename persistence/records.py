@@ -131,3 +131,81 @@ class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     budget: int
     cause: str
     handle: str | None = None
+
+
+class OpState(StrEnum):
+    """Where an operation (a tool call) is (SPEC OP-8)."""
+
+    REQUESTED = "requested"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    #: Started, and nobody can say whether it stopped (no acknowledgement, a crash).
+    INDETERMINATE = "indeterminate"
+
+
+#: States an operation may still leave (on its own, or by a late acknowledgement).
+OPEN_OP_STATES: frozenset[OpState] = frozenset(
+    {OpState.REQUESTED, OpState.RUNNING, OpState.INDETERMINATE}
+)
+
+
+class OperationRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An operation's durable receipt (SPEC 4.1, OP-11): identifiers, times and outcome only.
+
+    It never holds tool arguments, outputs, credentials or file contents: the target is a
+    privacy-minimised digest, and ``explanation`` is the engine's own fixed text.
+
+    Attributes:
+        op_id: Stable id derived from the call's position (stream, step, call index).
+        session: The session the call ran in.
+        stream: The stream whose step made the call.
+        call_id: The model's tool-call id.
+        capability: The tool's layer and name, e.g. ``client:bash`` or ``provider:web_search``.
+        target: A salted digest of what the call acted on (never the arguments themselves).
+        started_at: When the record was written (clock seconds).
+        deadline_at: The call's absolute deadline (clock seconds), if it has one.
+        state: Where the operation is.
+        cancel_requested_at: When cancellation was requested (durable before anything awaits).
+        cancel_reason: Why: ``user``, ``deadline``, ``stream-stopped`` or ``shutdown``.
+        cancel_acknowledged_at: When the layer acknowledged termination.
+        ended_at: When the operation reached its current terminal or indeterminate state.
+        termination_acknowledged: The layer confirmed it stopped (or it never started).
+        outcome_code: Which kind of ending (OP-12), e.g. ``ok``, ``tool_error``, ``timeout``.
+        explanation: A fixed sentence from the engine, e.g. "cancellation requested,
+            termination not confirmed".
+        resolved_late: An indeterminate state was later resolved by the same layer (OP-8).
+        blocked_by: The indeterminate operation that blocked this call (OP-9).
+    """
+
+    op_id: str
+    session: str
+    stream: str
+    call_id: str
+    capability: str
+    target: str
+    started_at: float
+    deadline_at: float | None = None
+    state: OpState = OpState.REQUESTED
+    cancel_requested_at: float | None = None
+    cancel_reason: str | None = None
+    cancel_acknowledged_at: float | None = None
+    ended_at: float | None = None
+    termination_acknowledged: bool = False
+    outcome_code: str | None = None
+    explanation: str | None = None
+    resolved_late: bool = False
+    blocked_by: str | None = None
+
+
+class ReceiptQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """What a receipts query found: the valid records, and the ids of rows that failed validation.
+
+    A corrupt row is reported here by id (with the field path) and skipped, never dropped or
+    rewritten.
+    """
+
+    records: tuple[OperationRecord, ...] = ()
+    corrupt: tuple[tuple[str, str], ...] = ()

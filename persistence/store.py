@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import TracebackType
 
-    from persistence.records import CutState, HistoryRow, SessionRecord, TurnEnvelope
+    from persistence.records import (
+        CutState,
+        HistoryRow,
+        OperationRecord,
+        OpState,
+        ReceiptQuery,
+        SessionRecord,
+        TurnEnvelope,
+    )
 
 
 class Store(Protocol):
@@ -111,4 +119,37 @@ class Store(Protocol):
 
     async def envelopes(self, session: str) -> list[TurnEnvelope]:
         """The session's turn envelopes, in the order they were first written."""
+        ...
+
+    async def put_operation(self, record: OperationRecord) -> None:
+        """Write an operation's receipt, replacing the one with the same ``op_id`` (one call)."""
+        ...
+
+    async def operation(self, op_id: str) -> OperationRecord | None:
+        """The receipt ``op_id``, or ``None``.
+
+        Raises:
+            CorruptRecord: The stored receipt fails validation (it stays where it is).
+        """
+        ...
+
+    async def receipts(
+        self,
+        session: str | None = None,
+        *,
+        states: frozenset[OpState] | None = None,
+        recent: int | None = None,
+    ) -> ReceiptQuery:
+        """Receipts: every open one (requested, running, indeterminate) plus recent others.
+
+        Args:
+            session: Only this session's receipts.
+            states: Only receipts in these states.
+            recent: At most this many of the others (terminal ones), newest first; ``None``
+                for all of them.
+
+        Returns:
+            Indeterminate receipts first, then requested and running, then the terminal ones
+            newest first; a row that fails validation is reported in ``corrupt`` and skipped.
+        """
         ...

@@ -23,6 +23,9 @@ from agent_session.ports import PreStreamFailure
 from persistence import (
     CutState,
     HistoryRow,
+    OperationRecord,
+    OpState,
+    ReceiptQuery,
     SessionRecord,
     Store,
     TurnEnvelope,
@@ -243,5 +246,36 @@ class FaultyStore:
         self._enter()
         try:
             return await self._inner.envelopes(session)
+        finally:
+            self._leave()
+
+    async def put_operation(self, record: OperationRecord) -> None:
+        """Write a receipt (a write)."""
+        self._enter()
+        try:
+            self._write("put_operation")
+            await self._inner.put_operation(record)
+        finally:
+            self._leave()
+
+    async def operation(self, op_id: str) -> OperationRecord | None:
+        """One receipt."""
+        self._enter()
+        try:
+            return await self._inner.operation(op_id)
+        finally:
+            self._leave()
+
+    async def receipts(
+        self,
+        session: str | None = None,
+        *,
+        states: frozenset[OpState] | None = None,
+        recent: int | None = None,
+    ) -> ReceiptQuery:
+        """Receipts, open ones first."""
+        self._enter()
+        try:
+            return await self._inner.receipts(session, states=states, recent=recent)
         finally:
             self._leave()

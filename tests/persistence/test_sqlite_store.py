@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from pathlib import Path
 
+CURRENT = _sqlite.schema_version()
+
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
@@ -71,7 +73,7 @@ async def test_a_new_store_is_created_in_wal_mode_with_foreign_keys_on(db_path: 
         assert await pragma(store, "PRAGMA busy_timeout") == 5000
     with plain_sqlite(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(CURRENT,)]
 
 
 @pytest.mark.parametrize(("setting", "level"), [("NORMAL", 1), ("FULL", 2)])
@@ -144,7 +146,7 @@ async def test_a_newer_schema_version_is_refused_and_left_untouched(
     before = snapshot(tmp_path)
     with pytest.raises(UnsupportedSchemaVersion, match="schema version 99") as caught:
         await SqliteStore(db_path).open()
-    assert (caught.value.found, caught.value.supported) == (99, 1)
+    assert (caught.value.found, caught.value.supported) == (99, CURRENT)
     assert snapshot(tmp_path) == before
     # A read-only open refuses it too. (SQLite's WAL reader may leave an empty -wal and a
     # -shm index beside the file; the database file itself is untouched.)
@@ -159,7 +161,7 @@ def second_migration(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     known = _sqlite.migrations()
 
     def install(sql: str) -> None:
-        extra = _sqlite.Migration(2, "0002_test.sql", _sqlite.split_statements(sql))
+        extra = _sqlite.Migration(CURRENT + 1, "9999_test.sql", _sqlite.split_statements(sql))
         monkeypatch.setattr(_sqlite, "migrations", lambda: (*known, extra))
 
     return install
@@ -170,15 +172,15 @@ async def test_an_older_schema_is_migrated_in_one_transaction(
 ) -> None:
     await make_store_file(db_path)
     second_migration(
-        "CREATE TABLE receipts (id TEXT PRIMARY KEY);\n"
+        "CREATE TABLE extra_receipts (id TEXT PRIMARY KEY);\n"
         "-- a comment between statements\n"
-        "INSERT INTO receipts VALUES ('x');\n"
+        "INSERT INTO extra_receipts VALUES ('x');\n"
     )
     async with SqliteStore(db_path) as store:
         assert [r.row_id for r in await store.history("s1")] == ["r1", "r7"]
     with plain_sqlite(db_path) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
-        assert conn.execute("SELECT id FROM receipts").fetchall() == [("x",)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(CURRENT + 1,)]
+        assert conn.execute("SELECT id FROM extra_receipts").fetchall() == [("x",)]
 
 
 async def test_a_failing_migration_leaves_the_store_at_its_old_version(
@@ -186,13 +188,13 @@ async def test_a_failing_migration_leaves_the_store_at_its_old_version(
 ) -> None:
     await make_store_file(db_path)
     before = snapshot(tmp_path)
-    second_migration("CREATE TABLE receipts (id TEXT);\nINSERT INTO nowhere VALUES (1);\n")
+    second_migration("CREATE TABLE extra_receipts (id TEXT);\nINSERT INTO nowhere VALUES (1);\n")
     with pytest.raises(StoreError, match="no such table: nowhere"):
         await SqliteStore(db_path).open()
     with plain_sqlite(db_path) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(CURRENT,)]
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
-        assert "receipts" not in tables
+        assert "extra_receipts" not in tables
     assert snapshot(tmp_path).keys() == before.keys()
 
 
@@ -200,9 +202,11 @@ async def test_readonly_refuses_a_store_that_needs_migrating_and_leaves_it_untou
     tmp_path: Path, db_path: Path, second_migration: Callable[[str], None]
 ) -> None:
     await make_store_file(db_path)
-    second_migration("CREATE TABLE receipts (id TEXT);\n")
+    second_migration("CREATE TABLE extra_receipts (id TEXT);\n")
     before = snapshot(tmp_path)
-    with pytest.raises(MigrationRequired, match="version 1 and needs migrating to 2"):
+    with pytest.raises(
+        MigrationRequired, match=f"version {CURRENT} and needs migrating to {CURRENT + 1}"
+    ):
         await SqliteStore(db_path, readonly=True).open()
     assert snapshot(tmp_path)[db_path.name] == before[db_path.name]
 

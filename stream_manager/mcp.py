@@ -1,0 +1,443 @@
+"""MCP server tools as turnkeeper tools (the optional ``turnkeeper[mcp]`` extra).
+
+An :class:`McpTool` runs one tool of an MCP server through an ``mcp.ClientSession``. It is the
+nested layer of OP-3: when the engine cancels ``execute``, the adapter sends
+``notifications/cancelled`` for the call's JSON-RPC request and then waits, shielded and
+bounded by ``confirm_timeout_s``, for the server to confirm that the call ended. The MCP spec
+lets a server ignore a cancel and recommends not answering a cancelled request at all, so
+silence proves nothing: the cancellation is acknowledged (it propagates, receipt
+``cancelled``) only when
+
+* a response for that request id arrives anyway: a result that raced the cancel, or an error
+  such as ``REQUEST_CANCELLED`` (-32800) that a server writes once the handler has settled (the
+  SDK's 2025-era streamable-HTTP transport does so); or
+* the session closes: the SDK then wakes every pending request with ``CONNECTION_CLOSED``
+  (over stdio: the server process exited, or the session is being closed, after which the SDK
+  stops the process);
+
+otherwise ``execute`` raises :class:`~stream_manager.errors.TerminationUnconfirmed` (receipt
+``indeterminate``).
+
+Observing that answer needs the request id, and a session the adapter can address: the SDK's
+``ClientSession.call_tool`` mints the id privately and, when its caller is cancelled, sends its
+own courtesy ``notifications/cancelled`` and then drops whatever the server answers. Sessions
+built by :func:`client_session` (and :func:`stdio_tools`) run on a dispatcher that gives each
+adapter call an id the adapter chose and turns the SDK's abandon-cancel off for it (both
+documented ``CallOptions`` keys of the SDK), so the adapter keeps listening after its cancel.
+On any other session the adapter still stops the call (the SDK sends the cancel) but can never
+confirm it: a cancelled call there is always unconfirmed unless it had already finished.
+
+``stream_manager`` does not import this module; ``from stream_manager.mcp import McpTool``
+needs the ``mcp`` package.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from os import PathLike
+from typing import TYPE_CHECKING, Any, TextIO
+
+import anyio
+import anyio.lowlevel
+
+from persistence import TurnkeeperError, UsageError
+from stream_manager._parts import ToolCallPart, ToolResultPart
+from stream_manager.errors import TerminationUnconfirmed
+from stream_manager.ports import ToolContext, ToolKind
+
+try:
+    import mcp_types
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp.shared.dispatcher import CallOptions
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+    from mcp.shared.transport_context import TransportContext
+except ImportError as error:  # pragma: no cover - only without the extra
+    raise ImportError(
+        "stream_manager.mcp needs the optional mcp package: pip install 'turnkeeper[mcp]'"
+    ) from error
+
+if TYPE_CHECKING:
+    # The SDK's stream protocols live in a private module; they are only annotations here.
+    from mcp.client._transport import ReadStream, WriteStream
+    from mcp.shared.message import SessionMessage
+
+__all__ = ["McpTool", "McpUnavailable", "client_session", "stdio_tools"]
+
+#: Why the adapter cancels: the ``reason`` of its ``notifications/cancelled``.
+CANCEL_REASON = "cancelled by the turnkeeper engine (stop, deadline or stream loss)"
+
+# Adapter request ids are strings that never parse as an integer, so they cannot collide with
+# the ids the SDK mints from its integer counter (the SDK's ``CallOptions.request_id`` docs).
+_request_numbers = itertools.count(1)
+
+
+class McpUnavailable(TurnkeeperError):
+    """An MCP server could not be started, initialized or listed."""
+
+
+class _Call:
+    """One ``tools/call`` in flight: its id, how far it got, and how it ended."""
+
+    __slots__ = ("done", "error", "issued", "request_id", "result", "started")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        #: The request task ran (before this, nothing can have been written).
+        self.started = False
+        #: The addressable dispatcher sent the request under ``request_id``.
+        self.issued = False
+        self.result: mcp_types.CallToolResult | None = None
+        self.error: Exception | None = None
+        self.done = anyio.Event()
+
+
+#: The call the current task is making, for the dispatcher to address (one per request task).
+_current_call: ContextVar[_Call | None] = ContextVar("turnkeeper_mcp_call", default=None)
+
+
+class _AddressableDispatcher(JSONRPCDispatcher[TransportContext]):
+    """The SDK's JSON-RPC dispatcher, sending an adapter's ``tools/call`` under the adapter's id.
+
+    ``ClientSession.call_tool`` offers no way to pass per-call options, but it awaits the
+    dispatcher in the caller's task, so the adapter's call is found in a context variable. Its
+    request goes out with ``request_id`` (the caller-chosen id) and ``cancel_on_abandon=False``
+    (the adapter sends ``notifications/cancelled`` itself and keeps waiting for the answer);
+    every other request is the SDK's, unchanged.
+    """
+
+    async def send_raw_request(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None,
+        opts: CallOptions | None = None,
+        *,
+        _related_request_id: mcp_types.RequestId | None = None,
+    ) -> dict[str, Any]:
+        call = _current_call.get()
+        if call is not None and not call.issued and method == "tools/call":
+            call.issued = True
+            opts = opts.copy() if opts is not None else CallOptions()
+            opts["request_id"] = call.request_id
+            opts["cancel_on_abandon"] = False
+        return await super().send_raw_request(
+            method, params, opts, _related_request_id=_related_request_id
+        )
+
+
+def client_session(
+    read_stream: ReadStream[SessionMessage | Exception],
+    write_stream: WriteStream[SessionMessage],
+    **session_options: Any,
+) -> ClientSession:
+    """Build a ``ClientSession`` whose tool calls an :class:`McpTool` can cancel and confirm.
+
+    Use it in place of ``ClientSession(read_stream, write_stream, ...)`` over any transport's
+    streams; enter and initialize it as usual.
+
+    Args:
+        read_stream: The transport's read stream.
+        write_stream: The transport's write stream.
+        **session_options: Further ``ClientSession`` keyword arguments (callbacks, client info,
+            timeouts), except ``dispatcher``.
+
+    Returns:
+        The session, not yet entered.
+    """
+    return ClientSession(
+        dispatcher=_AddressableDispatcher(read_stream, write_stream), **session_options
+    )
+
+
+class McpTool:
+    """One tool of an MCP server, as a turnkeeper :class:`~stream_manager.ports.Tool`.
+
+    ``execute`` calls the server's tool with the call's arguments. A result becomes the
+    output: the structured content if the server sent one, else the text contents joined by
+    newlines, else the content blocks as JSON objects. A tool error (``isError``) is a failed
+    result with ``{"error": <the tool's text>}``; a protocol or transport failure is a failed
+    result with a message naming the tool; nothing from the ``mcp`` package is raised.
+    Cancelling ``execute`` cancels the remote call (see the module docs for when that is
+    acknowledged and when it raises ``TerminationUnconfirmed``).
+    """
+
+    __slots__ = ("_confirm_timeout_s", "_kind", "_name", "_remote_name", "_session")
+
+    def __init__(
+        self,
+        session: ClientSession,
+        name: str,
+        *,
+        remote_name: str | None = None,
+        kind: ToolKind = ToolKind.CLIENT,
+        confirm_timeout_s: float = 5.0,
+    ) -> None:
+        """Adapt the server tool ``remote_name`` (default ``name``) of an initialized session.
+
+        Args:
+            session: An entered, initialized session; build it with :func:`client_session`
+                (or use :func:`stdio_tools`) so cancellations can be confirmed.
+            name: The name the model calls the tool by.
+            remote_name: The tool's name on the server, if different.
+            kind: How the engine runs the tool.
+            confirm_timeout_s: How long (real seconds) a cancelled call may take to confirm
+                that it ended before the adapter reports it unconfirmed.
+
+        Raises:
+            UsageError: ``confirm_timeout_s`` is not positive.
+        """
+        if not confirm_timeout_s > 0:
+            raise UsageError(f"confirm_timeout_s must be positive, not {confirm_timeout_s!r}")
+        self._session = session
+        self._name = name
+        self._remote_name = remote_name if remote_name is not None else name
+        self._kind = kind
+        self._confirm_timeout_s = confirm_timeout_s
+
+    @property
+    def name(self) -> str:
+        """The name the model calls the tool by."""
+        return self._name
+
+    @property
+    def kind(self) -> ToolKind:
+        """How the engine runs the tool."""
+        return self._kind
+
+    @property
+    def session(self) -> ClientSession:
+        """The session the tool calls through."""
+        return self._session
+
+    @property
+    def remote_name(self) -> str:
+        """The tool's name on the MCP server."""
+        return self._remote_name
+
+    async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
+        """Call the server's tool and return its result.
+
+        Args:
+            call: The model's tool call; its ``args`` are the tool's arguments.
+            context: Where the call runs (unused: the engine owns the deadline).
+
+        Returns:
+            The tool's result, failed (``is_error``) for a tool, protocol or transport error.
+
+        Raises:
+            TerminationUnconfirmed: ``execute`` was cancelled and the server did not confirm,
+                within ``confirm_timeout_s``, that the call ended.
+        """
+        # Already cancelled (a stop before the call began): send nothing at all.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        mcp_call = _Call(f"turnkeeper-{next(_request_numbers)}")
+        # Shielded: the engine's cancellation must not abandon the request (the SDK would drop
+        # its answer); the adapter decides when to stop waiting and cancels this scope itself.
+        request_scope = anyio.CancelScope(shield=True)
+        unconfirmed: str | None = None
+        try:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(self._request, call, mcp_call, request_scope)
+                try:
+                    await mcp_call.done.wait()
+                except anyio.get_cancelled_exc_class():
+                    unconfirmed = await self._stop(mcp_call, request_scope)
+                    raise
+        except anyio.get_cancelled_exc_class():
+            # Raised here, outside the task group, so it is not wrapped in an exception group.
+            if unconfirmed is not None:
+                raise TerminationUnconfirmed(unconfirmed) from None
+            raise
+        return self._result(call, mcp_call)
+
+    async def _request(self, call: ToolCallPart, mcp_call: _Call, scope: anyio.CancelScope) -> None:
+        with scope:
+            mcp_call.started = True
+            token = _current_call.set(mcp_call)
+            try:
+                mcp_call.result = await self._session.call_tool(self._remote_name, dict(call.args))
+            except Exception as error:  # every failure of the call is a failed result
+                mcp_call.error = error
+            finally:
+                _current_call.reset(token)
+                mcp_call.done.set()
+
+    async def _stop(self, mcp_call: _Call, request_scope: anyio.CancelScope) -> str | None:
+        """Cancel the remote call; ``None`` once it is confirmed ended, else why it is not."""
+        if mcp_call.done.is_set():
+            return None  # it had already ended: nothing left to stop
+        if not mcp_call.started:
+            # The request task has not run: cancelling its scope now makes the SDK stop at its
+            # pre-write checkpoint, so the request is never sent and nothing ran.
+            request_scope.cancel()
+            return None
+        where = f"MCP tool {self._remote_name!r}"
+        if not mcp_call.issued:
+            # A session not built by client_session: its dispatcher minted the id. The SDK sends
+            # notifications/cancelled itself when the request task is cancelled, then drops the
+            # server's answer, so nothing can confirm the end.
+            request_scope.cancel()
+            return (
+                f"{where}: cancellation requested, termination not confirmed (the session was "
+                "not built with stream_manager.mcp.client_session, so the server's answer to "
+                "the cancelled request cannot be observed)"
+            )
+        notice = mcp_types.CancelledNotification(
+            params=mcp_types.CancelledNotificationParams(
+                request_id=mcp_call.request_id, reason=CANCEL_REASON
+            )
+        )
+        with anyio.move_on_after(self._confirm_timeout_s, shield=True):
+            # Fire-and-forget in the SDK: after the connection closed it is dropped, and the
+            # pending call has then already been woken with CONNECTION_CLOSED.
+            await self._session.send_notification(notice)
+            # Any end of the request counts: a response of any kind for this id, or the session
+            # closing (the SDK wakes every pending request with CONNECTION_CLOSED).
+            await mcp_call.done.wait()
+        if mcp_call.done.is_set():
+            return None
+        request_scope.cancel()  # stop waiting; cancel_on_abandon is off, so no second cancel
+        return (
+            f"{where} (request {mcp_call.request_id!r}): cancellation requested, termination "
+            f"not confirmed within {self._confirm_timeout_s:g} s"
+        )
+
+    def _result(self, call: ToolCallPart, mcp_call: _Call) -> ToolResultPart:
+        result = mcp_call.result
+        if result is None:
+            return _failed(call, self._failure(mcp_call.error))
+        if result.is_error:
+            text = _joined_text(result.content)
+            return _failed(call, text or f"MCP tool {self._remote_name!r} reported an error")
+        return ToolResultPart(call_id=call.call_id, name=call.name, output=_output(result))
+
+    def _failure(self, error: Exception | None) -> str:
+        where = f"MCP tools/call {self._remote_name!r}"
+        if isinstance(error, MCPError):
+            if error.code == mcp_types.CONNECTION_CLOSED:
+                return f"{where} failed: the connection to the MCP server closed"
+            return f"{where} failed: {error.message} (JSON-RPC error {error.code})"
+        if error is None:  # pragma: no cover - a finished call has a result or an error
+            return f"{where} failed without an error"
+        return f"{where} failed: {type(error).__name__}: {error}"
+
+
+def _failed(call: ToolCallPart, error: str) -> ToolResultPart:
+    return ToolResultPart(
+        call_id=call.call_id, name=call.name, output={"error": error}, is_error=True
+    )
+
+
+def _joined_text(content: Sequence[mcp_types.ContentBlock]) -> str:
+    return "\n".join(block.text for block in content if isinstance(block, mcp_types.TextContent))
+
+
+def _output(result: mcp_types.CallToolResult) -> object:
+    """A successful result as JSON-able output (structured, else text, else content blocks)."""
+    if result.structured_content is not None:
+        return result.structured_content
+    if all(isinstance(block, mcp_types.TextContent) for block in result.content):
+        return _joined_text(result.content)
+    return [
+        block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content
+    ]
+
+
+@asynccontextmanager
+async def stdio_tools(
+    command: str,
+    args: Sequence[str] = (),
+    *,
+    names: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | PathLike[str] | None = None,
+    kind: ToolKind = ToolKind.CLIENT,
+    confirm_timeout_s: float = 5.0,
+    start_timeout_s: float = 30.0,
+    errlog: TextIO | None = None,
+) -> AsyncIterator[dict[str, McpTool]]:
+    """Start an MCP server over stdio and yield its tools as :class:`McpTool` by name.
+
+    On exit the session closes and the SDK stops the server (closes its stdin, waits, then
+    terminates and kills its process group; every wait bounded, a few seconds at most).
+
+    Args:
+        command: The server's executable.
+        args: Its arguments.
+        names: The tools to adapt (default: every tool the server lists).
+        env: Extra environment variables for the server.
+        cwd: The server's working directory.
+        kind: How the engine runs the tools.
+        confirm_timeout_s: Each tool's cancellation-confirmation bound (real seconds).
+        start_timeout_s: Bound on initializing the session and listing the tools.
+        errlog: Where the server's stderr goes (default: this process's stderr).
+
+    Yields:
+        The tools by name.
+
+    Raises:
+        McpUnavailable: The server failed or timed out while initializing or listing tools.
+        UsageError: ``names`` names a tool the server does not list.
+        OSError: The server process could not be started.
+    """
+    params = StdioServerParameters(
+        command=command, args=list(args), env=dict(env) if env is not None else None, cwd=cwd
+    )
+    failure: McpUnavailable | UsageError | None = None
+    async with stdio_client(params, errlog if errlog is not None else sys.stderr) as streams:
+        session = client_session(*streams)
+        async with session:
+            try:
+                tools = await _connect(session, command, names, start_timeout_s)
+            except (McpUnavailable, UsageError) as error:
+                # Raised below, once the SDK's task groups are left: inside them it would
+                # surface wrapped in an exception group.
+                failure = error
+            else:
+                yield {
+                    name: McpTool(session, name, kind=kind, confirm_timeout_s=confirm_timeout_s)
+                    for name in tools
+                }
+    if failure is not None:
+        raise failure
+
+
+async def _connect(
+    session: ClientSession, command: str, names: Sequence[str] | None, timeout_s: float
+) -> list[str]:
+    """Initialize ``session``; the names of the tools to adapt (checked against its list)."""
+    listed = await _initialize(session, command, timeout_s)
+    wanted = list(names) if names is not None else listed
+    missing = sorted(set(wanted) - set(listed))
+    if missing:
+        raise UsageError(
+            f"MCP server {command!r} does not list the tool(s) {missing}; it lists {sorted(listed)}"
+        )
+    return wanted
+
+
+async def _initialize(session: ClientSession, command: str, timeout_s: float) -> list[str]:
+    """Initialize ``session`` and list every tool name (all pages)."""
+    names: list[str] = []
+    try:
+        with anyio.fail_after(timeout_s):
+            await session.initialize()
+            cursor: str | None = None
+            while True:
+                page = await session.list_tools(
+                    params=mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                )
+                names.extend(tool.name for tool in page.tools)
+                cursor = page.next_cursor
+                if cursor is None:
+                    return names
+    except TimeoutError:
+        raise McpUnavailable(
+            f"MCP server {command!r} did not initialize and list its tools within {timeout_s:g} s"
+        ) from None
+    except (MCPError, RuntimeError) as error:
+        raise McpUnavailable(f"MCP server {command!r} failed to start: {error}") from error
