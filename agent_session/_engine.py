@@ -19,8 +19,18 @@ import anyio.abc
 from agent_session._events import EngineEvent
 from agent_session._session_resume import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
-from persistence import SessionRecord, Store, UsageError
-from stream_manager import Clock, Model, StreamEvent, StreamManager, SystemClock, Tool
+from persistence import OpState, SessionRecord, Store, UsageError
+from stream_manager import (
+    Clock,
+    Model,
+    OverlapPolicy,
+    ReceiptWritten,
+    StreamEvent,
+    StreamManager,
+    SystemClock,
+    Tool,
+)
+from stream_manager._op_states import OutcomeCode, advance
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -66,6 +76,10 @@ class Engine:
             clock=self.clock,
             max_stream_steps=self.config.max_stream_steps,
             tool_deadline_s=self.config.tool_deadline_s,
+            cancel_grace_s=self.config.cancel_grace_s,
+            ledger=store,
+            receipt_salt=self.config.receipt_salt,
+            overlap_policy=OverlapPolicy(self.config.overlap_policy),
             observers=[self._on_stream_event],
         )
         self._sessions: dict[str, AgentSession] = {}
@@ -79,7 +93,45 @@ class Engine:
         await stack.enter_async_context(self.store)
         self._group = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
+        self.manager.operations.bind(self._spawn)
+        try:
+            await self._recover_operations()
+        except BaseException:
+            self._stack = None
+            self._group.cancel_scope.cancel()
+            await stack.aclose()
+            raise
         return self
+
+    async def _recover_operations(self) -> None:
+        """OP-7: what a previous process left open is indeterminate (``process_restart``).
+
+        Indeterminate receipts then feed the overlap guard (OP-9).
+        """
+        runner = self.manager.operations
+        stale = await self.store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
+        for record in stale.records:
+            closed = advance(
+                record,
+                OpState.INDETERMINATE,
+                now=self.clock.now(),
+                outcome=OutcomeCode.PROCESS_RESTART,
+                acknowledged=False,
+                explanation="the process stopped while it was open; termination not confirmed",
+            )
+            await self.store.put_operation(closed)
+            self._emit(
+                ReceiptWritten(
+                    session=closed.session,
+                    op=closed.op_id,
+                    tool=closed.capability.split(":", 1)[-1],
+                    state=closed.state.value,
+                    acknowledged=False,
+                )
+            )
+        open_ones = await self.store.receipts(states=frozenset({OpState.INDETERMINATE}))
+        for record in open_ones.records:
+            runner.remember_indeterminate(record)
 
     async def __aexit__(
         self,

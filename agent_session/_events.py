@@ -11,7 +11,7 @@ import msgspec
 from agent_session._continuation import EndedHow
 from agent_session._phases import Phase
 from message_queue import DispatchMode, EntryKind
-from stream_manager import StreamEvent
+from stream_manager import Persisted, StreamEvent
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
@@ -85,13 +85,6 @@ class ResumeAttempted(_Event, frozen=True, kw_only=True, tag="resume"):
     outcome: str
 
 
-class Persisted(_Event, frozen=True, kw_only=True, tag="persisted"):
-    """A durable write committed (a crash point)."""
-
-    what: str
-    id: str
-
-
 SessionEvent = (
     PhaseChanged
     | EntryQueued
@@ -102,7 +95,21 @@ SessionEvent = (
     | ContinuationOwed
     | ContinuationEnded
     | ResumeAttempted
-    | Persisted
 )
 
 EngineEvent = SessionEvent | StreamEvent
+
+__all__ = [
+    "ContinuationEnded",
+    "ContinuationOwed",
+    "EngineEvent",
+    "EntryCanceled",
+    "EntryDequeued",
+    "EntryQueued",
+    "EntryWithdrawn",
+    "Persisted",
+    "PhaseChanged",
+    "QueueCleared",
+    "ResumeAttempted",
+    "SessionEvent",
+]

@@ -383,7 +383,7 @@ class SessionTurns(SessionCore):
             model=report.model,
             step_budget=report.steps_remaining,
             progress=report.fallback_progress,
-            options=retry_safe(context.options),
+            options=msgspec.structs.replace(retry_safe(context.options), model=report.model),
             correlation=context.correlation,
             agent_initiated=context.agent_initiated,
             thinking_level=(  # R20: a pending change survives the cut

@@ -40,3 +40,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     tool_deadline_s: float = 60.0
     #: How long a cancelled operation has to acknowledge, in seconds.
     cancel_grace_s: float = 5.0
+    #: The key of receipts' target digests (OP-11): arguments never enter a receipt.
+    receipt_salt: str = "turnkeeper"
+    #: The overlap guard (OP-9): ``block`` (the default), ``warn`` or ``session``.
+    overlap_policy: str = "block"

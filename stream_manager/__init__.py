@@ -18,7 +18,11 @@ from stream_manager._events import (
     LaunchRefused,
     LoopStopped,
     Observer,
+    OpBlocked,
+    OpCancelRequested,
     OperationStarted,
+    Persisted,
+    ReceiptWritten,
     StartCause,
     StepCompleted,
     StreamAborted,
@@ -31,7 +35,14 @@ from stream_manager._events import (
 )
 from stream_manager._fallback import Hop, ModelFallbackProgress, NoHop, plan_hop, start_progress
 from stream_manager._loop import StreamManager
-from stream_manager._operations import OperationRunner, operation_id
+from stream_manager._op_states import CancelWhy, OutcomeCode
+from stream_manager._operations import (
+    Ledger,
+    MemoryLedger,
+    OperationRunner,
+    OverlapPolicy,
+    operation_id,
+)
 from stream_manager._parts import (
     ChatMessage,
     Finish,
@@ -72,6 +83,7 @@ __all__ = [
     "AbortMetadata",
     "AbortReason",
     "Aborted",
+    "CancelWhy",
     "ChatMessage",
     "Clock",
     "Ended",
@@ -83,18 +95,26 @@ __all__ = [
     "FinishReason",
     "Hop",
     "LaunchRefused",
+    "Ledger",
     "LoopStopped",
+    "MemoryLedger",
     "Model",
     "ModelError",
     "ModelFallbackProgress",
     "ModelRequest",
     "NoHop",
     "Observer",
+    "OpBlocked",
+    "OpCancelRequested",
     "OperationRunner",
     "OperationStarted",
+    "OutcomeCode",
+    "OverlapPolicy",
     "Part",
+    "Persisted",
     "QueuedStopReport",
     "ReasoningPart",
+    "ReceiptWritten",
     "Refused",
     "RequiredTools",
     "Role",

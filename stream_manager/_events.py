@@ -153,6 +153,37 @@ class OperationStarted(_Event, frozen=True, kw_only=True, tag="op-start"):
     deadline: int
 
 
+class OpCancelRequested(_Event, frozen=True, kw_only=True, tag="op-cancel-requested"):
+    """Cancellation of an operation was requested (and recorded durably first, OP-3)."""
+
+    op: str
+    why: str
+
+
+class ReceiptWritten(_Event, frozen=True, kw_only=True, tag="receipt"):
+    """An operation reached a terminal or indeterminate state, durably."""
+
+    op: str
+    tool: str
+    state: str
+    acknowledged: bool
+
+
+class OpBlocked(_Event, frozen=True, kw_only=True, tag="op-blocked"):
+    """A call was refused while an earlier one on the same target is indeterminate (OP-9)."""
+
+    op: str
+    tool: str
+    blocked_by: str
+
+
+class Persisted(_Event, frozen=True, kw_only=True, tag="persisted"):
+    """A durable write committed (a crash point)."""
+
+    what: str
+    id: str
+
+
 StreamEvent = (
     StreamStarted
     | StepCompleted
@@ -165,6 +196,10 @@ StreamEvent = (
     | OperationStarted
     | ToolCallStarted
     | ToolCallEnded
+    | OpCancelRequested
+    | ReceiptWritten
+    | OpBlocked
+    | Persisted
 )
 
 Observer = Callable[[StreamEvent], None]

@@ -26,9 +26,10 @@ are the pure functions of ``_budget``, ``_fallback`` and ``_stop``; this module 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 
 from stream_manager._budget import StepBudget, initial_budget
 from stream_manager._events import (
@@ -48,7 +49,8 @@ from stream_manager._events import (
 )
 from stream_manager._events import StreamEnded as StreamEndedEvent
 from stream_manager._fallback import NoHop, plan_hop, start_progress
-from stream_manager._operations import OperationRunner
+from stream_manager._op_states import CancelWhy
+from stream_manager._operations import Ledger, OperationRunner, OverlapPolicy, Spawn
 from stream_manager._parts import (
     ChatMessage,
     Finish,
@@ -79,7 +81,7 @@ from stream_manager.errors import ErrorType, ModelError, UnknownModel, is_retrya
 from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolKind
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 
     from message_queue import CancelToken
 
@@ -120,6 +122,10 @@ class StreamManager:
         fallbacks: Mapping[str, Sequence[str]] | None = None,
         max_stream_steps: int = 100,
         tool_deadline_s: float = 60.0,
+        cancel_grace_s: float = 5.0,
+        ledger: Ledger | None = None,
+        receipt_salt: str = "turnkeeper",
+        overlap_policy: OverlapPolicy = OverlapPolicy.BLOCK,
         observers: Iterable[Observer] = (),
     ) -> None:
         initial_budget(None, max_stream_steps)  # validates it
@@ -133,12 +139,17 @@ class StreamManager:
             tools=self._tools,
             clock=clock,
             default_deadline_s=tool_deadline_s,
+            grace_s=cancel_grace_s,
+            ledger=ledger,
+            salt=receipt_salt,
+            policy=overlap_policy,
             emit=self._emit,
         )
         self._completion_tools = tuple(
             name for name, tool in self._tools.items() if tool.kind == ToolKind.COMPLETION
         )
         self._streams: dict[str, ActiveStream] = {}
+        self._groups: dict[str, anyio.abc.TaskGroup] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._counters: dict[str, int] = {}
 
@@ -333,11 +344,29 @@ class StreamManager:
         required = RequiredTools((*self._completion_tools, *request.required_tools))
         outcome: StreamOutcome | _Stopped = _STOPPED
         assert stream.scope is not None
-        with stream.scope:
-            outcome = await self._loop(stream, request, list(request.messages), required)
+        async with anyio.create_task_group() as operations:
+            # The stream's own group for tool tasks when no engine group is bound; a hard stop
+            # cancels the loop (stream.scope), never these tasks: they acknowledge or time out.
+            self._groups[stream.id] = operations
+            try:
+                with stream.scope:
+                    outcome = await self._loop(stream, request, list(request.messages), required)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._ops.provider_cut(stream.id)  # OP-7
+                self._ops.stream_closed(stream.id)
+                del self._groups[stream.id]
         if isinstance(outcome, _Stopped):
             return self._abort(stream)
         return outcome
+
+    def _stream_spawn(self, stream: ActiveStream) -> Spawn:
+        group = self._groups[stream.id]
+
+        def spawn(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+            group.start_soon(work)
+
+        return spawn
 
     async def _loop(
         self,
@@ -429,6 +458,7 @@ class StreamManager:
                     return step
                 step.parts.append(part)
                 stream.parts.append(part)
+                await self._provider_receipts(stream, part, model_request.step, len(calls))
                 if self._on_part(stream, part, calls, required):
                     step.finish = part if isinstance(part, Finish) else None
                     if stream.soft_reason is not None:
@@ -447,6 +477,22 @@ class StreamManager:
                 await _close(iterator)
         stream.step_open = False
         return step
+
+    async def _provider_receipts(
+        self, stream: ActiveStream, part: Part, step: int, index: int
+    ) -> None:
+        """Provider-executed calls are operations too (OP-7): their results end them."""
+        if isinstance(part, ToolCallPart) and part.provider_executed:
+            await self._ops.provider_started(
+                session=stream.session, stream=stream.id, step=step, index=index, call=part
+            )
+        elif isinstance(part, ToolResultPart) and part.provider_executed:
+            await self._ops.provider_ended(part)
+
+    @property
+    def operations(self) -> OperationRunner:
+        """The operation runner (receipts, the overlap guard)."""
+        return self._ops
 
     def _on_part(
         self,
@@ -545,14 +591,15 @@ class StreamManager:
         if not client_calls:
             return await self._complete(stream, request, step.finish.reason, StopWhy.FINISHED)
         results = [p for p in step.parts if isinstance(p, ToolResultPart)]
-        for index, call in enumerate(client_calls):
-            result = await self._ops.run(
-                session=stream.session,
-                stream=stream.id,
-                step=stream.budget.spent,
-                index=index,
-                call=call,
-            )
+        executed = await self._ops.run_calls(
+            session=stream.session,
+            stream=stream.id,
+            step=stream.budget.spent,
+            calls=client_calls,
+            stop_why=lambda: _cancel_why(stream),
+            spawn=self._stream_spawn(stream),
+        )
+        for call, result in zip(client_calls, executed, strict=True):
             results.append(result)
             stream.parts.append(result)
             if self._observers:
@@ -692,6 +739,16 @@ class StreamManager:
         )
 
 
+def _cancel_why(stream: ActiveStream) -> CancelWhy:
+    """Why a running operation is cancelled when its stream stops (OP-3)."""
+    reason = stream.hard_reason or stream.soft_reason
+    if reason is AbortReason.USER:
+        return CancelWhy.USER
+    if reason is None:
+        return CancelWhy.SHUTDOWN  # cancelled from outside: the engine is going away
+    return CancelWhy.STREAM_STOPPED
+
+
 def _fired(token: CancelToken | None) -> bool:
     return token is not None and token.cancelled
 
@@ -708,6 +765,9 @@ def _abort_reason(reason: str) -> AbortReason:
 
 
 async def _close(iterator: object) -> None:
+    """Close a model's step iterator that did not run to its end (bounded, shielded)."""
+    if getattr(iterator, "ag_frame", True) is None:
+        return  # an async generator that already finished has nothing to clean up
     aclose = getattr(iterator, "aclose", None)
     if aclose is not None:
         with anyio.move_on_after(_CLEANUP_S, shield=True):

@@ -1,33 +1,128 @@
-"""Tool calls as operations: an id from the call's position and a wrapper that owns the call.
+"""Tool calls as operations: every call ends with a durable receipt (SPEC section 4).
 
-Every client tool call runs through :meth:`OperationRunner.run`, which
+Theory of operation
+-------------------
+At a tool boundary the loop hands the step's client calls to :meth:`OperationRunner.run_calls`:
 
-* derives the operation id from the call's position (stream, step, call index), never from
-  randomness, so a replayed stream reaches the same ids;
-* reports ``op-start`` with the operation's absolute deadline before the tool starts;
-* runs the tool inside a cancel scope it owns, so a stop cancels exactly that call;
-* turns anything the tool does wrong (raising, an unknown tool, a result that cannot be
-  serialized) into a failed tool result, never a crashed loop.
+1. Each call gets an id from its position (stream, step, call index) and a privacy-minimised
+   target; a call whose capability and target match an ``indeterminate`` operation is refused
+   (OP-9: a ``failed`` receipt, ``op-blocked``, a structured error for the model, nothing run).
+2. Every other call's ``requested`` receipt is written durably, then ``op-start`` (OP-1).
+3. The calls run one at a time (SM-6). A call is ``running`` once written so; its ``execute``
+   runs in a task of its own, inside a cancel scope the runner owns, and the loop waits for the
+   first of: the execute ending, the tool layer recording its completion (OP-5, a lost
+   completion signal), the deadline (OP-2).
+4. At the deadline the cancellation request is written durably, the scope cancelled, and the
+   model gets a structured timeout result at once; a finalizer waits up to the grace interval
+   for the execute to end: ``timed_out`` (acknowledged) or ``indeterminate``.
+5. When the stream is stopped while a call runs, the same happens with the stop's reason
+   (``cancelled`` only on acknowledgement, OP-3), and calls still waiting behind it are
+   ``cancelled`` before dispatch: they never run (OP-4).
 
-The durable lifecycle (deadline enforcement, cancellation acknowledgement, receipts) is the
-Operations issue's; it slots in here without touching the loop.
+Nothing a missing event can hold: the loop's wait always ends by the deadline (OP-6), and a
+tool that never stops keeps only its own task. A late end of an ``indeterminate`` operation
+resolves it, recorded as resolved late (OP-8). Provider-executed calls get receipts too: their
+result completes them; a stream cut before it arrives leaves them ``indeterminate`` (OP-7).
+
+The decisions are ``_op_states``'s; this module awaits.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import enum
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import anyio
 import msgspec
 
-from stream_manager._events import OperationStarted, StreamEvent
+from persistence import OperationRecord, OpState, ReceiptQuery
+from stream_manager._events import (
+    OpBlocked,
+    OpCancelRequested,
+    OperationStarted,
+    Persisted,
+    ReceiptWritten,
+    StreamEvent,
+)
+from stream_manager._op_states import (
+    UNCONFIRMED,
+    CancelWhy,
+    OutcomeCode,
+    advance,
+    cancel_requested,
+    requested,
+    target_digest,
+)
 from stream_manager._parts import ToolCallPart, ToolResultPart
-from stream_manager.ports import Clock, Tool, ToolContext
-
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+from stream_manager.clock import Timer
+from stream_manager.errors import TerminationUnconfirmed
+from stream_manager.ports import Clock, Tool, ToolContext, ToolKind
 
 _encoder = msgspec.json.Encoder()
+
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
+
+
+class Ledger(Protocol):
+    """Where receipts go: a ``persistence.Store`` is one."""
+
+    async def put_operation(self, record: OperationRecord) -> None:
+        """Write a receipt durably (upsert by op id)."""
+        ...
+
+    async def receipts(
+        self,
+        session: str | None = None,
+        *,
+        states: frozenset[OpState] | None = None,
+        recent: int | None = None,
+    ) -> ReceiptQuery:
+        """Receipts, open ones first."""
+        ...
+
+
+class MemoryLedger:
+    """A ledger in memory, for a StreamManager used without a store."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, OperationRecord] = {}
+
+    async def put_operation(self, record: OperationRecord) -> None:
+        """Keep the receipt."""
+        self.records[record.op_id] = record
+
+    async def receipts(
+        self,
+        session: str | None = None,
+        *,
+        states: frozenset[OpState] | None = None,
+        recent: int | None = None,
+    ) -> ReceiptQuery:
+        """Every receipt kept (filters applied)."""
+        del recent
+        return ReceiptQuery(
+            records=tuple(
+                r
+                for r in self.records.values()
+                if (session is None or r.session == session)
+                and (states is None or r.state in states)
+            )
+        )
+
+
+class OverlapPolicy(enum.StrEnum):
+    """What a call meets while an earlier call is indeterminate (OP-9)."""
+
+    #: Refuse a call on the same capability and target (the default).
+    BLOCK = "block"
+    #: Run it, noting the earlier operation in the log.
+    WARN = "warn"
+    #: Refuse any call in the session while one of its operations is indeterminate.
+    SESSION = "session"
 
 
 def operation_id(stream: str, step: int, index: int) -> str:
@@ -35,17 +130,138 @@ def operation_id(stream: str, step: int, index: int) -> str:
     return f"{stream}/{step}/{index}"
 
 
-def failed_result(call: ToolCallPart, error: str) -> ToolResultPart:
+def failed_result(call: ToolCallPart, error: str, **extra: object) -> ToolResultPart:
     """A structured failed result for ``call``: the model sees why, the loop goes on."""
     return ToolResultPart(
-        call_id=call.call_id, name=call.name, output={"error": error}, is_error=True
+        call_id=call.call_id, name=call.name, output={"error": error, **extra}, is_error=True
     )
 
 
-class OperationRunner:
-    """Runs one client tool call as an operation."""
+class _Flag:
+    """A one-shot event on the running asyncio loop, far cheaper than ``anyio.Event``.
 
-    __slots__ = ("_clock", "_deadline_s", "_emit", "_tools")
+    The hot path makes one per tool call; ``anyio.Event`` costs several µs to create (a backend
+    lookup), a bare future under one. turnkeeper runs on asyncio (aiosqlite needs it), and anyio's
+    cancel scopes cancel a task waiting on a future like any other await.
+    """
+
+    __slots__ = ("_future", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        if self._future is None or self._future.done():
+            self._future = asyncio.get_running_loop().create_future()
+        await self._future
+
+
+class _Worker:
+    """A stream's task that runs its tool executes one after another (SM-6).
+
+    Starting a task per call costs more than the rest of the call's bookkeeping; a worker is
+    started once per stream. When a call it runs ignores its cancellation, the worker is retired
+    (it finishes that call whenever the tool lets it, then exits) and the next call gets a new
+    worker, so a tool that never stops holds nothing but its own task.
+    """
+
+    __slots__ = ("current", "pending", "retired", "wake")
+
+    def __init__(self) -> None:
+        self.pending: deque[_Op] = deque()
+        self.wake = _Flag()
+        self.current: _Op | None = None
+        self.retired = False
+
+    def submit(self, op: _Op) -> None:
+        self.pending.append(op)
+        self.wake.set()
+
+    def retire(self) -> None:
+        self.retired = True
+        self.wake.set()
+
+    async def run(self, execute: Callable[[_Op], Coroutine[Any, Any, None]]) -> None:
+        while not self.retired:
+            if not self.pending:
+                self.wake = _Flag()
+                await self.wake.wait()
+                continue
+            op = self.pending.popleft()
+            self.current = op
+            try:
+                await execute(op)
+            finally:
+                self.current = None
+
+
+@dataclass(eq=False)
+class _Op:
+    """One operation in flight (shell state)."""
+
+    record: OperationRecord
+    call: ToolCallPart
+    tool: Tool | None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    #: Set when the loop may go on: the execute ended, a completion was recorded, a deadline.
+    settled: _Flag = field(default_factory=_Flag)
+    #: Made on the cancel path only (events are not free): set when the execute ended or the
+    #: grace interval ran out; and set when the execute ended, whenever that is.
+    finished: anyio.Event | None = None
+    ended: anyio.Event | None = None
+    result: ToolResultPart | None = None
+    recorded: ToolResultPart | None = None
+    raised: bool = False
+    unconfirmed: bool = False
+    done: bool = False
+    deadline_hit: bool = False
+    #: Cancellation was requested (a deadline, a stop, a person), and why.
+    cancelling: bool = False
+    why: CancelWhy = CancelWhy.USER
+    timers: list[Timer] = field(default_factory=list)
+
+    def on_deadline(self) -> None:
+        self.deadline_hit = True
+        self.settled.set()
+
+    def on_recorded(self, result: ToolResultPart) -> None:
+        if self.recorded is None and not self.done:
+            self.recorded = result
+            self.settled.set()
+
+    def on_grace_over(self) -> None:
+        if self.finished is not None:
+            self.finished.set()
+
+    def watch_ending(self) -> tuple[anyio.Event, anyio.Event]:
+        """The cancel path's events, made now; already set when the execute has ended."""
+        if self.finished is None or self.ended is None:
+            self.finished, self.ended = anyio.Event(), anyio.Event()
+            if self.done:
+                self.finished.set()
+                self.ended.set()
+        return self.finished, self.ended
+
+    def stop_timers(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        self.timers.clear()
+
+
+class OperationRunner:
+    """Runs tool calls as operations with deadlines, cancellation and durable receipts."""
 
     def __init__(
         self,
@@ -54,38 +270,425 @@ class OperationRunner:
         clock: Clock,
         default_deadline_s: float,
         emit: Callable[[StreamEvent], None] | None,
+        grace_s: float = 5.0,
+        ledger: Ledger | None = None,
+        salt: str = "turnkeeper",
+        policy: OverlapPolicy = OverlapPolicy.BLOCK,
     ) -> None:
         self._tools = tools
         self._clock = clock
         self._deadline_s = default_deadline_s
+        self._grace_s = grace_s
         self._emit = emit
+        self.ledger: Ledger = ledger if ledger is not None else MemoryLedger()
+        self._salt = salt
+        self._policy = policy
+        self._spawn: Spawn | None = None
+        #: (session, capability, target) -> the indeterminate operation holding it (OP-9).
+        self._indeterminate: dict[tuple[str, str, str], str] = {}
+        self._provider: dict[str, OperationRecord] = {}  # open provider-executed operations
+        self._running: dict[str, _Op] = {}  # op id -> the operation whose execute runs
+        self._workers: dict[str, _Worker] = {}  # stream id -> its executing task
+        self._spawns: dict[str, Spawn] = {}
 
-    async def run(
-        self, *, session: str, stream: str, step: int, index: int, call: ToolCallPart
-    ) -> ToolResultPart:
-        """Execute ``call`` and return its result (a failed one when the tool misbehaves)."""
-        op_id = operation_id(stream, step, index)
-        deadline_at = self._clock.now() + self._deadline_s
+    def bind(self, spawn: Spawn | None) -> None:
+        """Run tool executes and finalizers as tasks of the engine's task group."""
+        self._spawn = spawn
+
+    def remember_indeterminate(self, record: OperationRecord) -> None:
+        """Load an indeterminate receipt into the overlap guard (at startup)."""
+        if record.state is OpState.INDETERMINATE:
+            key = (record.session, record.capability, record.target)
+            self._indeterminate[key] = record.op_id
+
+    # ------------------------------------------------------------ the step's calls
+
+    async def run_calls(
+        self,
+        *,
+        session: str,
+        stream: str,
+        step: int,
+        calls: list[ToolCallPart],
+        stop_why: Callable[[], CancelWhy],
+        spawn: Spawn,
+    ) -> list[ToolResultPart]:
+        """Run a step's client calls one at a time, each as an operation; results in order."""
+        spawn = self._spawn or spawn
+        ops: list[_Op | ToolResultPart] = [
+            await self._admit(session, stream, step, index, call)
+            for index, call in enumerate(calls)
+        ]
+        results: list[ToolResultPart] = []
+        for position, op in enumerate(ops):
+            if isinstance(op, ToolResultPart):
+                results.append(op)
+                continue
+            try:
+                results.append(await self._run(op, stop_why, spawn))
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    for waiting in ops[position + 1 :]:
+                        if isinstance(waiting, _Op):
+                            await self._cancel_before_dispatch(waiting, stop_why())
+                raise
+        return results
+
+    async def _admit(
+        self, session: str, stream: str, step: int, index: int, call: ToolCallPart
+    ) -> _Op | ToolResultPart:
+        """OP-9 then OP-1: a blocked call's receipt, or the durable ``requested`` record."""
+        tool = self._tools.get(call.name)
+        kind = tool.kind if tool is not None else ToolKind.CLIENT
+        capability = f"{ToolKind(kind).value}:{call.name}"
+        target = target_digest(capability, call.args, self._salt)
+        now = self._clock.now()
+        record = requested(
+            op_id=operation_id(stream, step, index),
+            session=session,
+            stream=stream,
+            call_id=call.call_id,
+            capability=capability,
+            target=target,
+            now=now,
+            deadline_at=now + self._deadline_of(tool, call),
+        )
+        blocker = self._blocker(session, capability, target)
+        if blocker is not None:
+            record = advance(
+                record,
+                OpState.FAILED,
+                now=now,
+                outcome=OutcomeCode.BLOCKED_BY_INDETERMINATE,
+                acknowledged=True,
+                blocked_by=blocker,
+                explanation="not run: an earlier call on this target is indeterminate",
+            )
+            await self._write(record)
+            if self._emit is not None:
+                self._emit(
+                    OpBlocked(session=session, op=record.op_id, tool=call.name, blocked_by=blocker)
+                )
+            self._receipt_event(record, call.name)
+            return failed_result(call, "blocked_by_indeterminate", blocked_by=blocker)
+        await self._write(record)
         if self._emit is not None:
             self._emit(
                 OperationStarted(
                     session=session,
-                    op=op_id,
+                    op=record.op_id,
                     tool=call.name,
                     stream=stream,
-                    deadline=round(deadline_at * 1000),
+                    deadline=round(record.deadline_at * 1000) if record.deadline_at else 0,
                 )
             )
-        tool = self._tools.get(call.name)
-        if tool is None:
-            return failed_result(call, f"unknown tool {call.name!r}")
-        context = ToolContext(session=session, stream=stream, op_id=op_id, deadline_at=deadline_at)
-        with anyio.CancelScope():
-            try:
-                result = await tool.execute(call, context)
-            except Exception as error:  # a tool that raises is a failed result (issue 3)
-                return failed_result(call, f"{type(error).__name__}: {error}")
-        return _checked(call, result)
+        return _Op(record=record, call=call, tool=tool)
+
+    def _deadline_of(self, tool: Tool | None, call: ToolCallPart) -> float:
+        own = getattr(tool, "deadline_for", None)
+        if callable(own):
+            value = own(call)
+            if isinstance(value, int | float) and value > 0:
+                return float(value)
+        return self._deadline_s
+
+    def _blocker(self, session: str, capability: str, target: str) -> str | None:
+        if self._policy is OverlapPolicy.SESSION:
+            return next((op for (s, _, _), op in self._indeterminate.items() if s == session), None)
+        blocker = self._indeterminate.get((session, capability, target))
+        if blocker is not None and self._policy is OverlapPolicy.WARN:
+            return None
+        return blocker
+
+    # ------------------------------------------------------------ workers
+
+    def _worker(self, stream: str, spawn: Spawn) -> _Worker:
+        worker = self._workers.get(stream)
+        if worker is None or worker.retired:
+            worker = _Worker()
+            self._workers[stream] = worker
+            spawn(lambda: worker.run(self._execute))
+        return worker
+
+    def stream_closed(self, stream: str) -> None:
+        """The stream ended: its worker exits once its current call (if any) has ended."""
+        worker = self._workers.pop(stream, None)
+        if worker is not None:
+            worker.retire()
+
+    def _retire_worker_of(self, op: _Op) -> None:
+        """The call ignores its cancellation: its worker stays with it; later calls get another."""
+        worker = self._workers.get(op.record.stream)
+        if worker is not None and worker.current is op:
+            worker.retire()
+            del self._workers[op.record.stream]
+
+    # ------------------------------------------------------------ one call
+
+    async def _run(
+        self, op: _Op, stop_why: Callable[[], CancelWhy], spawn: Spawn
+    ) -> ToolResultPart:
+        now = self._clock.now()
+        if op.tool is None:
+            op.record = advance(op.record, OpState.RUNNING, now=now)
+            return await self._settle(op, failed_result(op.call, f"unknown tool {op.call.name!r}"))
+        op.record = advance(op.record, OpState.RUNNING, now=now)
+        await self._write(op.record)
+        assert op.record.deadline_at is not None
+        op.timers.append(self._clock.call_at(op.record.deadline_at, op.on_deadline))
+        self._worker(op.record.stream, spawn).submit(op)
+        self._running[op.record.op_id] = op
+        self._spawns[op.record.op_id] = spawn
+        try:
+            await op.settled.wait()
+        except BaseException:
+            op.stop_timers()
+            with anyio.CancelScope(shield=True):  # OP-3: bounded by the grace interval
+                if not op.cancelling:
+                    await self._request_cancel(op, stop_why())
+                await self._finalize(op, spawn)
+            raise
+        finally:
+            self._running.pop(op.record.op_id, None)
+            self._spawns.pop(op.record.op_id, None)
+        op.stop_timers()
+        if op.cancelling:  # a person cancelled it (cancel_op)
+            await self._finalize(op, spawn)
+            return failed_result(op.call, "cancelled", op=op.record.op_id)
+        if op.done:
+            return await self._settle(op, op.result)
+        if op.recorded is not None:  # OP-5: the completion never reached us; its record did
+            op.scope.cancel()
+            return await self._settle(op, op.recorded, lost=True)
+        await self._request_cancel(op, CancelWhy.DEADLINE)
+        await self._finalize(op, spawn)  # the model waits at most the grace interval more
+        return failed_result(
+            op.call,
+            "timeout",
+            op=op.record.op_id,
+            detail="the call passed its deadline; cancellation was requested",
+        )
+
+    async def _execute(self, op: _Op) -> None:
+        """The tool's own task: execute inside the operation's scope, record how it ended."""
+        assert op.tool is not None
+        assert op.record.deadline_at is not None
+        context = ToolContext(
+            session=op.record.session,
+            stream=op.record.stream,
+            op_id=op.record.op_id,
+            deadline_at=op.record.deadline_at,
+            record_completion=op.on_recorded,
+        )
+        try:
+            with op.scope:
+                op.result = _checked(op.call, await op.tool.execute(op.call, context))
+        except TerminationUnconfirmed:
+            op.unconfirmed = True
+        except Exception as error:  # a tool that raises is a failed result (issue 3)
+            op.raised = True
+            op.result = failed_result(op.call, f"{type(error).__name__}: {error}")
+        finally:
+            op.done = True
+            op.settled.set()
+            if op.finished is not None and op.ended is not None:
+                op.finished.set()
+                op.ended.set()
+
+    async def _settle(
+        self, op: _Op, result: ToolResultPart | None, *, lost: bool = False
+    ) -> ToolResultPart:
+        """The execute ended by itself (or its completion was recorded): the terminal receipt."""
+        if result is None:  # it ended without a result: cancelled from outside, or unconfirmed
+            result = failed_result(op.call, "the tool ended without a result")
+            op.raised = True
+        if op.raised:
+            state, outcome = OpState.FAILED, OutcomeCode.TOOL_ERROR
+        elif result.is_error:
+            state, outcome = OpState.FAILED, OutcomeCode.CAPABILITY_ERROR
+        else:
+            state = OpState.COMPLETED
+            outcome = OutcomeCode.COMPLETION_SIGNAL_LOST if lost else OutcomeCode.OK
+        op.record = advance(op.record, state, now=self._clock.now(), outcome=outcome)
+        await self._write(op.record)
+        self._receipt_event(op.record, op.call.name)
+        return result
+
+    # ------------------------------------------------------------ cancellation
+
+    def cancel_nowait(self, *, op_id: str | None = None, tool: str | None = None) -> bool:
+        """A person stops a running operation (by id, or the running call to ``tool``).
+
+        Returns:
+            Whether a running operation was found (its cancellation then proceeds as OP-3).
+        """
+        found = next(
+            (
+                (candidate, op)
+                for candidate, op in self._running.items()
+                if candidate == op_id or (tool is not None and op.call.name == tool)
+            ),
+            None,
+        )
+        if found is None:
+            return False
+        candidate, op = found
+        if not op.cancelling:
+            op.cancelling = True
+            self._spawns[candidate](lambda: self._request_cancel(op, CancelWhy.USER))
+        return True
+
+    async def _request_cancel(self, op: _Op, why: CancelWhy) -> None:
+        """OP-3: the request is durable before anything waits; then the scope is cancelled."""
+        op.cancelling = True
+        op.why = why
+        op.record = cancel_requested(op.record, now=self._clock.now(), why=why)
+        await self._write(op.record)
+        if self._emit is not None:
+            self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
+        op.scope.cancel()
+
+    async def _cancel_before_dispatch(self, op: _Op, why: CancelWhy) -> None:
+        """OP-4: a call still waiting behind a sibling never runs: cancelled, acknowledged."""
+        now = self._clock.now()
+        op.record = cancel_requested(op.record, now=now, why=why)
+        if self._emit is not None:
+            self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
+        op.record = advance(
+            op.record,
+            OpState.CANCELLED,
+            now=now,
+            outcome=OutcomeCode.CANCELLED,
+            acknowledged=True,
+            explanation="cancelled before it was dispatched; nothing ran",
+        )
+        await self._write(op.record)
+        self._receipt_event(op.record, op.call.name)
+
+    async def _finalize(self, op: _Op, spawn: Spawn) -> None:
+        """Wait, at most the grace interval, for the acknowledgement; write the receipt.
+
+        An unacknowledged operation is ``indeterminate``; if the same layer ends it later, a
+        task resolves the receipt then, recorded as resolved late (OP-8).
+        """
+        deadline = op.why is CancelWhy.DEADLINE
+        finished, _ = op.watch_ending()
+        if not op.done:
+            op.timers.append(
+                self._clock.call_at(self._clock.now() + self._grace_s, op.on_grace_over)
+            )
+            await finished.wait()
+            op.stop_timers()
+            if not op.done:
+                self._retire_worker_of(op)
+        await self._write_cancel_outcome(op, deadline=deadline)
+        if op.record.state is OpState.INDETERMINATE and not op.unconfirmed:
+            spawn(lambda: self._late(op, deadline=deadline))
+
+    async def _write_cancel_outcome(self, op: _Op, *, deadline: bool) -> None:
+        now = self._clock.now()
+        outcome = OutcomeCode.TIMEOUT if deadline else OutcomeCode.CANCELLED
+        if op.done and not op.unconfirmed:
+            if op.result is not None and not op.scope.cancelled_caught and not op.raised:
+                state = OpState.COMPLETED  # it finished its work before it saw the request
+                outcome = OutcomeCode.OK
+            else:
+                state = OpState.TIMED_OUT if deadline else OpState.CANCELLED
+            op.record = advance(op.record, state, now=now, outcome=outcome, acknowledged=True)
+        else:
+            op.record = advance(
+                op.record,
+                OpState.INDETERMINATE,
+                now=now,
+                outcome=outcome,
+                acknowledged=False,
+                explanation=UNCONFIRMED,
+            )
+            key = (op.record.session, op.record.capability, op.record.target)
+            self._indeterminate[key] = op.record.op_id
+        await self._write(op.record)
+        self._receipt_event(op.record, op.call.name)
+
+    async def _late(self, op: _Op, *, deadline: bool) -> None:
+        """The same layer ends after all: resolve the indeterminate receipt, recorded late."""
+        _, ended = op.watch_ending()
+        await ended.wait()
+        with anyio.CancelScope(shield=True):
+            key = (op.record.session, op.record.capability, op.record.target)
+            if self._indeterminate.get(key) == op.record.op_id:
+                del self._indeterminate[key]
+            await self._write_cancel_outcome(op, deadline=deadline)
+
+    # ------------------------------------------------------------ provider-executed calls
+
+    async def provider_started(
+        self, *, session: str, stream: str, step: int, index: int, call: ToolCallPart
+    ) -> None:
+        """A provider-executed call began inside the model's response: it runs already."""
+        capability = f"{ToolKind.PROVIDER.value}:{call.name}"
+        now = self._clock.now()
+        record = requested(
+            op_id=f"{stream}/{step}/p{index}",
+            session=session,
+            stream=stream,
+            call_id=call.call_id,
+            capability=capability,
+            target=target_digest(capability, call.args, self._salt),
+            now=now,
+            deadline_at=None,
+        )
+        record = advance(record, OpState.RUNNING, now=now)
+        self._provider[call.call_id] = record
+        await self._write(record)
+
+    async def provider_ended(self, result: ToolResultPart) -> None:
+        """The provider's result arrived: the operation completed (or failed)."""
+        record = self._provider.pop(result.call_id, None)
+        if record is None:
+            return
+        state = OpState.FAILED if result.is_error else OpState.COMPLETED
+        outcome = OutcomeCode.CAPABILITY_ERROR if result.is_error else OutcomeCode.OK
+        record = advance(record, state, now=self._clock.now(), outcome=outcome)
+        await self._write(record)
+        self._receipt_event(record, result.name)
+
+    async def provider_cut(self, stream: str) -> None:
+        """OP-7: the stream ended before these results: nobody can confirm they stopped."""
+        for call_id, record in list(self._provider.items()):
+            if record.stream != stream:
+                continue
+            del self._provider[call_id]
+            closed = advance(
+                record,
+                OpState.INDETERMINATE,
+                now=self._clock.now(),
+                outcome=OutcomeCode.STREAM_FAILURE,
+                acknowledged=False,
+                explanation="provider-executed; the stream ended before its result, "
+                "termination not confirmed",
+            )
+            self._indeterminate[(closed.session, closed.capability, closed.target)] = closed.op_id
+            await self._write(closed)
+            self._receipt_event(closed, closed.capability.split(":", 1)[1])
+
+    # ------------------------------------------------------------ writes and events
+
+    async def _write(self, record: OperationRecord) -> None:
+        await self.ledger.put_operation(record)
+        if self._emit is not None:
+            self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
+
+    def _receipt_event(self, record: OperationRecord, tool: str) -> None:
+        if self._emit is not None:
+            self._emit(
+                ReceiptWritten(
+                    session=record.session,
+                    op=record.op_id,
+                    tool=tool,
+                    state=record.state.value,
+                    acknowledged=record.termination_acknowledged,
+                )
+            )
 
 
 def _checked(call: ToolCallPart, result: object) -> ToolResultPart:

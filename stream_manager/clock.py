@@ -10,11 +10,22 @@ scenario always gives the same trace.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import anyio
+
+
+class Timer(Protocol):
+    """A callback scheduled on a clock; ``cancel`` stops it from running."""
+
+    def cancel(self) -> None:
+        """Do not run the callback (no effect once it ran)."""
+        ...
 
 
 class SystemClock:
@@ -23,6 +34,10 @@ class SystemClock:
     def now(self) -> float:
         """Epoch seconds."""
         return time.time()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` on the event loop once the wall clock reaches ``when``."""
+        return asyncio.get_running_loop().call_later(max(0.0, when - time.time()), callback)
 
     async def sleep_until(self, deadline_at: float) -> None:
         """Sleep until the wall clock reaches ``deadline_at``."""
@@ -34,12 +49,17 @@ class SystemClock:
 
 
 class _Sleeper:
-    __slots__ = ("deadline_at", "event", "gone")
+    __slots__ = ("callback", "deadline_at", "event", "gone")
 
-    def __init__(self, deadline_at: float) -> None:
+    def __init__(self, deadline_at: float, callback: Callable[[], None] | None = None) -> None:
         self.deadline_at = deadline_at
-        self.event = anyio.Event()
+        # a timer needs no event (anyio.Event is not free: a few µs per call)
+        self.event: anyio.Event | None = anyio.Event() if callback is None else None
+        self.callback = callback
         self.gone = False  # woken, or cancelled while it waited
+
+    def cancel(self) -> None:
+        self.gone = True
 
 
 class VirtualClock:
@@ -68,10 +88,17 @@ class VirtualClock:
             return
         sleeper = _Sleeper(deadline_at)
         heapq.heappush(self._sleepers, (deadline_at, next(self._order), sleeper))
+        assert sleeper.event is not None
         try:
             await sleeper.event.wait()
         finally:
             sleeper.gone = True
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` when the clock is advanced to ``when`` (in deadline order)."""
+        sleeper = _Sleeper(when, callback)
+        heapq.heappush(self._sleepers, (when, next(self._order), sleeper))
+        return sleeper
 
     def _drop_gone(self) -> None:
         while self._sleepers and self._sleepers[0][2].gone:
@@ -93,7 +120,10 @@ class VirtualClock:
         while self._sleepers and self._sleepers[0][0] <= self._now:
             _, _, sleeper = heapq.heappop(self._sleepers)
             sleeper.gone = True
-            sleeper.event.set()
+            if sleeper.callback is not None:
+                sleeper.callback()
+            elif sleeper.event is not None:
+                sleeper.event.set()
             self._drop_gone()
 
     @property

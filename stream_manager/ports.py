@@ -6,7 +6,8 @@ the engine never imports a provider SDK.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
@@ -14,9 +15,11 @@ import msgspec
 
 from message_queue import Correlation
 from stream_manager._parts import ChatMessage
+from stream_manager.clock import Timer
 
 if TYPE_CHECKING:
-    from stream_manager._parts import Part, ToolCallPart, ToolResultPart
+    from stream_manager.clock import Timer
+from stream_manager._parts import Part, ToolCallPart, ToolResultPart
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,14 +65,18 @@ class ToolKind(StrEnum):
     COMPLETION = "completion"
 
 
-class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
-    """Where a tool call runs."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolContext:
+    """Where a tool call runs, and how its layer records its own completion (OP-5)."""
 
     session: str
     stream: str
     op_id: str
     #: The operation's absolute deadline on the engine's clock (seconds).
     deadline_at: float
+    #: The tool layer records its result here the moment it has one, independent of whether
+    #: ``execute`` ever returns it (a lost completion signal is then settled from the record).
+    record_completion: Callable[[ToolResultPart], None] = field(default=lambda result: None)
 
 
 class Tool(Protocol):
@@ -99,6 +106,10 @@ class Clock(Protocol):
 
     async def sleep_until(self, deadline_at: float) -> None:
         """Return once ``now() >= deadline_at``."""
+        ...
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` (synchronously, on the loop) once ``now() >= when``."""
         ...
 
 

@@ -19,10 +19,16 @@ TESTS = ROOT / "tests"
 
 #: Families whose every rule must have a named test (the issues that finished them).
 COMPLETE_FAMILIES = frozenset({"MQ", "SM"})
-#: Single rules finished ahead of their family: the queue side of R31, R62, R63 (issue 2) and
-#: the stream side of R5, R15, R16, R37-R39, R46, R59, R60, R65 (issue 3).
+#: Single rules finished ahead of their family: the queue side of R31, R62, R63 (issue 2); the
+#: stream side of R5, R15, R16, R37-R39, R46, R59, R60, R65 (issue 3); AS-1..AS-31,
+#: ST-1..ST-14 and the session's R rules of the walking skeleton (issue 4).
+_SKELETON_R = (1, 2, 3, 4, 6, 7, 9, 11, 14, 15, 18, 19, 20, 21, 22, 25, 26, 27, 32, 34, 35)
+_SKELETON_R_MORE = (42, 43, 45, 53, 56, 63, 64, 65)
 COMPLETE_RULES = frozenset(
     {"R31", "R62", "R63", "R5", "R15", "R16", "R37", "R38", "R39", "R46", "R59", "R60", "R65"}
+    | {f"AS-{n}" for n in range(1, 32)}
+    | {f"ST-{n}" for n in range(1, 15)}
+    | {f"R{n}" for n in (*_SKELETON_R, *_SKELETON_R_MORE)}
 )
 
 _RULE = re.compile(r"\*\*((?:SM|MQ|AS|ST|TD|PS|OP)-\d+|R\d+)\*\*")

@@ -7,6 +7,7 @@ one before it, every given field equal.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from agent_session._rows import unanswered
@@ -42,6 +43,11 @@ async def check_expectations(
         actual_count = unanswered(await store.history(session))
         if actual_count != count:
             failures.append(f"unanswered.{session}: expected {count}, got {actual_count}")
+    if expect.receipts:
+        counts = Counter(r.state.value for r in (await store.receipts()).records)
+        for state, count in expect.receipts.items():
+            if counts[state] != count:
+                failures.append(f"receipts.{state}: expected {count}, got {counts[state]}")
     failures.extend(match_events(expect.events, trace))
     return failures
 

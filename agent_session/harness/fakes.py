@@ -35,11 +35,20 @@ from stream_manager import Clock, ToolCallPart, ToolContext, ToolKind, ToolResul
 
 
 class ScenarioTool:
-    """A client tool whose behaviour the scenario scripts."""
+    """A client tool whose behaviour the scenario scripts (CONTRACT.md ``[[tools]]``).
+
+    It takes ``duration_ms`` on the virtual clock, then answers ``result`` or fails with
+    ``fail``; ``hang`` never returns on its own. Cancelled, it acknowledges after
+    ``ack_delay_ms`` (``on_cancel = "ack"``) or never stops nor acknowledges (``"ignore"``,
+    until the harness releases it at the end of the run). ``lose_completion`` finishes and
+    records its result, but its completion never reaches the engine. A script's call may
+    override any of these for that call.
+    """
 
     def __init__(self, spec: ToolSpec, clock: Clock) -> None:
         self._spec = spec
         self._clock = clock
+        self._released = anyio.Event()
         self.calls = 0
 
     @property
@@ -52,10 +61,34 @@ class ScenarioTool:
         """How it runs."""
         return ToolKind(self._spec.kind)
 
+    def deadline_for(self, call: ToolCallPart) -> float | None:
+        """This call's own deadline in seconds (``deadline_ms``), else the engine's."""
+        value = call.behaviour.get("deadline_ms", self._spec.deadline_ms)
+        return value / 1000 if isinstance(value, int) and value > 0 else None
+
+    def release(self) -> None:
+        """End the run: tools that ignore cancellation may stop now."""
+        self._released.set()
+
     async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
-        """Take the scripted time, then answer, fail, or hang."""
+        """Take the scripted time, then answer, fail or hang; react to a cancel as scripted."""
         self.calls += 1
         behaviour = {**self._defaults(), **call.behaviour}
+        try:
+            return await self._work(call, context, behaviour)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                if behaviour.get("on_cancel") == "ignore":
+                    await self._released.wait()  # never stops, never acknowledges
+                else:
+                    delay = behaviour.get("ack_delay_ms")
+                    if isinstance(delay, int) and delay > 0:
+                        await self._clock.sleep_until(self._clock.now() + delay / 1000)
+            raise
+
+    async def _work(
+        self, call: ToolCallPart, context: ToolContext, behaviour: dict[str, object]
+    ) -> ToolResultPart:
         duration = behaviour.get("duration_ms")
         if isinstance(duration, int) and duration > 0:
             await self._clock.sleep_until(self._clock.now() + duration / 1000)
@@ -63,10 +96,17 @@ class ScenarioTool:
             await anyio.sleep_forever()
         failure = behaviour.get("fail")
         if isinstance(failure, str):
-            return ToolResultPart(
+            result = ToolResultPart(
                 call_id=call.call_id, name=call.name, output={"error": failure}, is_error=True
             )
-        return ToolResultPart(call_id=call.call_id, name=call.name, output=behaviour.get("result"))
+        else:
+            result = ToolResultPart(
+                call_id=call.call_id, name=call.name, output=behaviour.get("result")
+            )
+        if behaviour.get("lose_completion") is True:
+            context.record_completion(result)  # the tool layer's own record (OP-5)
+            await anyio.sleep_forever()  # ... and the signal that never arrives
+        return result
 
     def _defaults(self) -> dict[str, object]:
         spec = self._spec
@@ -75,6 +115,9 @@ class ScenarioTool:
             "result": spec.result,
             "fail": spec.fail,
             "hang": spec.hang,
+            "on_cancel": spec.on_cancel,
+            "ack_delay_ms": spec.ack_delay_ms,
+            "lose_completion": spec.lose_completion,
         }
 
 

@@ -29,6 +29,7 @@ from agent_session.harness.fakes import Faults, FaultyStore, ScenarioTool
 from agent_session.harness.loader import script_steps
 from agent_session.harness.scenario import (
     ActionSpec,
+    CancelOpAction,
     ClearQueueAction,
     DiscardContextAction,
     DisposeAction,
@@ -66,6 +67,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
         "fail_next",
         "thinking",
         "discard_context",
+        "cancel_op",
     }
 )
 
@@ -154,6 +156,11 @@ def _fail_next(engine: Engine, faults: Faults, do: Any) -> None:
     faults.arm(do.what, do.count)
 
 
+def _cancel_op(engine: Engine, faults: Faults, do: Any) -> None:
+    if not engine.manager.operations.cancel_nowait(op_id=do.op_id, tool=do.tool):
+        raise RunFailed(f"no running operation {do.op_id or do.tool!r} to cancel")
+
+
 def _dispose(engine: Engine, faults: Faults, do: Any) -> None:
     engine._spawn(engine.session(do.session).dispose)
 
@@ -171,6 +178,7 @@ _HANDLERS: dict[type, _Handler] = {
     StopAction: lambda e, f, do: e.session(do.session).stop(),
     HardStopAction: lambda e, f, do: e.session(do.session).hard_stop(),
     DisposeAction: _dispose,
+    CancelOpAction: _cancel_op,
     FailNextAction: _fail_next,
     ThinkingAction: lambda e, f, do: e.session(do.session).set_thinking(do.level),
     DiscardContextAction: lambda e, f, do: e.session(do.session).discard_context(),
@@ -233,6 +241,9 @@ async def run_scenario(
                 result.failures = await check_expectations(
                     scenario.expect, engine.sessions, store, recorder.lines
                 )
+        finally:
+            for tool in tools.values():
+                tool.release()
     result.virtual_ms = round(clock.now() * 1000)
     return result
 

@@ -444,6 +444,25 @@ async def test_st1_r15_a_resume_continues_on_the_model_that_ran_the_cut() -> Non
     assert len(r.models["A"].requests) == 1  # the refusing model is never asked again
 
 
+async def test_st1_r15_the_markers_options_name_the_model_at_the_cut() -> None:
+    """ST-1: ``options`` is the whitelist "with model = modelString (the model at the cut)"."""
+    wakes = Wakes()
+    async with session_rig(
+        {"A": [REFUSE], "B": [T_("task_await"), X("B finishes")]},
+        tools=[HookTool("task_await", before=wakes.queue)],
+        fallbacks={"A": ["B"]},
+        sessions=(("s1", "A"),),
+    ) as r:
+        wakes.attach(r)
+        seen: list[Marker] = []
+        hook = Once(r, is_stream_end, lambda: seen.append(marker_of(r.session())))
+        r.session().send("start", options=SendOptions(model="A", agent_id="exec"))
+        await r.settle()
+        hook.check()
+    (marker,) = seen
+    assert (marker.model, marker.options.model, marker.options.agent_id) == ("B", "B", "exec")
+
+
 async def test_st1_r20_a_pending_thinking_change_survives_the_cut() -> None:
     wakes = Wakes()
 

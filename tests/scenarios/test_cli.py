@@ -85,10 +85,15 @@ def test_script_running_out_exits_3_naming_the_model(
     assert "model 'm' ran out of scripted steps" in capsys.readouterr().out
 
 
-def test_no_quiescence_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, BASIC.replace('name = "bash"', 'name = "bash"\nhang = true'))
-    assert main(["run", path]) == 3
-    assert "did not reach quiescence" in capsys.readouterr().out
+def test_op2_a_hanging_tool_times_out_and_the_turn_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = BASIC.replace('name = "bash"', 'name = "bash"\nhang = true\ndeadline_ms = 500')
+    path = write(tmp_path, text.replace("streams = { s1 = 1 }", "receipts = { timed_out = 1 }"))
+    assert main(["run", path, "--trace", str(tmp_path / "t.jsonl")]) == 0, capsys.readouterr()
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    receipt = next(line for line in lines if line["event"] == "receipt")
+    assert (receipt["state"], receipt["acknowledged"], receipt["t"]) == ("timed_out", True, 500)
 
 
 def test_virtual_time_limit_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

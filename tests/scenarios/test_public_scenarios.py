@@ -1,7 +1,7 @@
 """The public scenarios of ../shared/scenarios pass under ``turnkeeper run``, deterministically.
 
-07 and 09 need the Operations issue and 10 the delegation work: until then the runtime refuses
-them as "not supported yet" (exit 2, the fields named), which this file checks too.
+10 needs the delegation work: until then the runtime refuses it as "not supported yet" (exit 2,
+the op named), which this file checks too.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from agent_session.cli import main
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "shared" / "scenarios"
-RUNNABLE = ["01", "02", "03", "04", "05", "06", "08"]
-NOT_YET = {"07": "ack_delay_ms", "09": "deadline_ms", "10": "'delegate' is not supported yet"}
+RUNNABLE = ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
+NOT_YET = {"10": "'delegate' is not supported yet"}
 
 
 def scenario(prefix: str) -> str:
