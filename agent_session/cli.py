@@ -1,20 +1,19 @@
 """The ``turnkeeper`` command line (CONTRACT.md section 1).
 
 ``run`` drives scenario files through the harness; ``demo`` runs the built-in incident on a
-fresh SQLite file with a live timeline. ``inspect`` and ``receipts`` arrive with the crash
-recovery and Operations issues; until then they say so and exit 2 rather than pretend.
+fresh SQLite file with a live timeline; ``inspect`` and ``receipts`` read a store, read-only.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 
 import anyio
 
 from agent_session.harness.commands import demo_command, run_command
+from agent_session.harness.inspection import inspect_command, receipts_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,11 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--trace", metavar="FILE", help="write the trace as JSON Lines")
     demo.add_argument("--plain", action="store_true", help="no colours or live redraw")
 
-    inspect = commands.add_parser("inspect", help="what a store holds (not built yet)")
+    inspect = commands.add_parser("inspect", help="what a store holds (read-only)")
     inspect.add_argument("--db", metavar="PATH", required=True)
     inspect.add_argument("session", nargs="?")
     inspect.add_argument("--json", action="store_true")
-    receipts = commands.add_parser("receipts", help="operation receipts (not built yet)")
+    receipts = commands.add_parser("receipts", help="operation receipts (read-only)")
     receipts.add_argument("--db", metavar="PATH", required=True)
     receipts.add_argument("--state")
     receipts.add_argument("--json", action="store_true")
@@ -56,9 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return anyio.run(run_command, args.scenarios, args.db, args.memory, args.trace, args.json)
     if args.command == "demo":
         return anyio.run(demo_command, args.db, args.trace, args.plain)
-    print(
-        f"turnkeeper {args.command}: not built yet (it arrives with the crash-recovery and "
-        "Operations work)",
-        file=sys.stderr,
-    )
-    return 2
+    if args.command == "receipts":
+        return anyio.run(receipts_command, args.db, args.state, args.json)
+    return anyio.run(inspect_command, args.db, args.session, args.json)

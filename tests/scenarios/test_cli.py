@@ -131,6 +131,35 @@ def test_demo_refuses_to_replace_a_foreign_file(
     assert precious.read_bytes() == b"my notes, not a database"
 
 
-def test_inspect_says_it_is_not_built_yet(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["inspect", "--db", "x.db"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+def test_receipts_and_inspect_read_a_demo_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "demo.db"
+    assert main(["demo", "--db", str(db), "--plain"]) == 0
+    capsys.readouterr()
+    before = db.read_bytes()
+    assert main(["receipts", "--db", str(db), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert [r["state"] for r in found["receipts"]] == ["completed", "completed"]
+    assert {r["capability"] for r in found["receipts"]} == {"client:bash", "client:task_await"}
+    assert main(["receipts", "--db", str(db), "--state", "indeterminate"]) == 0
+    assert "no receipts" in capsys.readouterr().out
+    assert main(["inspect", "--db", str(db), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["id"] for s in report["sessions"]] == ["agent"]
+    assert report["owed"] == []
+    assert main(["inspect", "--db", str(db)]) == 0
+    assert "owed continuations: none" in capsys.readouterr().out
+    assert db.read_bytes() == before  # read-only: nothing written
+
+
+def test_receipts_refuses_a_file_that_is_not_a_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes.db"
+    notes.write_bytes(b"just notes")
+    assert main(["receipts", "--db", str(notes)]) == 2
+    assert "not a SQLite database" in capsys.readouterr().err
+    assert notes.read_bytes() == b"just notes"
+    assert main(["inspect", "--db", str(tmp_path / "missing.db")]) == 2
+    assert main(["receipts", "--db", str(notes), "--state", "weird"]) == 2

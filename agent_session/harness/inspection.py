@@ -1,0 +1,157 @@
+"""``turnkeeper inspect`` and ``turnkeeper receipts``: what a store holds, read-only.
+
+Both open the store with ``SqliteStore(readonly=True)``: they never migrate, repair, lock or
+write a store another process may be using. A file that is not a turnkeeper store is refused
+with a clear message (exit 2). Receipts hold no arguments or outputs by construction; as a
+second line of defence every printed value passes through :func:`redact`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from persistence import (
+    MigrationRequired,
+    NotATurnkeeperStore,
+    OperationRecord,
+    OpState,
+    SqliteStore,
+    StoreError,
+    UnsupportedSchemaVersion,
+)
+
+_SECRET = re.compile(
+    r"(?i)(bearer\s+\S+|sk-[A-Za-z0-9_-]{6,}|(?:api[_-]?key|token|password|passwd|secret|"
+    r"cookie|authorization)\s*[=:]\s*\S+)"
+)
+_encoder = msgspec.json.Encoder()
+
+
+def redact(value: object) -> str:
+    """``value`` as text, with anything that looks like a credential replaced."""
+    return _SECRET.sub("[redacted]", str(value))
+
+
+def _receipt_row(record: OperationRecord) -> dict[str, Any]:
+    data: dict[str, Any] = msgspec.to_builtins(record)
+    return {key: redact(value) if isinstance(value, str) else value for key, value in data.items()}
+
+
+async def _open(db: str) -> SqliteStore | str:
+    store = SqliteStore(db, readonly=True)
+    try:
+        await store.open()
+    except (NotATurnkeeperStore, UnsupportedSchemaVersion, MigrationRequired, StoreError) as error:
+        return str(error)
+    return store
+
+
+async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
+    """``turnkeeper receipts``: operation receipts, open ones first."""
+    states = None
+    if state is not None:
+        try:
+            states = frozenset({OpState(state)})
+        except ValueError:
+            allowed = ", ".join(s.value for s in OpState)
+            print(f"turnkeeper receipts: unknown state {state!r} ({allowed})", file=sys.stderr)
+            return 2
+    opened = await _open(db)
+    if isinstance(opened, str):
+        print(f"turnkeeper receipts: {opened}", file=sys.stderr)
+        return 2
+    try:
+        query = await opened.receipts(states=states)
+    finally:
+        await opened.close()
+    for op_id, detail in query.corrupt:
+        print(f"turnkeeper receipts: skipped corrupt receipt {op_id}: {detail}", file=sys.stderr)
+    if as_json:
+        payload = {
+            "receipts": [_receipt_row(r) for r in query.records],
+            "corrupt": [{"op": op_id, "detail": detail} for op_id, detail in query.corrupt],
+        }
+        print(_encoder.encode(payload).decode())
+        return 0
+    _print_receipts(list(query.records))
+    return 0
+
+
+def _print_receipts(records: list[OperationRecord]) -> None:
+    console = Console(highlight=False)
+    if not records:
+        console.print("no receipts")
+        return
+    table = Table(title="operation receipts (indeterminate first)")
+    for column in ("op", "tool", "state", "ack", "outcome", "cancel", "started", "ended"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(
+            redact(record.op_id),
+            redact(record.capability),
+            record.state.value,
+            "yes" if record.termination_acknowledged else "no",
+            redact(record.outcome_code or ""),
+            redact(record.cancel_reason or ""),
+            f"{record.started_at:.3f}",
+            "" if record.ended_at is None else f"{record.ended_at:.3f}",
+        )
+    console.print(table)
+    for record in records:
+        if record.explanation:
+            console.print(f"{record.op_id}: {redact(record.explanation)}")
+
+
+async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
+    """``turnkeeper inspect``: sessions, owed continuations, receipts."""
+    opened = await _open(db)
+    if isinstance(opened, str):
+        print(f"turnkeeper inspect: {opened}", file=sys.stderr)
+        return 2
+    try:
+        sessions = [s for s in await opened.sessions() if session is None or s.id == session]
+        owed = await opened.owed_cuts(session)
+        query = await opened.receipts(session)
+    finally:
+        await opened.close()
+    owed_rows: list[dict[str, Any]] = [
+        {
+            "session": row.session,
+            "row": row.row_id,
+            "cut": row.stream,
+            "remaining": row.cut.remaining if row.cut else None,
+            "model": row.cut.model if row.cut else None,
+        }
+        for row in owed
+    ]
+    report: dict[str, Any] = {
+        "sessions": [{"id": s.id, "model": s.model} for s in sessions],
+        "owed": owed_rows,
+        "follow_ups": [],  # compaction follow-ups arrive with the compaction work
+        "handles": [],  # delegated handles arrive with the delegation work
+        "receipts": [_receipt_row(r) for r in query.records],
+        "corrupt_receipts": [{"op": op_id, "detail": d} for op_id, d in query.corrupt],
+    }
+    if as_json:
+        print(_encoder.encode(report).decode())
+        return 0
+    console = Console(highlight=False)
+    console.print(f"store: {db}")
+    console.print(f"sessions: {', '.join(s.id for s in sessions) or 'none'}")
+    if owed_rows:
+        for item in owed_rows:
+            console.print(
+                f"owed continuation: {item['session']} cut {item['cut']} "
+                f"({item['remaining']} steps left on {item['model']})"
+            )
+    else:
+        console.print("owed continuations: none")
+    console.print("pending follow-ups: none; delegated handles: none")
+    _print_receipts(list(query.records))
+    return 0
