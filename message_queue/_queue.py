@@ -28,28 +28,21 @@ as in the all-predecessors scan (R62).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from message_queue._entries import (
     Attachment,
-    CancelState,
     CancelToken,
     Correlation,
     DispatchMode,
     EntryCallbacks,
     EntryKind,
-    MessageMetadata,
-    MetadataType,
-    OnAccepted,
-    OnAcceptedPreStreamFailure,
-    OnCanceled,
     SendOptions,
-    parse_kind,
     parse_mode,
 )
+from message_queue._entry_state import Add, Entry, StoredMessage, validate
 from message_queue._views import (
     AddOutcome,
     Dequeued,
@@ -67,136 +60,6 @@ from message_queue.errors import InvalidEntry, QueueEmpty, UnknownEntry
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-# (synthetic, agent_initiated) when the add does not say.
-_AUTHORSHIP_DEFAULTS: dict[EntryKind, tuple[bool, bool]] = {
-    EntryKind.USER: (False, False),
-    EntryKind.WAKE: (True, True),
-    EntryKind.REPORT: (True, True),
-    EntryKind.SYSTEM: (True, False),
-    EntryKind.FOLLOW_UP: (True, False),
-}
-
-# Metadata that seals the entry it starts (MQ-3).
-_SEALING_METADATA = frozenset({MetadataType.AGENT_SKILL, MetadataType.WORKSPACE_TURN})
-
-
-@dataclass(slots=True)
-class _Message:
-    id: str
-    text: str
-    attachments: tuple[Attachment, ...]
-    dedupe_key: str | None
-    synthetic: bool
-    agent_initiated: bool
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    id: str
-    kind: EntryKind
-    mode: DispatchMode
-    sealed: bool
-    user_authored: bool
-    continuation: bool
-    metadata: MessageMetadata | None
-    options: SendOptions | None
-    goal_pause: bool
-    on_accepted: OnAccepted | None
-    on_pre_stream_failure: OnAcceptedPreStreamFailure | None
-    on_canceled: OnCanceled | None
-    token: CancelToken | None
-    cancel_state: CancelState | None
-    messages: list[_Message] = field(default_factory=list)
-
-    @property
-    def withdrawn(self) -> bool:
-        return self.token is not None and self.token.cancelled
-
-    @property
-    def correlation(self) -> Correlation | None:
-        return self.metadata.correlation if self.metadata is not None else None
-
-    def callbacks(self) -> EntryCallbacks:
-        return EntryCallbacks(
-            entry_id=self.id,
-            on_accepted=self.on_accepted,
-            on_accepted_pre_stream_failure=self.on_pre_stream_failure,
-            on_canceled=self.on_canceled,
-        )
-
-    def snapshot(self) -> EntrySnapshot:
-        messages = self.messages
-        return EntrySnapshot(
-            id=self.id,
-            kind=self.kind,
-            mode=self.mode,
-            sealed=self.sealed,
-            user_authored=self.user_authored,
-            workspace_turn_continuation=self.continuation,
-            withdrawn=self.withdrawn,
-            texts=tuple(m.text for m in messages),
-            message_ids=tuple(m.id for m in messages),
-            dedupe_keys=tuple(m.dedupe_key for m in messages if m.dedupe_key is not None),
-            attachments=tuple(a for m in messages for a in m.attachments),
-            metadata=self.metadata,
-            options=self.options,
-            adds=len(messages),
-            synthetic_adds=sum(m.synthetic for m in messages),
-            agent_initiated_adds=sum(m.agent_initiated for m in messages),
-            has_on_canceled=self.on_canceled is not None,
-            has_on_accepted_pre_stream_failure=self.on_pre_stream_failure is not None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Add:
-    """A validated add: parsed kind and mode, resolved authorship, decided sealing."""
-
-    message: NewMessage
-    kind: EntryKind
-    mode: DispatchMode
-    synthetic: bool
-    agent_initiated: bool
-    sealed: bool
-    starts_entry: bool
-
-    @property
-    def user_authored(self) -> bool:
-        return not (self.synthetic or self.agent_initiated)
-
-
-def _must_seal(message: NewMessage, kind: EntryKind, removable_key: bool) -> bool:
-    """MQ-3: the add starts a sealed entry that never absorbs later adds."""
-    metadata = message.metadata
-    return (
-        message.sealed
-        or kind is EntryKind.WAKE
-        or removable_key
-        or (metadata is not None and metadata.type in _SEALING_METADATA)
-        or (metadata is not None and bool(metadata.snapshot_refs))
-        or message.on_accepted is not None
-        or message.on_accepted_pre_stream_failure is not None
-        or message.on_canceled is not None
-        or message.cancel_token is not None
-    )
-
-
-def _validate(message: NewMessage, removable_key: bool) -> _Add:
-    kind = parse_kind(message.kind)
-    mode = parse_mode(message.mode)
-    metadata = message.metadata
-    if metadata is not None:
-        if metadata.type is MetadataType.WORKSPACE_TURN and metadata.correlation is None:
-            raise InvalidEntry("workspace-turn metadata needs a correlation (handle, owner, turn)")
-        if metadata.type is not MetadataType.WORKSPACE_TURN and metadata.correlation is not None:
-            raise InvalidEntry(f"a correlation needs workspace-turn metadata, not {metadata.type}")
-    default_synthetic, default_agent = _AUTHORSHIP_DEFAULTS[kind]
-    synthetic = default_synthetic if message.synthetic is None else message.synthetic
-    agent = default_agent if message.agent_initiated is None else message.agent_initiated
-    sealed = _must_seal(message, kind, removable_key)
-    compaction = metadata is not None and metadata.type is MetadataType.COMPACTION_REQUEST
-    return _Add(message, kind, mode, synthetic, agent, sealed, starts_entry=sealed or compaction)
-
 
 class MessageQueue:
     """An ordered queue of entries with batching, dedupe keys and cancel-aware readers.
@@ -207,9 +70,9 @@ class MessageQueue:
     __slots__ = ("_by_id", "_entries", "_keys", "_next_id")
 
     def __init__(self) -> None:
-        self._entries: deque[_Entry] = deque()
-        self._by_id: dict[str, _Entry] = {}  # entry ids and message ids
-        self._keys: dict[str, _Entry] = {}  # dedupe key -> the entry holding it
+        self._entries: deque[Entry] = deque()
+        self._by_id: dict[str, Entry] = {}  # entry ids and message ids
+        self._keys: dict[str, Entry] = {}  # dedupe key -> the entry holding it
         self._next_id = 0
 
     # ------------------------------------------------------------------ adding
@@ -242,7 +105,7 @@ class MessageQueue:
         return self._add(message, key=key, removable_key=removable)
 
     def _add(self, message: NewMessage, *, key: str | None, removable_key: bool) -> AddOutcome:
-        add = _validate(message, removable_key)
+        add = validate(message, removable_key)
         if message.id is not None and message.id in self._by_id:
             raise InvalidEntry(f"entry id {message.id!r} is already queued")
         if not message.text.strip() and not message.attachments:
@@ -251,7 +114,7 @@ class MessageQueue:
             holder = self._keys[key].id
             return Rejected(RejectReason.DUPLICATE_KEY, f"dedupe key {key!r} is held by {holder}")
         message_id = message.id if message.id is not None else self._fresh_id()
-        stored = _Message(
+        stored = StoredMessage(
             message_id,
             message.text,
             message.attachments,
@@ -275,12 +138,12 @@ class MessageQueue:
             self._keys[key] = entry
         return Queued(entry.id, message_id, into)
 
-    def _start(self, add: _Add, stored: _Message) -> _Entry:
+    def _start(self, add: Add, stored: StoredMessage) -> Entry:
         message = add.message
         token = message.cancel_token
         if token is None and add.kind is EntryKind.WAKE:
             token = CancelToken()  # a wake is withdrawable by definition
-        entry = _Entry(
+        entry = Entry(
             id=stored.id,
             kind=add.kind,
             mode=add.mode,
@@ -301,7 +164,7 @@ class MessageQueue:
         return entry
 
     @staticmethod
-    def _join(entry: _Entry, add: _Add, stored: _Message) -> None:
+    def _join(entry: Entry, add: Add, stored: StoredMessage) -> None:
         """MQ-5: texts in order, files accumulate, first metadata, latest options, sticky modes."""
         message = add.message
         entry.messages.append(stored)
@@ -354,10 +217,10 @@ class MessageQueue:
 
     # ------------------------------------------------------------------ live readers
 
-    def _live(self) -> Iterator[_Entry]:
+    def _live(self) -> Iterator[Entry]:
         return (entry for entry in self._entries if not entry.withdrawn)
 
-    def _first_live(self) -> _Entry | None:
+    def _first_live(self) -> Entry | None:
         for entry in self._entries:
             if not entry.withdrawn:
                 return entry
@@ -434,20 +297,20 @@ class MessageQueue:
 
     # ------------------------------------------------------------------ leaving
 
-    def _release(self, entry: _Entry) -> None:
+    def _release(self, entry: Entry) -> None:
         for message in entry.messages:
             self._release_message(message)
 
-    def _release_message(self, message: _Message) -> None:
+    def _release_message(self, message: StoredMessage) -> None:
         self._by_id.pop(message.id, None)
         if message.dedupe_key is not None:
             self._keys.pop(message.dedupe_key, None)
 
-    def _remove_entries(self, doomed: Iterable[_Entry]) -> list[EntryCallbacks]:
+    def _remove_entries(self, doomed: Iterable[Entry]) -> list[EntryCallbacks]:
         doomed_ids = {id(entry) for entry in doomed}
         if not doomed_ids:
             return []
-        kept: deque[_Entry] = deque()
+        kept: deque[Entry] = deque()
         removed: list[EntryCallbacks] = []
         for entry in self._entries:
             if id(entry) in doomed_ids:
@@ -526,7 +389,7 @@ class MessageQueue:
         if not prefix:
             return PrefixRemoval(0, [])
         count = 0
-        emptied: list[_Entry] = []
+        emptied: list[Entry] = []
         for entry in self._entries:
             doomed = [
                 m

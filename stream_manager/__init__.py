@@ -35,14 +35,9 @@ from stream_manager._events import (
 )
 from stream_manager._fallback import Hop, ModelFallbackProgress, NoHop, plan_hop, start_progress
 from stream_manager._loop import StreamManager
+from stream_manager._op_parts import Ledger, MemoryLedger, OverlapPolicy, operation_id
 from stream_manager._op_states import CancelWhy, OutcomeCode
-from stream_manager._operations import (
-    Ledger,
-    MemoryLedger,
-    OperationRunner,
-    OverlapPolicy,
-    operation_id,
-)
+from stream_manager._operations import OperationRunner
 from stream_manager._parts import (
     ChatMessage,
     Finish,

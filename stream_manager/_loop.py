@@ -49,8 +49,9 @@ from stream_manager._events import (
 )
 from stream_manager._events import StreamEnded as StreamEndedEvent
 from stream_manager._fallback import NoHop, plan_hop, start_progress
+from stream_manager._op_parts import Ledger, OverlapPolicy, Spawn
 from stream_manager._op_states import CancelWhy
-from stream_manager._operations import Ledger, OperationRunner, OverlapPolicy, Spawn
+from stream_manager._operations import OperationRunner
 from stream_manager._parts import (
     ChatMessage,
     Finish,

@@ -29,17 +29,11 @@ The decisions are ``_op_states``'s; this module awaits.
 
 from __future__ import annotations
 
-import asyncio
-import enum
-from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
 
 import anyio
-import msgspec
 
-from persistence import OperationRecord, OpState, ReceiptQuery
+from persistence import OperationRecord, OpState
 from stream_manager._events import (
     OpBlocked,
     OpCancelRequested,
@@ -47,6 +41,17 @@ from stream_manager._events import (
     Persisted,
     ReceiptWritten,
     StreamEvent,
+)
+from stream_manager._op_parts import (
+    Ledger,
+    MemoryLedger,
+    Op,
+    OverlapPolicy,
+    Spawn,
+    Worker,
+    checked_result,
+    failed_result,
+    operation_id,
 )
 from stream_manager._op_states import (
     UNCONFIRMED,
@@ -58,206 +63,8 @@ from stream_manager._op_states import (
     target_digest,
 )
 from stream_manager._parts import ToolCallPart, ToolResultPart
-from stream_manager.clock import Timer
 from stream_manager.errors import TerminationUnconfirmed
 from stream_manager.ports import Clock, Tool, ToolContext, ToolKind
-
-_encoder = msgspec.json.Encoder()
-
-Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
-
-
-class Ledger(Protocol):
-    """Where receipts go: a ``persistence.Store`` is one."""
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Write a receipt durably (upsert by op id)."""
-        ...
-
-    async def receipts(
-        self,
-        session: str | None = None,
-        *,
-        states: frozenset[OpState] | None = None,
-        recent: int | None = None,
-    ) -> ReceiptQuery:
-        """Receipts, open ones first."""
-        ...
-
-
-class MemoryLedger:
-    """A ledger in memory, for a StreamManager used without a store."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, OperationRecord] = {}
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Keep the receipt."""
-        self.records[record.op_id] = record
-
-    async def receipts(
-        self,
-        session: str | None = None,
-        *,
-        states: frozenset[OpState] | None = None,
-        recent: int | None = None,
-    ) -> ReceiptQuery:
-        """Every receipt kept (filters applied)."""
-        del recent
-        return ReceiptQuery(
-            records=tuple(
-                r
-                for r in self.records.values()
-                if (session is None or r.session == session)
-                and (states is None or r.state in states)
-            )
-        )
-
-
-class OverlapPolicy(enum.StrEnum):
-    """What a call meets while an earlier call is indeterminate (OP-9)."""
-
-    #: Refuse a call on the same capability and target (the default).
-    BLOCK = "block"
-    #: Run it, noting the earlier operation in the log.
-    WARN = "warn"
-    #: Refuse any call in the session while one of its operations is indeterminate.
-    SESSION = "session"
-
-
-def operation_id(stream: str, step: int, index: int) -> str:
-    """The id of the ``index``-th client call of ``step`` in ``stream`` (position, not luck)."""
-    return f"{stream}/{step}/{index}"
-
-
-def failed_result(call: ToolCallPart, error: str, **extra: object) -> ToolResultPart:
-    """A structured failed result for ``call``: the model sees why, the loop goes on."""
-    return ToolResultPart(
-        call_id=call.call_id, name=call.name, output={"error": error, **extra}, is_error=True
-    )
-
-
-class _Flag:
-    """A one-shot event on the running asyncio loop, far cheaper than ``anyio.Event``.
-
-    The hot path makes one per tool call; ``anyio.Event`` costs several µs to create (a backend
-    lookup), a bare future under one. turnkeeper runs on asyncio (aiosqlite needs it), and anyio's
-    cancel scopes cancel a task waiting on a future like any other await.
-    """
-
-    __slots__ = ("_future", "_set")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._future: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        self._set = True
-        future = self._future
-        if future is not None and not future.done():
-            future.set_result(None)
-
-    def is_set(self) -> bool:
-        return self._set
-
-    async def wait(self) -> None:
-        if self._set:
-            return
-        if self._future is None or self._future.done():
-            self._future = asyncio.get_running_loop().create_future()
-        await self._future
-
-
-class _Worker:
-    """A stream's task that runs its tool executes one after another (SM-6).
-
-    Starting a task per call costs more than the rest of the call's bookkeeping; a worker is
-    started once per stream. When a call it runs ignores its cancellation, the worker is retired
-    (it finishes that call whenever the tool lets it, then exits) and the next call gets a new
-    worker, so a tool that never stops holds nothing but its own task.
-    """
-
-    __slots__ = ("current", "pending", "retired", "wake")
-
-    def __init__(self) -> None:
-        self.pending: deque[_Op] = deque()
-        self.wake = _Flag()
-        self.current: _Op | None = None
-        self.retired = False
-
-    def submit(self, op: _Op) -> None:
-        self.pending.append(op)
-        self.wake.set()
-
-    def retire(self) -> None:
-        self.retired = True
-        self.wake.set()
-
-    async def run(self, execute: Callable[[_Op], Coroutine[Any, Any, None]]) -> None:
-        while not self.retired:
-            if not self.pending:
-                self.wake = _Flag()
-                await self.wake.wait()
-                continue
-            op = self.pending.popleft()
-            self.current = op
-            try:
-                await execute(op)
-            finally:
-                self.current = None
-
-
-@dataclass(eq=False)
-class _Op:
-    """One operation in flight (shell state)."""
-
-    record: OperationRecord
-    call: ToolCallPart
-    tool: Tool | None
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    #: Set when the loop may go on: the execute ended, a completion was recorded, a deadline.
-    settled: _Flag = field(default_factory=_Flag)
-    #: Made on the cancel path only (events are not free): set when the execute ended or the
-    #: grace interval ran out; and set when the execute ended, whenever that is.
-    finished: anyio.Event | None = None
-    ended: anyio.Event | None = None
-    result: ToolResultPart | None = None
-    recorded: ToolResultPart | None = None
-    raised: bool = False
-    unconfirmed: bool = False
-    done: bool = False
-    deadline_hit: bool = False
-    #: Cancellation was requested (a deadline, a stop, a person), and why.
-    cancelling: bool = False
-    why: CancelWhy = CancelWhy.USER
-    timers: list[Timer] = field(default_factory=list)
-
-    def on_deadline(self) -> None:
-        self.deadline_hit = True
-        self.settled.set()
-
-    def on_recorded(self, result: ToolResultPart) -> None:
-        if self.recorded is None and not self.done:
-            self.recorded = result
-            self.settled.set()
-
-    def on_grace_over(self) -> None:
-        if self.finished is not None:
-            self.finished.set()
-
-    def watch_ending(self) -> tuple[anyio.Event, anyio.Event]:
-        """The cancel path's events, made now; already set when the execute has ended."""
-        if self.finished is None or self.ended is None:
-            self.finished, self.ended = anyio.Event(), anyio.Event()
-            if self.done:
-                self.finished.set()
-                self.ended.set()
-        return self.finished, self.ended
-
-    def stop_timers(self) -> None:
-        for timer in self.timers:
-            timer.cancel()
-        self.timers.clear()
 
 
 class OperationRunner:
@@ -287,8 +94,8 @@ class OperationRunner:
         #: (session, capability, target) -> the indeterminate operation holding it (OP-9).
         self._indeterminate: dict[tuple[str, str, str], str] = {}
         self._provider: dict[str, OperationRecord] = {}  # open provider-executed operations
-        self._running: dict[str, _Op] = {}  # op id -> the operation whose execute runs
-        self._workers: dict[str, _Worker] = {}  # stream id -> its executing task
+        self._running: dict[str, Op] = {}  # op id -> the operation whose execute runs
+        self._workers: dict[str, Worker] = {}  # stream id -> its executing task
         self._spawns: dict[str, Spawn] = {}
 
     def bind(self, spawn: Spawn | None) -> None:
@@ -315,7 +122,7 @@ class OperationRunner:
     ) -> list[ToolResultPart]:
         """Run a step's client calls one at a time, each as an operation; results in order."""
         spawn = self._spawn or spawn
-        ops: list[_Op | ToolResultPart] = [
+        ops: list[Op | ToolResultPart] = [
             await self._admit(session, stream, step, index, call)
             for index, call in enumerate(calls)
         ]
@@ -329,14 +136,14 @@ class OperationRunner:
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     for waiting in ops[position + 1 :]:
-                        if isinstance(waiting, _Op):
+                        if isinstance(waiting, Op):
                             await self._cancel_before_dispatch(waiting, stop_why())
                 raise
         return results
 
     async def _admit(
         self, session: str, stream: str, step: int, index: int, call: ToolCallPart
-    ) -> _Op | ToolResultPart:
+    ) -> Op | ToolResultPart:
         """OP-9 then OP-1: a blocked call's receipt, or the durable ``requested`` record."""
         tool = self._tools.get(call.name)
         kind = tool.kind if tool is not None else ToolKind.CLIENT
@@ -382,7 +189,7 @@ class OperationRunner:
                     deadline=round(record.deadline_at * 1000) if record.deadline_at else 0,
                 )
             )
-        return _Op(record=record, call=call, tool=tool)
+        return Op(record=record, call=call, tool=tool)
 
     def _deadline_of(self, tool: Tool | None, call: ToolCallPart) -> float:
         own = getattr(tool, "deadline_for", None)
@@ -402,10 +209,10 @@ class OperationRunner:
 
     # ------------------------------------------------------------ workers
 
-    def _worker(self, stream: str, spawn: Spawn) -> _Worker:
+    def _worker(self, stream: str, spawn: Spawn) -> Worker:
         worker = self._workers.get(stream)
         if worker is None or worker.retired:
-            worker = _Worker()
+            worker = Worker()
             self._workers[stream] = worker
             spawn(lambda: worker.run(self._execute))
         return worker
@@ -416,7 +223,7 @@ class OperationRunner:
         if worker is not None:
             worker.retire()
 
-    def _retire_worker_of(self, op: _Op) -> None:
+    def _retire_worker_of(self, op: Op) -> None:
         """The call ignores its cancellation: its worker stays with it; later calls get another."""
         worker = self._workers.get(op.record.stream)
         if worker is not None and worker.current is op:
@@ -425,9 +232,7 @@ class OperationRunner:
 
     # ------------------------------------------------------------ one call
 
-    async def _run(
-        self, op: _Op, stop_why: Callable[[], CancelWhy], spawn: Spawn
-    ) -> ToolResultPart:
+    async def _run(self, op: Op, stop_why: Callable[[], CancelWhy], spawn: Spawn) -> ToolResultPart:
         now = self._clock.now()
         if op.tool is None:
             op.record = advance(op.record, OpState.RUNNING, now=now)
@@ -469,7 +274,7 @@ class OperationRunner:
             detail="the call passed its deadline; cancellation was requested",
         )
 
-    async def _execute(self, op: _Op) -> None:
+    async def _execute(self, op: Op) -> None:
         """The tool's own task: execute inside the operation's scope, record how it ended."""
         assert op.tool is not None
         assert op.record.deadline_at is not None
@@ -482,7 +287,7 @@ class OperationRunner:
         )
         try:
             with op.scope:
-                op.result = _checked(op.call, await op.tool.execute(op.call, context))
+                op.result = checked_result(op.call, await op.tool.execute(op.call, context))
         except TerminationUnconfirmed:
             op.unconfirmed = True
         except Exception as error:  # a tool that raises is a failed result (issue 3)
@@ -496,7 +301,7 @@ class OperationRunner:
                 op.ended.set()
 
     async def _settle(
-        self, op: _Op, result: ToolResultPart | None, *, lost: bool = False
+        self, op: Op, result: ToolResultPart | None, *, lost: bool = False
     ) -> ToolResultPart:
         """The execute ended by itself (or its completion was recorded): the terminal receipt."""
         if result is None:  # it ended without a result: cancelled from outside, or unconfirmed
@@ -538,7 +343,7 @@ class OperationRunner:
             self._spawns[candidate](lambda: self._request_cancel(op, CancelWhy.USER))
         return True
 
-    async def _request_cancel(self, op: _Op, why: CancelWhy) -> None:
+    async def _request_cancel(self, op: Op, why: CancelWhy) -> None:
         """OP-3: the request is durable before anything waits; then the scope is cancelled."""
         op.cancelling = True
         op.why = why
@@ -548,7 +353,7 @@ class OperationRunner:
             self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
         op.scope.cancel()
 
-    async def _cancel_before_dispatch(self, op: _Op, why: CancelWhy) -> None:
+    async def _cancel_before_dispatch(self, op: Op, why: CancelWhy) -> None:
         """OP-4: a call still waiting behind a sibling never runs: cancelled, acknowledged."""
         now = self._clock.now()
         op.record = cancel_requested(op.record, now=now, why=why)
@@ -565,7 +370,7 @@ class OperationRunner:
         await self._write(op.record)
         self._receipt_event(op.record, op.call.name)
 
-    async def _finalize(self, op: _Op, spawn: Spawn) -> None:
+    async def _finalize(self, op: Op, spawn: Spawn) -> None:
         """Wait, at most the grace interval, for the acknowledgement; write the receipt.
 
         An unacknowledged operation is ``indeterminate``; if the same layer ends it later, a
@@ -585,7 +390,7 @@ class OperationRunner:
         if op.record.state is OpState.INDETERMINATE and not op.unconfirmed:
             spawn(lambda: self._late(op, deadline=deadline))
 
-    async def _write_cancel_outcome(self, op: _Op, *, deadline: bool) -> None:
+    async def _write_cancel_outcome(self, op: Op, *, deadline: bool) -> None:
         now = self._clock.now()
         outcome = OutcomeCode.TIMEOUT if deadline else OutcomeCode.CANCELLED
         if op.done and not op.unconfirmed:
@@ -609,7 +414,7 @@ class OperationRunner:
         await self._write(op.record)
         self._receipt_event(op.record, op.call.name)
 
-    async def _late(self, op: _Op, *, deadline: bool) -> None:
+    async def _late(self, op: Op, *, deadline: bool) -> None:
         """The same layer ends after all: resolve the indeterminate receipt, recorded late."""
         _, ended = op.watch_ending()
         await ended.wait()
@@ -689,15 +494,3 @@ class OperationRunner:
                     acknowledged=record.termination_acknowledged,
                 )
             )
-
-
-def _checked(call: ToolCallPart, result: object) -> ToolResultPart:
-    if not isinstance(result, ToolResultPart):
-        return failed_result(call, f"tool returned {type(result).__name__}, not a tool result")
-    try:
-        _encoder.encode(result.output)
-    except (TypeError, msgspec.EncodeError) as error:
-        return failed_result(call, f"tool result is not serialisable: {error}")
-    if result.call_id != call.call_id or result.name != call.name:
-        return msgspec.structs.replace(result, call_id=call.call_id, name=call.name)
-    return result
