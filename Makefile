@@ -30,7 +30,9 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The peers are installed for benchmarking only (the `bench` extra); `test` and `demo` never need them.
 bench: $(STAMP)
+	PIP_CONSTRAINT=$(CONSTRAINTS) $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/python -m bench
 
 clean:
