@@ -132,14 +132,30 @@ class OperationRunner:
                 results.append(op)
                 continue
             try:
-                results.append(await self._run(op, stop_why, spawn))
+                results.append(await self._run(op, spawn))
             except BaseException:
+                waiting = [w for w in ops[position + 1 :] if isinstance(w, Op)]
                 with anyio.CancelScope(shield=True):
-                    for waiting in ops[position + 1 :]:
-                        if isinstance(waiting, Op):
-                            await self._cancel_before_dispatch(waiting, stop_why())
+                    await self._stopped(op, waiting, stop_why(), spawn)
                 raise
         return results
+
+    async def _stopped(self, op: Op, waiting: list[Op], why: CancelWhy, spawn: Spawn) -> None:
+        """The stream stopped while ``op`` ran (OP-3, OP-4).
+
+        Every open operation's cancel request is durable before anything is awaited; then the
+        running one has at most the grace interval to acknowledge; the waiting ones never run.
+        """
+        if op.done and op.result is not None and not op.cancelling:
+            await self._settle(op, op.result)  # it had ended by itself (a result or a failure)
+        elif not op.cancelling:
+            await self._request_cancel(op, why)
+        for other in waiting:
+            await self._request_cancel_before_dispatch(other, why)
+        if op.cancelling:
+            await self._finalize(op, spawn)
+        for other in waiting:
+            await self._cancel_before_dispatch(other)
 
     async def _admit(
         self, session: str, stream: str, step: int, index: int, call: ToolCallPart
@@ -232,11 +248,20 @@ class OperationRunner:
 
     # ------------------------------------------------------------ one call
 
-    async def _run(self, op: Op, stop_why: Callable[[], CancelWhy], spawn: Spawn) -> ToolResultPart:
+    async def _run(self, op: Op, spawn: Spawn) -> ToolResultPart:
         now = self._clock.now()
-        if op.tool is None:
-            op.record = advance(op.record, OpState.RUNNING, now=now)
-            return await self._settle(op, failed_result(op.call, f"unknown tool {op.call.name!r}"))
+        if op.tool is None:  # OP-12: nothing ran; the controller could not reach a tool
+            op.record = advance(
+                op.record,
+                OpState.FAILED,
+                now=now,
+                outcome=OutcomeCode.TRANSPORT_ERROR,
+                acknowledged=True,
+                explanation="no such tool; nothing ran",
+            )
+            await self._write(op.record)
+            self._receipt_event(op.record, op.call.name)
+            return failed_result(op.call, f"unknown tool {op.call.name!r}")
         op.record = advance(op.record, OpState.RUNNING, now=now)
         await self._write(op.record)
         assert op.record.deadline_at is not None
@@ -247,11 +272,7 @@ class OperationRunner:
         try:
             await op.settled.wait()
         except BaseException:
-            op.stop_timers()
-            with anyio.CancelScope(shield=True):  # OP-3: bounded by the grace interval
-                if not op.cancelling:
-                    await self._request_cancel(op, stop_why())
-                await self._finalize(op, spawn)
+            op.stop_timers()  # run_calls records the cancellation (OP-3) and finalizes
             raise
         finally:
             self._running.pop(op.record.op_id, None)
@@ -264,6 +285,8 @@ class OperationRunner:
             return await self._settle(op, op.result)
         if op.recorded is not None:  # OP-5: the completion never reached us; its record did
             op.scope.cancel()
+            if not op.done:
+                self._retire_worker_of(op)  # OP-6: the stuck execute keeps only its own task
             return await self._settle(op, op.recorded, lost=True)
         await self._request_cancel(op, CancelWhy.DEADLINE)
         await self._finalize(op, spawn)  # the model waits at most the grace interval more
@@ -353,12 +376,16 @@ class OperationRunner:
             self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
         op.scope.cancel()
 
-    async def _cancel_before_dispatch(self, op: Op, why: CancelWhy) -> None:
-        """OP-4: a call still waiting behind a sibling never runs: cancelled, acknowledged."""
-        now = self._clock.now()
-        op.record = cancel_requested(op.record, now=now, why=why)
+    async def _request_cancel_before_dispatch(self, op: Op, why: CancelWhy) -> None:
+        """OP-3 for a call still waiting behind a sibling: its request is durable at once."""
+        op.record = cancel_requested(op.record, now=self._clock.now(), why=why)
+        await self._write(op.record)
         if self._emit is not None:
             self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
+
+    async def _cancel_before_dispatch(self, op: Op) -> None:
+        """OP-4: a call still waiting behind a sibling never runs: cancelled, acknowledged."""
+        now = self._clock.now()
         op.record = advance(
             op.record,
             OpState.CANCELLED,
