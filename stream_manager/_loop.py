@@ -533,18 +533,22 @@ class StreamManager:
             return False
         if required and required.satisfied_by((part,)):
             stream.required_in_step = True
+        self._tool_ended(stream, part, provider=True)
+        return False
+
+    def _tool_ended(self, stream: ActiveStream, result: ToolResultPart, *, provider: bool) -> None:
+        """``tool-call-end``: a provider's result arrived, or a client call was executed."""
         if self._observers:
             self._emit(
                 ToolCallEnded(
                     session=stream.session,
                     stream=stream.id,
-                    call=part.call_id,
-                    tool=part.name,
-                    provider=True,
-                    is_error=part.is_error,
+                    call=result.call_id,
+                    tool=result.name,
+                    provider=provider,
+                    is_error=result.is_error,
                 )
             )
-        return False
 
     def _fall_back(self, stream: ActiveStream, step: _Step) -> Failed | None:
         """SM-16: hop to the next model of the chain, or fail with a terminal refusal."""
@@ -600,20 +604,10 @@ class StreamManager:
             stop_why=lambda: _cancel_why(stream),
             spawn=self._stream_spawn(stream),
         )
-        for call, result in zip(client_calls, executed, strict=True):
+        for result in executed:
             results.append(result)
             stream.parts.append(result)
-            if self._observers:
-                self._emit(
-                    ToolCallEnded(
-                        session=stream.session,
-                        stream=stream.id,
-                        call=call.call_id,
-                        tool=call.name,
-                        provider=False,
-                        is_error=result.is_error,
-                    )
-                )
+            self._tool_ended(stream, result, provider=False)
         text = "".join(p.text for p in step.parts if isinstance(p, TextPart))
         messages.append(ChatMessage(role=Role.ASSISTANT, text=text, tool_calls=tuple(all_calls)))
         messages.append(ChatMessage(role=Role.TOOL, tool_results=tuple(results)))

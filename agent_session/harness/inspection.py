@@ -83,8 +83,13 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
     return 0
 
 
+def _console() -> Console:
+    """Rich output; a pipe or a log gets full rows instead of a guessed 80 columns."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
 def _print_receipts(records: list[OperationRecord]) -> None:
-    console = Console(highlight=False)
+    console = _console()
     if not records:
         console.print("no receipts")
         return
@@ -141,7 +146,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     if as_json:
         print(_encoder.encode(report).decode())
         return 0
-    console = Console(highlight=False)
+    console = _console()
     console.print(f"store: {db}")
     console.print(f"sessions: {', '.join(s.id for s in sessions) or 'none'}")
     if owed_rows:
