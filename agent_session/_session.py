@@ -102,6 +102,44 @@ class ThinkingHolder:
 class SessionCore(ABC):
     """State and the synchronous half of the session (phase, queue, continuation)."""
 
+    # Slots: thousands of idle sessions share one process; a per-instance dict costs ~1.6 KB.
+    __slots__ = (
+        "_abandon_partial",
+        "_active_tools",
+        "_config",
+        "_cut_rows",
+        "_defer_drain",
+        "_emit",
+        "_gate",
+        "_idle",
+        "_known_models",
+        "_manager",
+        "_manual_preflight",
+        "_partial_rows",
+        "_pending_voids",
+        "_prepared_abort",
+        "_resume_abort",
+        "_send_now",
+        "_seq",
+        "_soft_stop_in_flight",
+        "_spawn",
+        "_stamp",
+        "_store",
+        "_stream_context",
+        "_stream_n",
+        "_sweep_scheduled",
+        "_tasks",
+        "_thinking",
+        "continuation",
+        "disposed",
+        "id",
+        "model",
+        "phase",
+        "queue",
+        "scratchpad",
+        "thinking_level",
+    )
+
     def __init__(
         self,
         *,
@@ -146,8 +184,8 @@ class SessionCore(ABC):
         self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
         self._partial_rows: dict[str, HistoryRow] = {}
         self._stream_context = StreamContext(model=model, cause=StartCause.SEND)
-        self._idle = anyio.Event()
-        self._idle.set()
+        #: ``None`` while idle (made only when someone could wait: events are not free).
+        self._idle: anyio.Event | None = None
         self._tasks = 0
         #: The session's thinking level between turns; a turn's holder tracks mid-turn changes.
         self.thinking_level: str | None = None
@@ -169,7 +207,7 @@ class SessionCore(ABC):
             self._schedule_sweep()
             self._check_idle()
         else:
-            self._idle = anyio.Event() if self._idle.is_set() else self._idle
+            self._busy()
 
     def _to_idle_from(self, *phases: Phase) -> None:
         if self.phase in phases:
@@ -186,12 +224,18 @@ class SessionCore(ABC):
             and self._tasks == 0
             and not self._sweep_scheduled
         ):
-            self._idle.set()
+            event, self._idle = self._idle, None
+            if event is not None:
+                event.set()
+
+    def _busy(self) -> None:
+        if self._idle is None:
+            self._idle = anyio.Event()
 
     def _run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start ``work`` in the engine's task group, counted for ``wait_idle``."""
         self._tasks += 1
-        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        self._busy()
 
         async def counted() -> None:
             try:
@@ -205,14 +249,16 @@ class SessionCore(ABC):
     @property
     def idle(self) -> bool:
         """Idle with nothing running or scheduled (what ``wait_idle`` waits for)."""
-        return self._idle.is_set()
+        return self._idle is None
 
     async def wait_idle(self) -> None:
         """Return once the session is idle with nothing running or scheduled."""
         while True:
-            await self._idle.wait()
+            event = self._idle
+            if event is not None:
+                await event.wait()
             await anyio.lowlevel.checkpoint()
-            if self._idle.is_set():
+            if self._idle is None:
                 return
 
     def is_disposed(self) -> bool:

@@ -34,6 +34,8 @@ log = logging.getLogger("turnkeeper.session")
 class AgentSession(SessionTurns):
     """One conversation: its phase, queue, owed continuation and turns (SPEC.md 2.3)."""
 
+    __slots__ = ()
+
     # ------------------------------------------------------------ the sweep
 
     def _schedule_sweep(self) -> None:

@@ -78,6 +78,8 @@ _DISPOSED = SendRefused(SendFailure(type="disposed", message="the session was di
 class SessionTurns(SessionCore):
     """The session's turns: the send pipeline, the launch, stream events, outcomes, the drain."""
 
+    __slots__ = ()
+
     # ------------------------------------------------------------ sending
 
     def send(
