@@ -459,7 +459,8 @@ class StreamManager:
                     return step
                 step.parts.append(part)
                 stream.parts.append(part)
-                await self._provider_receipts(stream, part, model_request.step, len(calls))
+                if getattr(part, "provider_executed", False):  # the hot path awaits nothing
+                    await self._provider_receipts(stream, part, model_request.step, len(calls))
                 if self._on_part(stream, part, calls, required):
                     step.finish = part if isinstance(part, Finish) else None
                     if stream.soft_reason is not None:
