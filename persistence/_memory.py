@@ -217,6 +217,12 @@ class MemoryStore:
         self._check_open()
         self._operations[record.op_id] = record
 
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        """Write receipts, each replacing the one with the same ``op_id``."""
+        self._check_open()
+        for record in records:
+            self._operations[record.op_id] = record
+
     async def operation(self, op_id: str) -> OperationRecord | None:
         """The receipt ``op_id``, or ``None``."""
         self._check_open()

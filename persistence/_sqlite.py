@@ -1,14 +1,14 @@
 """The SQLite store, on aiosqlite.
 
 Cost model (DESIGN.md): one aiosqlite call is a thread hop of about 180 µs while the commit
-itself is about 26 µs, so the number of calls sets the price of a durable write. The connection
-runs in autocommit mode (``isolation_level=None``): a write that is one statement is one call
-and its own transaction (a single-row append, an update, a delete of many rows through
-``json_each``). Only writes of several statements open ``BEGIN IMMEDIATE`` ... ``COMMIT``
-themselves, shielded from cancellation so a transaction is always finished or rolled back.
+itself is about 26 µs, so the number of calls sets the price of a durable write. Every write
+verb is one *job* (``_writes``) run on the connection's thread inside one transaction, one
+aiosqlite call; with group commit (the default) the jobs of concurrent writers share that call
+and its transaction (``_group``). Reads are one call each; the connection runs in autocommit
+mode (``isolation_level=None``) and only the migration opens a transaction of several calls.
 
-One lock serializes the store's verbs, so no statement ever lands inside another verb's
-transaction. Values read back are validated (typed msgspec decoders and column checks); a bad
+One lock serializes the store's calls, so no statement ever lands inside another transaction.
+Values read back are validated (typed msgspec decoders and column checks); a bad
 one raises :class:`~persistence.CorruptRecord` and is left where it is.
 """
 
@@ -28,7 +28,7 @@ import aiosqlite
 import anyio
 import msgspec
 
-from persistence import _checks
+from persistence import _checks, _writes
 from persistence._errors import (
     CorruptRecord,
     MigrationRequired,
@@ -38,6 +38,7 @@ from persistence._errors import (
     UnsupportedSchemaVersion,
     UsageError,
 )
+from persistence._group import GroupCommit
 from persistence.records import (
     CutRecord,
     CutState,
@@ -61,17 +62,6 @@ _SYNCHRONOUS: dict[str, str] = {
     "FULL": "PRAGMA synchronous = FULL",
 }
 
-INSERT_ROW = (
-    "INSERT INTO history_rows (session, seq, row_id, kind, stream, cut_state, cut, body) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-UPDATE_ROW = (
-    "UPDATE history_rows SET kind = ?, stream = ?, cut_state = ?, cut = ?, body = ? "
-    "WHERE session = ? AND row_id = ? AND seq = ?"
-)
-DELETE_ROWS = (
-    "DELETE FROM history_rows WHERE session = ? AND row_id IN (SELECT value FROM json_each(?))"
-)
 SELECT_HISTORY = (
     "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
     "FROM history_rows WHERE session = ? ORDER BY seq"
@@ -84,31 +74,12 @@ SELECT_OWED_IN_SESSION = (
     "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
     "FROM history_rows WHERE cut_state = ? AND session = ? ORDER BY seq"
 )
-SET_CUT_STATE = (
-    "UPDATE history_rows "
-    "SET cut_state = ?, cut = CAST(json_set(CAST(cut AS TEXT), '$.state', ?) AS BLOB) "
-    "WHERE session = ? AND row_id = ? AND cut IS NOT NULL"
-)
-SELECT_ROW_SHAPE = "SELECT seq, cut IS NOT NULL FROM history_rows WHERE session = ? AND row_id = ?"
-SELECT_SEQ_HOLDER = "SELECT row_id FROM history_rows WHERE session = ? AND seq = ?"
-INSERT_SESSION = "INSERT INTO sessions (id, record) VALUES (?, ?) ON CONFLICT (id) DO NOTHING"
-SELECT_SESSION = "SELECT id, record FROM sessions WHERE id = ?"
 SELECT_SESSIONS = "SELECT id, record FROM sessions ORDER BY id"
-PUT_ENVELOPE = (
-    "INSERT INTO turn_envelopes (session, stream, record) VALUES (?, ?, ?) "
-    "ON CONFLICT (session, stream) DO UPDATE SET record = excluded.record"
-)
 SELECT_ENVELOPES = (
     "SELECT session, stream, record FROM turn_envelopes WHERE session = ? ORDER BY rowid"
 )
 SELECT_VERSION_TABLE = (
     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-)
-PUT_OPERATION = (
-    "INSERT INTO operations (op_id, session, state, capability, target, record) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (op_id) DO UPDATE SET session = excluded.session, "
-    "state = excluded.state, capability = excluded.capability, target = excluded.target, "
-    "record = excluded.record"
 )
 SELECT_OPERATION = "SELECT op_id, state, record FROM operations WHERE op_id = ?"
 SELECT_OPERATIONS = "SELECT op_id, state, record FROM operations ORDER BY rowid"
@@ -295,21 +266,6 @@ def decode_operation(values: Sequence[Any]) -> OperationRecord:
     return record
 
 
-def row_params(row: HistoryRow) -> tuple[object, ...]:
-    """The INSERT parameters of a history row, in ``INSERT_ROW`` order."""
-    cut = row.cut
-    return (
-        row.session,
-        row.seq,
-        row.row_id,
-        row.kind.value,
-        row.stream,
-        None if cut is None else cut.state.value,
-        None if cut is None else _ENCODE(cut),
-        row.body,
-    )
-
-
 # -- translating sqlite3 errors ---------------------------------------------------------------
 
 
@@ -357,6 +313,10 @@ class SqliteStore:
         readonly: Open with ``mode=ro`` (for inspection): never create, migrate or write the
             database file; writes raise :class:`~persistence.UsageError`. Like any WAL reader,
             SQLite may create the ``-wal`` and ``-shm`` files beside it when they are missing.
+        group_commit: Let writes that arrive while a commit is in flight share the next
+            transaction (one aiosqlite call for all of them; see ``persistence._group``). No
+            writer returns before the commit holding its write did, so a crash loses nothing
+            a caller was told is durable. Off: one transaction per write.
     """
 
     def __init__(
@@ -365,6 +325,7 @@ class SqliteStore:
         *,
         synchronous: Synchronous = "NORMAL",
         readonly: bool = False,
+        group_commit: bool = True,
     ) -> None:
         if synchronous not in _SYNCHRONOUS:
             raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
@@ -374,6 +335,7 @@ class SqliteStore:
         self._db: aiosqlite.Connection | None = None
         self._lock = anyio.Lock(fast_acquire=True)
         self._errors = _Translate(self._path)
+        self._group = GroupCommit(connection=self._writer, lock=self._lock, batching=group_commit)
 
     def __repr__(self) -> str:
         state = "open" if self._db is not None else "closed"
@@ -526,24 +488,29 @@ class SqliteStore:
             raise UsageError(f"{self._path} is open read-only")
         return db
 
+    async def _write(self, job: _writes.Job[Any]) -> Any:
+        """Run a write job in a transaction (shared with concurrent writers under group commit)."""
+        self._writer()
+        with self._errors:
+            return await self._group.run(job)
+
+    @property
+    def commits(self) -> tuple[int, int]:
+        """``(transactions, writes)`` committed since the store was made (group commit's gain)."""
+        return self._group.batches, self._group.jobs
+
     # -- sessions -------------------------------------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
-        """Create a session; idempotent for an identical record (one call when new).
+        """Create a session; idempotent for an identical record (one call).
 
         Raises:
             UsageError: A session with this id exists with different fields.
             CorruptRecord: The stored session with this id fails validation.
         """
-        async with self._lock:
-            db = self._writer()
-            with self._errors:
-                cursor = await db.execute(INSERT_SESSION, (record.id, _ENCODE(record)))
-                if cursor.rowcount == 1:
-                    return
-                stored = decode_session(await _one(db, SELECT_SESSION, (record.id,)))
-        if stored != record:
-            raise _checks.session_conflict(stored, record)
+        stored = await self._write(_writes.create_session(record.id, _ENCODE(record)))
+        if stored is not None and (existing := decode_session(stored)) != record:
+            raise _checks.session_conflict(existing, record)
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session, ordered by id.
@@ -560,40 +527,16 @@ class SqliteStore:
     # -- history --------------------------------------------------------------------------------
 
     async def append(self, rows: Sequence[HistoryRow]) -> None:
-        """Append history rows in one transaction: one call for one row, three for more.
+        """Append history rows in one transaction (one call).
 
         Raises:
             UsageError: An unknown session, or a (session, row_id) or (session, seq) already
                 taken; nothing of the batch is written.
         """
         _checks.check_batch(rows)
-        async with self._lock:
-            db = self._writer()
-            if not rows:
-                return
-            with self._errors:
-                try:
-                    if len(rows) == 1:
-                        await db.execute(INSERT_ROW, row_params(rows[0]))
-                    else:
-                        async with _transaction(db):
-                            await db.executemany(INSERT_ROW, [row_params(row) for row in rows])
-                except sqlite3.IntegrityError as exc:
-                    raise await self._append_refusal(db, rows, exc) from None
-
-    async def _append_refusal(
-        self, db: aiosqlite.Connection, rows: Sequence[HistoryRow], exc: sqlite3.IntegrityError
-    ) -> UsageError:
-        """Name the row a refused append tripped over (slow path: a few queries per row)."""
-        for row in rows:
-            if not await db.execute_fetchall(SELECT_SESSION, (row.session,)):
-                return _checks.unknown_session(row.session)
-            if await db.execute_fetchall(SELECT_ROW_SHAPE, (row.session, row.row_id)):
-                return _checks.duplicate_row_id(row)
-            holders = list(await db.execute_fetchall(SELECT_SEQ_HOLDER, (row.session, row.seq)))
-            if holders:
-                return _checks.duplicate_seq(row, str(holders[0][0]))
-        return UsageError(f"{self._path}: append refused: {exc}")
+        self._writer()
+        if rows:
+            await self._write(_writes.append(rows, self._path))
 
     async def update_row(self, row: HistoryRow) -> None:
         """Replace the kind, body, stream and cut of the existing row (one call).
@@ -601,30 +544,20 @@ class SqliteStore:
         Raises:
             UsageError: No such row, or the stored row has a different seq.
         """
-        params = row_params(row)
-        async with self._lock:
-            db = self._writer()
-            with self._errors:
-                cursor = await db.execute(
-                    UPDATE_ROW, (*params[3:], row.session, row.row_id, row.seq)
-                )
-                if cursor.rowcount == 1:
-                    return
-                shape = list(await db.execute_fetchall(SELECT_ROW_SHAPE, (row.session, row.row_id)))
+        shape = await self._write(_writes.update_row(row))
+        if shape is None:
+            return
         if not shape:
             raise _checks.no_row(row.session, row.row_id)
-        raise _checks.seq_mismatch(row, int(shape[0][0]))
+        raise _checks.seq_mismatch(row, int(shape[0]))
 
     async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
         """Delete rows of one session in one statement; return how many were deleted."""
-        ids = _ENCODE(list(row_ids)).decode()
-        async with self._lock:
-            db = self._writer()
-            if not row_ids:
-                return 0
-            with self._errors:
-                cursor = await db.execute(DELETE_ROWS, (session, ids))
-        return cursor.rowcount
+        self._writer()
+        if not row_ids:
+            return 0
+        deleted: int = await self._write(_writes.delete_rows(session, row_ids))
+        return deleted
 
     async def history(self, session: str) -> list[HistoryRow]:
         """The session's rows, ordered by seq (empty for an unknown session).
@@ -663,20 +596,9 @@ class SqliteStore:
             CorruptRecord: The stored cut record is not JSON (nothing is written).
         """
         value = _checks.cut_state(state).value
-        async with self._lock:
-            db = self._writer()
-            with self._errors:
-                try:
-                    cursor = await db.execute(SET_CUT_STATE, (value, value, session, row_id))
-                except sqlite3.OperationalError as exc:
-                    if "JSON" not in str(exc):
-                        raise
-                    raise CorruptRecord(
-                        "history_rows", _checks.row_key(session, row_id), f"$.cut: {exc}"
-                    ) from None
-                if cursor.rowcount == 1:
-                    return
-                shape = await db.execute_fetchall(SELECT_ROW_SHAPE, (session, row_id))
+        shape = await self._write(_writes.set_cut_state(session, row_id, value))
+        if shape is None:
+            return
         if not shape:
             raise _checks.no_row(session, row_id)
         raise _checks.no_cut(session, row_id)
@@ -689,15 +611,8 @@ class SqliteStore:
         Raises:
             UsageError: The envelope's session does not exist.
         """
-        async with self._lock:
-            db = self._writer()
-            with self._errors:
-                try:
-                    await db.execute(
-                        PUT_ENVELOPE, (envelope.session, envelope.stream, _ENCODE(envelope))
-                    )
-                except sqlite3.IntegrityError:
-                    raise _checks.unknown_session(envelope.session) from None
+        job = _writes.put_envelope(envelope.session, envelope.stream, _ENCODE(envelope))
+        await self._write(job)
 
     async def envelopes(self, session: str) -> list[TurnEnvelope]:
         """The session's turn envelopes, in the order they were first written.
@@ -713,18 +628,12 @@ class SqliteStore:
 
     async def put_operation(self, record: OperationRecord) -> None:
         """Write an operation's receipt, replacing the one with the same ``op_id`` (one call)."""
-        params = (
-            record.op_id,
-            record.session,
-            record.state.value,
-            record.capability,
-            record.target,
-            _ENCODE(record),
-        )
-        async with self._lock:
-            db = self._writer()
-            with self._errors:
-                await db.execute(PUT_OPERATION, params)
+        await self._write(_writes.put_operations((record,)))
+
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        """Write receipts in one transaction (one call), each replacing its ``op_id``'s."""
+        if records:
+            await self._write(_writes.put_operations(records))
 
     async def operation(self, op_id: str) -> OperationRecord | None:
         """The receipt ``op_id``, or ``None``.

@@ -125,6 +125,10 @@ class Store(Protocol):
         """Write an operation's receipt, replacing the one with the same ``op_id`` (one call)."""
         ...
 
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        """Write receipts all in one transaction, each replacing its ``op_id``'s (one call)."""
+        ...
+
     async def operation(self, op_id: str) -> OperationRecord | None:
         """The receipt ``op_id``, or ``None``.
 

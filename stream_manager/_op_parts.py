@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +34,10 @@ class Ledger(Protocol):
         """Write a receipt durably (upsert by op id)."""
         ...
 
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        """Write receipts durably, in one transaction (upsert by op id)."""
+        ...
+
     async def receipts(
         self,
         session: str | None = None,
@@ -54,6 +58,11 @@ class MemoryLedger:
     async def put_operation(self, record: OperationRecord) -> None:
         """Keep the receipt."""
         self.records[record.op_id] = record
+
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        """Keep the receipts."""
+        for record in records:
+            self.records[record.op_id] = record
 
     async def receipts(
         self,

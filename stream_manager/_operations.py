@@ -7,7 +7,9 @@ At a tool boundary the loop hands the step's client calls to :meth:`OperationRun
 1. Each call gets an id from its position (stream, step, call index) and a privacy-minimised
    target; a call whose capability and target match an ``indeterminate`` operation is refused
    (OP-9: a ``failed`` receipt, ``op-blocked``, a structured error for the model, nothing run).
-2. Every other call's ``requested`` receipt is written durably, then ``op-start`` (OP-1).
+2. Every other call's ``requested`` receipt is written durably, then ``op-start`` (OP-1). The
+   step's receipts are one write (one transaction); the call that runs first starts at once,
+   so its receipt is written ``running`` already (requested and running in the same write).
 3. The calls run one at a time (SM-6). A call is ``running`` once written so; its ``execute``
    runs in a task of its own, inside a cancel scope the runner owns, and the loop waits for the
    first of: the execute ending, the tool layer recording its completion (OP-5, a lost
@@ -122,21 +124,34 @@ class OperationRunner:
     ) -> list[ToolResultPart]:
         """Run a step's client calls one at a time, each as an operation; results in order."""
         spawn = self._spawn or spawn
-        ops: list[Op | ToolResultPart] = [
-            await self._admit(session, stream, step, index, call)
-            for index, call in enumerate(calls)
+        admitted = [
+            self._admit(session, stream, step, index, call) for index, call in enumerate(calls)
         ]
+        ops = [op for op in admitted if isinstance(op, Op)]
+        if ops and ops[0].tool is not None:  # it runs at once: requested and running, one write
+            ops[0].record = advance(ops[0].record, OpState.RUNNING, now=ops[0].record.started_at)
+        try:
+            await self._write_all([a.record if isinstance(a, Op) else a[0] for a in admitted])
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # stopped before anything ran (OP-4)
+                for op in ops:
+                    await self._request_cancel_before_dispatch(op, stop_why())
+                for op in ops:
+                    await self._cancel_before_dispatch(op)
+            raise
+        for item in admitted:
+            self._admitted(item)
         results: list[ToolResultPart] = []
-        for position, op in enumerate(ops):
-            if isinstance(op, ToolResultPart):
-                results.append(op)
+        for position, item in enumerate(admitted):
+            if not isinstance(item, Op):
+                results.append(item[1])
                 continue
             try:
-                results.append(await self._run(op, spawn))
+                results.append(await self._run(item, spawn))
             except BaseException:
-                waiting = [w for w in ops[position + 1 :] if isinstance(w, Op)]
+                waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
                 with anyio.CancelScope(shield=True):
-                    await self._stopped(op, waiting, stop_why(), spawn)
+                    await self._stopped(item, waiting, stop_why(), spawn)
                 raise
         return results
 
@@ -157,10 +172,13 @@ class OperationRunner:
         for other in waiting:
             await self._cancel_before_dispatch(other)
 
-    async def _admit(
+    def _admit(
         self, session: str, stream: str, step: int, index: int, call: ToolCallPart
-    ) -> Op | ToolResultPart:
-        """OP-9 then OP-1: a blocked call's receipt, or the durable ``requested`` record."""
+    ) -> Op | tuple[OperationRecord, ToolResultPart]:
+        """OP-9 then OP-1: a blocked call's receipt and result, or the ``requested`` record.
+
+        Nothing is written here: the step's receipts are written together, before any runs.
+        """
         tool = self._tools.get(call.name)
         kind = tool.kind if tool is not None else ToolKind.CLIENT
         capability = f"{ToolKind(kind).value}:{call.name}"
@@ -177,35 +195,46 @@ class OperationRunner:
             deadline_at=now + self._deadline_of(tool, call),
         )
         blocker = self._blocker(session, capability, target)
-        if blocker is not None:
-            record = advance(
-                record,
-                OpState.FAILED,
-                now=now,
-                outcome=OutcomeCode.BLOCKED_BY_INDETERMINATE,
-                acknowledged=True,
-                blocked_by=blocker,
-                explanation="not run: an earlier call on this target is indeterminate",
-            )
-            await self._write(record)
-            if self._emit is not None:
-                self._emit(
-                    OpBlocked(session=session, op=record.op_id, tool=call.name, blocked_by=blocker)
-                )
-            self._receipt_event(record, call.name)
-            return failed_result(call, "blocked_by_indeterminate", blocked_by=blocker)
-        await self._write(record)
-        if self._emit is not None:
+        if blocker is None:
+            return Op(record=record, call=call, tool=tool)
+        record = advance(
+            record,
+            OpState.FAILED,
+            now=now,
+            outcome=OutcomeCode.BLOCKED_BY_INDETERMINATE,
+            acknowledged=True,
+            blocked_by=blocker,
+            explanation="not run: an earlier call on this target is indeterminate",
+        )
+        return record, failed_result(call, "blocked_by_indeterminate", blocked_by=blocker)
+
+    def _admitted(self, item: Op | tuple[OperationRecord, ToolResultPart]) -> None:
+        """The events of one admitted call, once the step's receipts are durable."""
+        if isinstance(item, Op):
+            record, name = item.record, item.call.name
+        else:
+            record, name = item[0], item[1].name
+        if self._emit is None:
+            return
+        self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
+        if isinstance(item, Op):
             self._emit(
                 OperationStarted(
-                    session=session,
+                    session=record.session,
                     op=record.op_id,
-                    tool=call.name,
-                    stream=stream,
+                    tool=name,
+                    stream=record.stream,
                     deadline=round(record.deadline_at * 1000) if record.deadline_at else 0,
                 )
             )
-        return Op(record=record, call=call, tool=tool)
+        else:
+            assert record.blocked_by is not None
+            self._emit(
+                OpBlocked(
+                    session=record.session, op=record.op_id, tool=name, blocked_by=record.blocked_by
+                )
+            )
+            self._receipt_event(record, name)
 
     def _deadline_of(self, tool: Tool | None, call: ToolCallPart) -> float:
         own = getattr(tool, "deadline_for", None)
@@ -262,8 +291,9 @@ class OperationRunner:
             await self._write(op.record)
             self._receipt_event(op.record, op.call.name)
             return failed_result(op.call, f"unknown tool {op.call.name!r}")
-        op.record = advance(op.record, OpState.RUNNING, now=now)
-        await self._write(op.record)
+        if op.record.state is OpState.REQUESTED:  # it waited behind a sibling
+            op.record = advance(op.record, OpState.RUNNING, now=now)
+            await self._write(op.record)
         assert op.record.deadline_at is not None
         op.timers.append(self._clock.call_at(op.record.deadline_at, op.on_deadline))
         self._worker(op.record.stream, spawn).submit(op)
@@ -509,6 +539,13 @@ class OperationRunner:
         await self.ledger.put_operation(record)
         if self._emit is not None:
             self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
+
+    async def _write_all(self, records: list[OperationRecord]) -> None:
+        """Write a step's receipts in one durable write (their events come from the caller)."""
+        if len(records) == 1:
+            await self.ledger.put_operation(records[0])
+        elif records:
+            await self.ledger.put_operations(records)
 
     def _receipt_event(self, record: OperationRecord, tool: str) -> None:
         if self._emit is not None:

@@ -301,6 +301,15 @@ class FaultyStore:
         finally:
             self._leave()
 
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        """Write receipts in one transaction (a write)."""
+        self._enter()
+        try:
+            self._write("put_operations")
+            await self._inner.put_operations(records)
+        finally:
+            self._leave()
+
     async def operation(self, op_id: str) -> OperationRecord | None:
         """One receipt."""
         self._enter()

@@ -289,6 +289,8 @@ class LedgerStore(FaultyStore):
         super().__init__(inner, Faults())
         self.inner = inner
         self.writes: list[OperationRecord] = []
+        #: The receipts of each receipt-writing call, by op id: one tuple per transaction.
+        self.write_calls: list[tuple[str, ...]] = []
         self.crashed = False
 
     def crash(self) -> None:
@@ -311,7 +313,15 @@ class LedgerStore(FaultyStore):
         if self.crashed:
             return
         self.writes.append(record)
+        self.write_calls.append((record.op_id,))
         await super().put_operation(record)
+
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        if self.crashed:
+            return
+        self.writes.extend(records)
+        self.write_calls.append(tuple(r.op_id for r in records))
+        await super().put_operations(records)
 
     async def create_session(self, record: SessionRecord) -> None:
         if not self.crashed:

@@ -121,14 +121,16 @@ async def test_op1_requested_is_durable_before_execute_and_running_starts_after_
         assert b_then.state is OpState.RUNNING
         assert b_then.started_at == 0.0  # requested with the step, before anything ran
 
+        # The step's receipts are one write before anything runs; a, dispatched at once, is
+        # written running in it (requested and running together); b is running only later.
         assert [(w.op_id, w.state.value) for w in r.store.writes] == [
-            (A1, "requested"),
-            (B1, "requested"),
             (A1, "running"),
+            (B1, "requested"),
             (A1, "completed"),
             (B1, "running"),
             (B1, "completed"),
         ]
+        assert r.store.write_calls[0] == (A1, B1)
         # The durable write (persisted) precedes op-start, which precedes the execute.
         names = [
             tag(e)
@@ -138,7 +140,7 @@ async def test_op1_requested_is_durable_before_execute_and_running_starts_after_
         assert names[:3] == ["persisted", "op-start", "persisted"]
         start = r.of(OperationStarted)[0]
         assert (start.op, start.tool, start.stream, start.deadline) == (A1, "a", "s1/1", 10_000)
-        assert [w.ended_at for w in r.store.writes if w.op_id == A1] == [None, None, 1.0]
+        assert [w.ended_at for w in r.store.writes if w.op_id == A1] == [None, 1.0]
 
 
 # ---------------------------------------------------------------- OP-2
@@ -230,7 +232,7 @@ async def test_op3_stop_during_a_client_tool_acknowledged_is_cancelled(backend: 
         [event] = receipt_events(r, A1)
         assert (event.state, event.acknowledged, event.tool) == ("cancelled", True, "a")
         assert [e.why for e in r.of(OpCancelRequested)] == ["user"]
-        assert r.store.states_of(A1) == ["requested", "running", "running", "cancelled"]
+        assert r.store.states_of(A1) == ["running", "running", "cancelled"]
 
 
 async def test_op3_stop_unacknowledged_is_indeterminate_after_exactly_the_grace_interval() -> None:

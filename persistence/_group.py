@@ -1,0 +1,160 @@
+"""Group commit: writes that arrive while a commit is in flight share the next transaction.
+
+An aiosqlite call costs a thread hop that is several times the commit itself (DESIGN.md), so
+when many sessions write at once, one call that commits all their writes is much cheaper than
+one call each. The protocol is leader/follower, with no background task:
+
+* A writer adds its job to the *pending* batch. If no batch is being committed, it commits the
+  pending batch itself (it is the leader), at once: a lone writer waits for nothing.
+* Writers arriving while a commit is in flight add their jobs to the next pending batch and
+  wait. When the commit in flight ends, one of them leads the next batch.
+* A batch is one aiosqlite call: ``BEGIN IMMEDIATE``, each job in a savepoint of its own,
+  ``COMMIT``. A job that raises is rolled back alone and its writer gets the error; the others
+  are committed. If the commit itself fails, every writer of the batch gets the error.
+* Nobody is told their write is durable before the ``COMMIT`` that holds it returned: every
+  writer waits for its own batch's commit (shielded from cancellation, which is delivered once
+  the commit ended, so a writer never walks away from a write that may still land).
+
+With ``batching`` off, each job is its own transaction, one call each (the same code path).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import aiosqlite
+import anyio
+
+from persistence._writes import Job
+
+
+@dataclass(slots=True)
+class _Outcome:
+    value: object = None
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Batch:
+    jobs: list[Job[Any]] = field(default_factory=list)
+    outcomes: list[_Outcome] | None = None
+    started: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+    #: Set when the commit in flight ended and this batch is next: one waiter leads it.
+    free: anyio.Event = field(default_factory=anyio.Event)
+
+
+class GroupCommit:
+    """Runs write jobs on one aiosqlite connection, batching concurrent ones (see module)."""
+
+    __slots__ = ("_batching", "_connection", "_flushing", "_lock", "_pending", "batches", "jobs")
+
+    def __init__(
+        self,
+        *,
+        connection: Callable[[], aiosqlite.Connection],
+        lock: anyio.Lock,
+        batching: bool,
+    ) -> None:
+        self._connection = connection
+        self._lock = lock
+        self._batching = batching
+        self._pending: _Batch | None = None
+        self._flushing = False
+        #: Transactions committed and jobs run (for the benchmarks' figures).
+        self.batches = 0
+        self.jobs = 0
+
+    async def run(self, job: Job[Any]) -> Any:
+        """Run ``job`` in a transaction; return its value once that transaction committed.
+
+        Raises:
+            Exception: What the job raised (its writes rolled back), or what the commit raised.
+        """
+        with anyio.CancelScope(shield=True):
+            if not self._batching:
+                batch = _Batch(jobs=[job])
+                await self._commit(batch)
+            else:
+                batch = self._join()
+                batch.jobs.append(job)
+                index = len(batch.jobs) - 1
+                while batch.outcomes is None:
+                    if not self._flushing:
+                        await self._flush()
+                    elif batch.started:
+                        await batch.done.wait()
+                    else:
+                        await batch.free.wait()
+                return _unwrap(batch.outcomes[index])
+        assert batch.outcomes is not None
+        return _unwrap(batch.outcomes[0])
+
+    def _join(self) -> _Batch:
+        if self._pending is None:
+            self._pending = _Batch()
+        return self._pending
+
+    async def _flush(self) -> None:
+        batch = self._join()
+        self._pending = None
+        self._flushing = True
+        try:
+            await self._commit(batch)
+        finally:
+            self._flushing = False
+            self._wake_next()
+
+    def _wake_next(self) -> None:
+        if self._pending is not None:
+            self._pending.free.set()
+
+    async def _commit(self, batch: _Batch) -> None:
+        batch.started = True
+        try:
+            async with self._lock:
+                db = self._connection()
+                raw = db._conn  # aiosqlite 0.22 (pinned): its sqlite3 connection, for its thread
+                outcomes = await db._execute(_run_batch, raw, batch.jobs)  # type: ignore[no-untyped-call]
+                batch.outcomes = cast("list[_Outcome]", outcomes)
+                self.batches += 1
+                self.jobs += len(batch.jobs)
+        except BaseException as error:
+            batch.outcomes = [_Outcome(error=error) for _ in batch.jobs]
+        finally:
+            batch.done.set()
+
+
+def _unwrap(outcome: _Outcome) -> object:
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value
+
+
+def _run_batch(db: sqlite3.Connection, jobs: Sequence[Job[Any]]) -> list[_Outcome]:
+    """On the connection's thread: every job in one transaction, each in its own savepoint."""
+    outcomes: list[_Outcome] = []
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if len(jobs) == 1:
+            outcomes.append(_Outcome(value=jobs[0](db)))
+        else:
+            for job in jobs:
+                db.execute("SAVEPOINT job")
+                try:
+                    outcomes.append(_Outcome(value=job(db)))
+                except Exception as error:
+                    db.execute("ROLLBACK TO job")
+                    outcomes.append(_Outcome(error=error))
+                db.execute("RELEASE job")
+        db.execute("COMMIT")
+    except Exception as error:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        if len(jobs) == 1 and not outcomes:
+            return [_Outcome(error=error)]  # the lone job failed: nothing was written
+        raise
+    return outcomes
