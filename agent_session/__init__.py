@@ -27,6 +27,7 @@ from agent_session._events import (
     Persisted,
     PhaseChanged,
     QueueCleared,
+    Recovered,
     ResumeAttempted,
     SessionEvent,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "PreStreamFailure",
     "PreStreamGate",
     "QueueCleared",
+    "Recovered",
     "ResumeAttempted",
     "SessionDisposed",
     "SessionEvent",

@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 import anyio.abc
 
-from agent_session._events import EngineEvent
+from agent_session._events import EngineEvent, Recovered
+from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session_resume import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
-from persistence import OpState, SessionRecord, Store, UsageError
+from persistence import CutState, OpState, SessionRecord, Store, UsageError
 from stream_manager import (
     Clock,
     Model,
     OverlapPolicy,
+    Persisted,
     ReceiptWritten,
     StreamEvent,
     StreamManager,
@@ -96,6 +98,8 @@ class Engine:
         self.manager.operations.bind(self._spawn)
         try:
             await self._recover_operations()
+            if self.config.recover_at_start:
+                await self.recover()
         except BaseException:
             self._stack = None
             self._group.cancel_scope.cancel()
@@ -173,6 +177,47 @@ class Engine:
 
     # ------------------------------------------------------------ sessions
 
+    async def recover(self) -> int:
+        """PS-6: resume every turn a previous process left owed; return how many.
+
+        One scan of the store finds each session whose latest cut record is still owed; each
+        is planned by :func:`~agent_session._recovery.plan_recovery` and reported as a
+        ``recovered`` event (``resume`` or ``abandon``, with why). A resumed session is opened
+        and its turn resumes through the normal idle sweep, concurrently. A session whose
+        record fails validation is abandoned with the store's message and nothing is written
+        (R61). Runs at start unless ``EngineConfig.recover_at_start`` is off.
+        """
+        scan = await self.store.recoverable()
+        for session_id, problem in scan.corrupt:
+            log.error("recovery of session %s abandoned: %s", session_id, problem)
+            self._emit(Recovered(session=session_id, action="abandon", why=problem))
+        resumed = 0
+        voids: list[tuple[str, str]] = []
+        for found in scan.cuts:
+            sid = found.session.id
+            if sid in self._sessions:
+                continue  # already open here: its own bookkeeping stands
+            plan = plan_recovery(found, frozenset(self._models))
+            if isinstance(plan, Abandon):
+                log.warning("recovery of session %s abandoned: %s", sid, plan.why)
+                self._emit(Recovered(session=sid, action="abandon", why=plan.why))
+                voids.extend((sid, row_id) for row_id in plan.void)
+                continue
+            voids.extend((sid, row_id) for row_id in plan.stale)
+            session = self._make_session(
+                found.session,
+                next_seq=found.last_seq + 1,
+                next_stream=1 + max(map(_stream_number, (*found.streams, plan.marker.cut))),
+            )
+            why = f"cut {plan.marker.cut} owed with {plan.marker.step_budget} steps left"
+            self._emit(Recovered(session=sid, action="resume", why=why))
+            session.adopt_owed(plan.marker, plan.row_id)
+            resumed += 1
+        for sid, row_id in voids:
+            await self.store.set_cut_state(sid, row_id, CutState.VOIDED)
+            self._emit(Persisted(session=sid, what="cut-void", id=row_id))
+        return resumed
+
     async def open_session(self, session_id: str, *, model: str) -> AgentSession:
         """Create (or reopen) a session and return it.
 
@@ -183,13 +228,22 @@ class Engine:
             return self._sessions[session_id]
         if model not in self._models:
             raise UsageError(f"unknown model {model!r} for session {session_id!r}")
-        await self.store.create_session(SessionRecord(id=session_id, model=model))
+        record = SessionRecord(id=session_id, model=model)
+        await self.store.create_session(record)
         rows = await self.store.history(session_id)
         envelopes = await self.store.envelopes(session_id)
-        next_stream = 1 + max((_stream_number(e.stream) for e in envelopes), default=0)
+        return self._make_session(
+            record,
+            next_seq=1 + max((r.seq for r in rows), default=0),
+            next_stream=1 + max((_stream_number(e.stream) for e in envelopes), default=0),
+        )
+
+    def _make_session(
+        self, record: SessionRecord, *, next_seq: int, next_stream: int
+    ) -> AgentSession:
         session = AgentSession(
-            session_id=session_id,
-            model=model,
+            session_id=record.id,
+            model=record.model,
             store=self.store,
             manager=self.manager,
             config=self.config,
@@ -197,10 +251,10 @@ class Engine:
             emit=self._emit,
             spawn=self._spawn,
             known_models=frozenset(self._models),
-            next_seq=1 + max((r.seq for r in rows), default=0),
+            next_seq=next_seq,
             next_stream=next_stream,
         )
-        self._sessions[session_id] = session
+        self._sessions[record.id] = session
         return session
 
     def session(self, session_id: str) -> AgentSession:

@@ -85,6 +85,13 @@ class ResumeAttempted(_Event, frozen=True, kw_only=True, tag="resume"):
     outcome: str
 
 
+class Recovered(_Event, frozen=True, kw_only=True, tag="recovered"):
+    """Startup recovery's decision for one session (PS-6): ``resume`` or ``abandon``."""
+
+    action: str
+    why: str
+
+
 SessionEvent = (
     PhaseChanged
     | EntryQueued
@@ -95,6 +102,7 @@ SessionEvent = (
     | ContinuationOwed
     | ContinuationEnded
     | ResumeAttempted
+    | Recovered
 )
 
 EngineEvent = SessionEvent | StreamEvent
@@ -110,6 +118,7 @@ __all__ = [
     "Persisted",
     "PhaseChanged",
     "QueueCleared",
+    "Recovered",
     "ResumeAttempted",
     "SessionEvent",
 ]

@@ -15,6 +15,7 @@ from agent_session._continuation import (
     StartResume,
     SweepSnapshot,
     apply_sweep,
+    owe,
     plan_sweep,
     resume_failed,
 )
@@ -71,6 +72,17 @@ class AgentSession(SessionTurns):
             abort = CancelToken()
             self._resume_abort = abort
             self._run(lambda: self._resume(action.marker, action.attempt, abort))
+
+    def adopt_owed(self, marker: Marker, row_id: str) -> None:
+        """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``.
+
+        The record on that row then follows the marker as if this process had cut the turn
+        (consumed when a stream starts, voided when the continuation is withdrawn or
+        forfeited), and the sweep resumes the turn when the session is idle.
+        """
+        self.continuation, _ = owe(self.continuation, marker)
+        self._cut_rows[marker.cut] = row_id
+        self._schedule_sweep()
 
     async def _resume(self, marker: Marker, attempt: int, abort: CancelToken) -> None:
         """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""

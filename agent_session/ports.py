@@ -44,3 +44,5 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     receipt_salt: str = "turnkeeper"
     #: The overlap guard (OP-9): ``block`` (the default), ``warn`` or ``session``.
     overlap_policy: str = "block"
+    #: Resume, when the engine starts, every turn a previous process left owed (PS-6).
+    recover_at_start: bool = True

@@ -20,6 +20,8 @@ from persistence.records import (
     OperationRecord,
     OpState,
     ReceiptQuery,
+    RecoverableCut,
+    RecoveryScan,
     SessionRecord,
     TurnEnvelope,
 )
@@ -180,6 +182,29 @@ class MemoryStore:
                 if row.cut is not None and row.cut.state == CutState.OWED
             )
         return owed
+
+    async def recoverable(self) -> RecoveryScan:
+        """Every session with an owed cut record, with what recovery needs to resume it."""
+        self._check_open()
+        cuts: list[RecoverableCut] = []
+        for name in sorted(self._sessions):
+            rows = await self.history(name)
+            owed = [r for r in rows if r.cut is not None and r.cut.state == CutState.OWED]
+            if not owed:
+                continue
+            last = owed[-1]
+            data = self._sessions[name]
+            cuts.append(
+                RecoverableCut(
+                    session=data.record,
+                    row=last,
+                    trailing=tuple(r.kind for r in rows if r.seq > last.seq),
+                    stale=tuple(r.row_id for r in owed[:-1]),
+                    last_seq=rows[-1].seq,
+                    streams=tuple(data.envelopes),
+                )
+            )
+        return RecoveryScan(cuts=tuple(cuts))
 
     async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
         """Set the state of the cut record on row (session, row_id).

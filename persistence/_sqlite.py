@@ -22,7 +22,7 @@ import sqlite3
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 import aiosqlite
 import anyio
@@ -46,6 +46,8 @@ from persistence.records import (
     OperationRecord,
     OpState,
     ReceiptQuery,
+    RecoverableCut,
+    RecoveryScan,
     RowKind,
     SessionRecord,
     TurnEnvelope,
@@ -588,6 +590,19 @@ class SqliteStore:
                     )
         return [decode_row(row) for row in rows]
 
+    async def recoverable(self) -> RecoveryScan:
+        """Every session with an owed cut record, read in one call (PS-6's startup scan).
+
+        A session whose owed row or session record fails validation is reported in
+        ``corrupt`` and left out; nothing is written.
+        """
+        async with self._lock:
+            db = self._reader()
+            with self._errors:
+                raw = await db._execute(_writes.scan_recoverable, db._conn)  # type: ignore[no-untyped-call]
+        owed, trailing, sessions, streams = cast("_writes.Scan", raw)
+        return _recovery_scan(owed, trailing, sessions, streams)
+
     async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
         """Set the state of the cut record on a row (one call), in the column and the record.
 
@@ -729,3 +744,59 @@ async def _transaction(db: aiosqlite.Connection) -> AsyncIterator[None]:
             if db.in_transaction:
                 await db.execute("ROLLBACK")
             raise
+
+
+def _recovery_scan(
+    owed: Sequence[Sequence[Any]],
+    trailing: Sequence[Sequence[Any]],
+    sessions: Sequence[Sequence[Any]],
+    streams: Sequence[Sequence[Any]],
+) -> RecoveryScan:
+    """Decode the raw scan: owed rows by session (the last one is the candidate)."""
+    corrupt: dict[str, str] = {}
+    by_session: dict[str, list[HistoryRow]] = {}
+    for values in owed:
+        name = str(values[0])
+        try:
+            by_session.setdefault(name, []).append(decode_row(values))
+        except CorruptRecord as error:
+            corrupt.setdefault(name, str(error))
+    records: dict[str, SessionRecord] = {}
+    for values in sessions:
+        try:
+            records[str(values[0])] = decode_session(values)
+        except CorruptRecord as error:
+            corrupt.setdefault(str(values[0]), str(error))
+    after: dict[str, list[tuple[int, str]]] = {}
+    for name, seq, kind in trailing:
+        after.setdefault(str(name), []).append((int(seq), str(kind)))
+    stream_ids: dict[str, list[str]] = {}
+    for name, stream in streams:
+        stream_ids.setdefault(str(name), []).append(str(stream))
+    cuts: list[RecoverableCut] = []
+    for name, rows in by_session.items():
+        if name in corrupt or name not in records:
+            continue
+        last = rows[-1]
+        tail = after.get(name, [])
+        kinds: list[RowKind] = []
+        for seq, kind in tail:
+            try:
+                kinds.append(RowKind(kind))
+            except ValueError:
+                key = _checks.row_key(name, f"seq {seq}")
+                corrupt[name] = str(CorruptRecord("history_rows", key, f"$.kind: {kind!r}"))
+                break
+        if name in corrupt:
+            continue
+        cuts.append(
+            RecoverableCut(
+                session=records[name],
+                row=last,
+                trailing=tuple(kinds),
+                stale=tuple(r.row_id for r in rows[:-1]),
+                last_seq=max([last.seq, *(seq for seq, _ in tail)]),
+                streams=tuple(stream_ids.get(name, ())),
+            )
+        )
+    return RecoveryScan(cuts=tuple(cuts), corrupt=tuple(sorted(corrupt.items())))

@@ -211,3 +211,37 @@ def put_operations(records: Sequence[OperationRecord]) -> Job[None]:
             db.executemany(PUT_OPERATION, params)
 
     return job
+
+
+#: The raw startup scan: owed rows, rows after each session's last owed row, session records
+#: and envelope stream ids of those sessions (decoded by the store, on the loop).
+Scan = tuple[list[Any], list[Any], list[Any], list[Any]]
+
+_OWED_SESSIONS = "SELECT DISTINCT session FROM history_rows WHERE cut_state = 'owed'"
+SCAN_OWED = (
+    "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
+    "FROM history_rows WHERE cut_state = 'owed' ORDER BY session, seq"
+)
+SCAN_TRAILING = (
+    "SELECT h.session, h.seq, h.kind FROM history_rows h JOIN "
+    "(SELECT session, MAX(seq) AS seq FROM history_rows WHERE cut_state = 'owed' "
+    "GROUP BY session) o ON h.session = o.session AND h.seq > o.seq ORDER BY h.session, h.seq"
+)
+SCAN_SESSIONS = f"SELECT id, record FROM sessions WHERE id IN ({_OWED_SESSIONS})"
+SCAN_STREAMS = (
+    f"SELECT session, stream FROM turn_envelopes WHERE session IN ({_OWED_SESSIONS}) ORDER BY rowid"
+)
+
+
+def scan_recoverable(db: sqlite3.Connection) -> Scan:
+    """On the connection's thread: the startup scan, in one read transaction."""
+    db.execute("BEGIN")
+    try:
+        return (
+            db.execute(SCAN_OWED).fetchall(),
+            db.execute(SCAN_TRAILING).fetchall(),
+            db.execute(SCAN_SESSIONS).fetchall(),
+            db.execute(SCAN_STREAMS).fetchall(),
+        )
+    finally:
+        db.execute("COMMIT")

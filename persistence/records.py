@@ -113,6 +113,32 @@ class HistoryRow(msgspec.Struct, frozen=True, kw_only=True):
     cut: CutRecord | None = None
 
 
+class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True):
+    """A session whose latest owed cut record startup recovery looks at (PS-6).
+
+    ``row`` is the session's last row with an owed cut record; ``trailing`` the kinds of the
+    rows after it, in order (a tail of sentinels and system rows still leaves the cut at the
+    tail); ``stale`` the ids of earlier rows of the session whose record is still owed.
+    """
+
+    session: SessionRecord
+    row: HistoryRow
+    trailing: tuple[RowKind, ...] = ()
+    stale: tuple[str, ...] = ()
+    last_seq: int
+    #: The session's turn envelopes' stream ids (to number the next stream).
+    streams: tuple[str, ...] = ()
+
+
+class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True):
+    """What startup recovery needs from the store, read at once (one call in SQLite)."""
+
+    cuts: tuple[RecoverableCut, ...] = ()
+    #: ``(session, what was wrong)`` for every owed row or session that failed validation:
+    #: those sessions are left out of ``cuts`` and nothing of theirs is changed.
+    corrupt: tuple[tuple[str, str], ...] = ()
+
+
 class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     """What a stream was constructed with (SPEC PS-1, boundary B3).
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         OperationRecord,
         OpState,
         ReceiptQuery,
+        RecoveryScan,
         SessionRecord,
         TurnEnvelope,
     )
@@ -99,6 +100,14 @@ class Store(Protocol):
 
     async def owed_cuts(self, session: str | None = None) -> list[HistoryRow]:
         """Rows whose cut record is owed, ordered by (session, seq); one session or all."""
+        ...
+
+    async def recoverable(self) -> RecoveryScan:
+        """Every session with an owed cut record, with what recovery needs to resume it.
+
+        A session whose owed row or record fails validation is reported in ``corrupt`` (never
+        read as "nothing owed") and left out of ``cuts``.
+        """
         ...
 
     async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:

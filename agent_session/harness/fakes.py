@@ -26,6 +26,7 @@ from persistence import (
     OperationRecord,
     OpState,
     ReceiptQuery,
+    RecoveryScan,
     SessionRecord,
     Store,
     TurnEnvelope,
@@ -263,6 +264,14 @@ class FaultyStore:
         self._enter()
         try:
             return await self._inner.owed_cuts(session)
+        finally:
+            self._leave()
+
+    async def recoverable(self) -> RecoveryScan:
+        """The startup scan."""
+        self._enter()
+        try:
+            return await self._inner.recoverable()
         finally:
             self._leave()
 

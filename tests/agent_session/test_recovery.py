@@ -1,0 +1,261 @@
+"""Startup recovery of owed cuts: PS-6, R60 (durable normal cut), R61 (malformed, not absent).
+
+Most tests seed a store the way a crashed process leaves it (a user row, the cut stream's
+final assistant row carrying an ``owed`` cut record, its envelope) and start an engine on it;
+one lets a real engine cut a turn and "crash" right after the cut row committed. Each test
+would fail if its rule were dropped: nothing resumed, the budget reset, a second sentinel, a
+stale record resumed, a corrupt record read as "nothing owed" or overwritten.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from agent_session import EngineConfig, Recovered
+from persistence import (
+    CutRecord,
+    CutState,
+    HistoryRow,
+    MemoryStore,
+    RowKind,
+    SessionRecord,
+    SqliteStore,
+    Store,
+    TurnEnvelope,
+)
+from stream_manager import Persisted, StreamStarted
+from tests.agent_session.support import T_, HookTool, X, session_rig
+from tests.operations.support import LedgerStore
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "memory":
+        return MemoryStore()
+    return SqliteStore(tmp_path / "tk.db")
+
+
+def cut(remaining: int = 3, model: str = "M") -> CutRecord:
+    return CutRecord(
+        remaining=remaining,
+        model=model,
+        requested_model=model,
+        refused_models=(),
+        chain=(),
+    )
+
+
+def row(
+    sid: str, seq: int, kind: RowKind, *, stream: str | None = None, cut: CutRecord | None = None
+) -> HistoryRow:
+    body = b'{"text":"[CONTINUE]"}' if kind is RowKind.SENTINEL else b'{"text":"m%d"}' % seq
+    return HistoryRow(
+        session=sid,
+        seq=seq,
+        row_id=f"{sid}:r{seq}",
+        kind=kind,
+        body=body,
+        stream=stream,
+        cut=cut,
+    )
+
+
+async def seed(
+    store: Store,
+    sid: str = "s1",
+    *,
+    record: CutRecord | None = None,
+    after: tuple[RowKind, ...] = (),
+) -> None:
+    """What a process that crashed right after a cut leaves behind."""
+    async with store:
+        await store.create_session(SessionRecord(id=sid, model="M"))
+        rows = [
+            row(sid, 1, RowKind.USER),
+            row(sid, 2, RowKind.ASSISTANT, stream=f"{sid}/1", cut=record or cut()),
+        ]
+        rows += [row(sid, 3 + n, kind) for n, kind in enumerate(after)]
+        await store.append(rows)
+        await store.put_envelope(
+            TurnEnvelope(session=sid, stream=f"{sid}/1", model="M", budget=8, cause="send")
+        )
+
+
+async def test_ps6_an_owed_normal_cut_is_resumed_at_startup_under_its_remaining_steps(
+    store: Store,
+) -> None:
+    await seed(store, record=cut(remaining=3))
+    async with session_rig({"M": [X("answered")]}, store=store, sessions=()) as r:
+        await r.settle()
+        assert [(e.action, e.session) for e in r.of(Recovered)] == [("resume", "s1")]
+        (start,) = r.of(StreamStarted)
+        assert (start.stream, start.cause, start.budget, start.model) == ("s1/2", "resume", 3, "M")
+        assert await r.kinds() == [
+            RowKind.USER,
+            RowKind.ASSISTANT,
+            RowKind.SENTINEL,
+            RowKind.ASSISTANT,
+        ]
+        request = r.models["M"].requests[0]
+        assert [m.role for m in request.messages][-1] == "user"  # the [CONTINUE] sentinel
+        assert r.session().owes() is False
+        # R60: the durable record followed the marker: consumed, so no second recovery.
+        assert await r.store.owed_cuts() == []
+    async with session_rig({"M": []}, store=store, sessions=()) as again:
+        await again.settle()
+        assert again.of(Recovered) == []
+        assert again.of(StreamStarted) == []
+
+
+async def test_ps6_a_cut_followed_only_by_its_sentinel_gets_no_second_sentinel(
+    store: Store,
+) -> None:
+    await seed(store, after=(RowKind.SENTINEL,))  # the crash came at B9
+    async with session_rig({"M": [X()]}, store=store, sessions=()) as r:
+        await r.settle()
+        assert [e.action for e in r.of(Recovered)] == ["resume"]
+        assert (await r.kinds()).count(RowKind.SENTINEL) == 1
+        assert len(r.of(StreamStarted)) == 1
+
+
+async def test_ps6_a_cut_that_is_no_longer_the_tail_is_voided_not_resumed(store: Store) -> None:
+    await seed(store, after=(RowKind.USER, RowKind.ASSISTANT))
+    async with session_rig({"M": []}, store=store, sessions=()) as r:
+        await r.settle()
+        (event,) = r.of(Recovered)
+        assert event.action == "abandon"
+        assert "not the tail" in event.why
+        assert r.of(StreamStarted) == []
+        (stored,) = [h for h in await r.history() if h.cut is not None]
+        assert stored.cut is not None
+        assert stored.cut.state is CutState.VOIDED
+        assert [e.id for e in r.of(Persisted) if e.what == "cut-void"] == ["s1:r2"]
+
+
+async def test_ps6_a_cut_followed_by_an_unanswered_user_row_is_left_owed(store: Store) -> None:
+    await seed(store, after=(RowKind.USER,))
+    async with session_rig({"M": []}, store=store, sessions=()) as r:
+        await r.settle()
+        (event,) = r.of(Recovered)
+        assert event.action == "abandon"
+        assert "PS-4" in event.why
+        assert r.of(StreamStarted) == []
+        assert [h.row_id for h in await r.store.owed_cuts()] == ["s1:r2"]
+
+
+async def test_ps6_a_record_with_no_steps_left_owes_nothing_and_is_voided(store: Store) -> None:
+    await seed(store, record=cut(remaining=0))
+    async with session_rig({"M": []}, store=store, sessions=()) as r:
+        await r.settle()
+        assert [e.action for e in r.of(Recovered)] == ["abandon"]
+        assert r.of(StreamStarted) == []
+        assert await r.store.owed_cuts() == []
+
+
+async def test_ps6_a_cut_on_a_model_this_engine_lacks_stays_owed_untouched(store: Store) -> None:
+    await seed(store, record=cut(model="gone"))
+    async with session_rig({"M": []}, store=store, sessions=()) as r:
+        await r.settle()
+        (event,) = r.of(Recovered)
+        assert (event.action, "'gone'" in event.why) == ("abandon", True)
+        assert r.of(StreamStarted) == []
+        assert [h.row_id for h in await r.store.owed_cuts()] == ["s1:r2"]
+
+
+async def test_ps6_only_the_latest_owed_cut_of_a_session_is_resumed(store: Store) -> None:
+    async with store:
+        await store.create_session(SessionRecord(id="s1", model="M"))
+        await store.append(
+            [
+                row("s1", 1, RowKind.USER),
+                row("s1", 2, RowKind.ASSISTANT, stream="s1/1", cut=cut(remaining=5)),
+                row("s1", 3, RowKind.SENTINEL),
+                row("s1", 4, RowKind.ASSISTANT, stream="s1/2", cut=cut(remaining=2)),
+            ]
+        )
+    async with session_rig({"M": [X()]}, store=store, sessions=()) as r:
+        await r.settle()
+        (start,) = r.of(StreamStarted)
+        assert (start.budget, start.stream) == (2, "s1/3")
+        states = {h.row_id: h.cut.state for h in await r.history() if h.cut is not None}
+        assert states == {"s1:r2": CutState.VOIDED, "s1:r4": CutState.CONSUMED}
+
+
+async def test_ps6_recovery_can_be_turned_off(store: Store) -> None:
+    await seed(store)
+    config = EngineConfig(max_stream_steps=8, recover_at_start=False)
+    async with session_rig({"M": []}, store=store, sessions=(), config=config) as r:
+        await r.settle()
+        assert r.of(Recovered) == []
+        assert r.of(StreamStarted) == []
+        assert len(await r.store.owed_cuts()) == 1
+
+
+async def test_r61_a_malformed_cut_record_abandons_that_session_only_and_is_left_as_is(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tk.db"
+    await seed(SqliteStore(path), "bad")
+    await seed(SqliteStore(path), "good")
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        conn.execute(
+            "UPDATE history_rows SET cut = CAST(? AS BLOB) WHERE session = 'bad' AND seq = 2",
+            (b'{"remaining": "three", "model": "M", "requested_model": "M", "state": "owed"}',),
+        )
+        (before,) = conn.execute("SELECT cut FROM history_rows WHERE session='bad' AND seq=2")
+    conn.close()
+    async with session_rig({"M": [X()]}, store=SqliteStore(path), sessions=()) as r:
+        await r.settle()
+        events = {e.session: e for e in r.of(Recovered)}
+        assert events["good"].action == "resume"
+        assert events["bad"].action == "abandon"
+        assert "bad:r2" in events["bad"].why
+        assert "remaining" in events["bad"].why
+        assert [s.stream for s in r.of(StreamStarted)] == ["good/2"]
+    with sqlite3.connect(path) as conn:
+        (after,) = conn.execute("SELECT cut FROM history_rows WHERE session='bad' AND seq=2")
+    conn.close()
+    assert after == before  # never read as absent, never overwritten
+
+
+async def test_r60_a_crash_right_after_a_real_cut_is_resumed_by_the_next_engine(
+    tmp_path: Path,
+) -> None:
+    """A real turn cuts at a tool boundary for a queued wake; the process dies as the cut
+    row commits (before the wake runs); the next engine resumes the cut under its budget."""
+    path = tmp_path / "tk.db"
+    dying = LedgerStore(SqliteStore(path))
+    with anyio.CancelScope() as crash:
+        async with session_rig(
+            {"M": [T_("bash"), T_("task_await"), X("never reached")]},
+            tools=[
+                HookTool("task_await", before=lambda _call: queue_wake()),
+            ],
+            store=dying,
+        ) as r:
+
+            def queue_wake() -> None:
+                r.session().enqueue("monitors finished", kind="wake", mode="tool-end")
+
+            def die_at_the_cut(event: object) -> None:
+                if isinstance(event, Persisted) and event.what == "cut":
+                    dying.crash()  # no later write reaches the file
+                    crash.cancel()
+
+            r.on(die_at_the_cut)
+            r.session().send("start and wait")
+            await r.settle()
+    async with session_rig({"M": [X("resumed")]}, store=SqliteStore(path), sessions=()) as again:
+        await again.settle()
+        assert [e.action for e in again.of(Recovered)] == ["resume"]
+        (start,) = again.of(StreamStarted)
+        assert (start.cause, start.budget) == ("resume", 6)
+        assert again.models["M"].requests, "the resumed stream called the model"
+        assert await again.store.owed_cuts() == []
