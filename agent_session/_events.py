@@ -14,7 +14,7 @@ from message_queue import DispatchMode, EntryKind
 from stream_manager import Persisted, StreamEvent
 
 
-class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event", gc=False):
     session: str | None
 
 

@@ -496,6 +496,19 @@ class SqliteStore:
         with self._errors:
             return await self._group.run(job)
 
+    async def _read(self, job: _writes.Job[list[Any]]) -> list[Any]:
+        """Run a read job; concurrent ones share one call with each other and with writes."""
+        self._reader()
+        if self._readonly:  # a read-only connection takes no write lock: a call of its own
+            async with self._lock:
+                db = self._reader()
+                with self._errors:
+                    rows: list[Any] = await db._execute(job, db._conn)  # type: ignore[no-untyped-call]
+            return rows
+        with self._errors:
+            batched: list[Any] = await self._group.run(job)
+        return batched
+
     @property
     def commits(self) -> tuple[int, int]:
         """``(transactions, writes)`` committed since the store was made (group commit's gain)."""
@@ -564,13 +577,12 @@ class SqliteStore:
     async def history(self, session: str) -> list[HistoryRow]:
         """The session's rows, ordered by seq (empty for an unknown session).
 
+        Concurrent reads and writes share one aiosqlite call (see ``_group``).
+
         Raises:
             CorruptRecord: A row fails validation (it is reported, never skipped).
         """
-        async with self._lock:
-            db = self._reader()
-            with self._errors:
-                rows = await db.execute_fetchall(SELECT_HISTORY, (session,))
+        rows = await self._read(_writes.select(SELECT_HISTORY, (session,)))
         return [decode_row(row) for row in rows]
 
     async def owed_cuts(self, session: str | None = None) -> list[HistoryRow]:
@@ -635,10 +647,7 @@ class SqliteStore:
         Raises:
             CorruptRecord: An envelope fails validation.
         """
-        async with self._lock:
-            db = self._reader()
-            with self._errors:
-                rows = await db.execute_fetchall(SELECT_ENVELOPES, (session,))
+        rows = await self._read(_writes.select(SELECT_ENVELOPES, (session,)))
         return [decode_envelope(row) for row in rows]
 
     async def put_operation(self, record: OperationRecord) -> None:

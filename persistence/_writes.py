@@ -200,6 +200,15 @@ def put_envelope(session: str, stream: str, record: bytes) -> Job[None]:
     return job
 
 
+def select(sql: str, params: Sequence[object]) -> Job[list[Any]]:
+    """A read: its rows (it writes nothing, so sharing a transaction changes nothing for it)."""
+
+    def job(db: sqlite3.Connection) -> list[Any]:
+        return db.execute(sql, params).fetchall()
+
+    return job
+
+
 def put_operations(records: Sequence[OperationRecord]) -> Job[None]:
     """Write receipts (upsert by op id)."""
     params = [operation_params(record) for record in records]

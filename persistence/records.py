@@ -3,7 +3,9 @@
 Every record is a frozen msgspec Struct of plain data (strings, integers, tuples, bytes and
 enums), so a store can share it without copying and encode it without asking the layers above.
 Schema evolution follows msgspec's rules: a new field always gets a default, so a record
-written by older code still decodes.
+written by older code still decodes. Records are not tracked by the cyclic garbage collector
+(``gc=False``): they hold no mutable container and can never be part of a cycle, and a process
+holding thousands of sessions otherwise spends much of its time re-scanning them.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class RowKind(StrEnum):
     SYSTEM = "system"
 
 
-class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
+class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A session the store holds history for.
 
     Attributes:
@@ -57,7 +59,7 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
     goal: str | None = None
 
 
-class CutRecord(msgspec.Struct, frozen=True, kw_only=True):
+class CutRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The durable record of a cut, riding on the cut's assistant row (SPEC PS-6, R60).
 
     It carries what startup recovery needs to rebuild the owed continuation: the remaining
@@ -90,7 +92,7 @@ class CutRecord(msgspec.Struct, frozen=True, kw_only=True):
     state: CutState = CutState.OWED
 
 
-class HistoryRow(msgspec.Struct, frozen=True, kw_only=True):
+class HistoryRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One row of a session's history log.
 
     Attributes:
@@ -113,7 +115,7 @@ class HistoryRow(msgspec.Struct, frozen=True, kw_only=True):
     cut: CutRecord | None = None
 
 
-class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True):
+class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A session whose latest owed cut record startup recovery looks at (PS-6).
 
     ``row`` is the session's last row with an owed cut record; ``trailing`` the kinds of the
@@ -130,7 +132,7 @@ class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True):
     streams: tuple[str, ...] = ()
 
 
-class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True):
+class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What startup recovery needs from the store, read at once (one call in SQLite)."""
 
     cuts: tuple[RecoverableCut, ...] = ()
@@ -139,7 +141,7 @@ class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True):
     corrupt: tuple[tuple[str, str], ...] = ()
 
 
-class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What a stream was constructed with (SPEC PS-1, boundary B3).
 
     Attributes:
@@ -178,7 +180,7 @@ OPEN_OP_STATES: frozenset[OpState] = frozenset(
 )
 
 
-class OperationRecord(msgspec.Struct, frozen=True, kw_only=True):
+class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """An operation's durable receipt (SPEC 4.1, OP-11): identifiers, times and outcome only.
 
     It never holds tool arguments, outputs, credentials or file contents: the target is a
@@ -226,7 +228,7 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True):
     blocked_by: str | None = None
 
 
-class ReceiptQuery(msgspec.Struct, frozen=True, kw_only=True):
+class ReceiptQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What a receipts query found: the valid records, and the ids of rows that failed validation.
 
     A corrupt row is reported here by id (with the field path) and skipped, never dropped or

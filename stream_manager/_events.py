@@ -50,7 +50,7 @@ class ErrorKind(StrEnum):
     CONTEXT_EXCEEDED = "context_exceeded"
 
 
-class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event", gc=False):
     session: str | None
 
 

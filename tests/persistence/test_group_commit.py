@@ -137,3 +137,23 @@ async def test_a_closed_store_refuses_a_write_before_it_joins_a_transaction(
     store = SqliteStore(tmp_path / "tk.db")
     with pytest.raises(UsageError, match="not open"):
         await store.put_operation(receipt(1))
+
+
+async def test_concurrent_reads_share_the_writers_calls_and_see_committed_rows(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore(tmp_path / "tk.db") as store:
+        await store.create_session(session())
+        await store.append([row(1), row(2)])
+        before = store.commits
+        seen: list[int] = []
+
+        async def reader() -> None:
+            seen.append(len(await store.history("s1")))
+
+        async with anyio.create_task_group() as group:
+            for _ in range(20):
+                group.start_soon(reader)
+        assert seen == [2] * 20
+        assert store.commits[1] - before[1] == 20
+        assert store.commits[0] - before[0] < 10
