@@ -1,6 +1,15 @@
 """``python -m bench``: run every benchmark and print its table."""
 
-from bench import durable, memory, peers_memory, queue_ops, step_overhead
+from bench import (
+    durable,
+    many_sessions,
+    memory,
+    peers_memory,
+    queue_ops,
+    recovery,
+    resume,
+    step_overhead,
+)
 
 
 def main() -> int:
@@ -10,6 +19,9 @@ def main() -> int:
         step_overhead.main(),
         peers_memory.main(),
         durable.main(),
+        resume.main(),
+        many_sessions.main([]),
+        recovery.main(),
         memory.main(),
     ]
     return 0 if all(code == 0 for code in codes) else 1
