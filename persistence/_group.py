@@ -50,7 +50,16 @@ class _Batch:
 class GroupCommit:
     """Runs write jobs on one aiosqlite connection, batching concurrent ones (see module)."""
 
-    __slots__ = ("_batching", "_connection", "_flushing", "_lock", "_pending", "batches", "jobs")
+    __slots__ = (
+        "_batching",
+        "_connection",
+        "_flushing",
+        "_lock",
+        "_pending",
+        "batches",
+        "jobs",
+        "on_commit",
+    )
 
     def __init__(
         self,
@@ -64,6 +73,8 @@ class GroupCommit:
         self._batching = batching
         self._pending: _Batch | None = None
         self._flushing = False
+        #: Told how many jobs each transaction held, once it committed (the checkpointer).
+        self.on_commit: Callable[[int], None] | None = None
         #: Transactions committed and jobs run (for the benchmarks' figures).
         self.batches = 0
         self.jobs = 0
@@ -122,6 +133,8 @@ class GroupCommit:
                 batch.outcomes = cast("list[_Outcome]", outcomes)
                 self.batches += 1
                 self.jobs += len(batch.jobs)
+                if self.on_commit is not None:
+                    self.on_commit(len(batch.jobs))
         except BaseException as error:
             batch.outcomes = [_Outcome(error=error) for _ in batch.jobs]
         finally:

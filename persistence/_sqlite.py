@@ -29,6 +29,7 @@ import anyio
 import msgspec
 
 from persistence import _checks, _writes
+from persistence._checkpoint import Checkpointer
 from persistence._errors import (
     CorruptRecord,
     MigrationRequired,
@@ -335,6 +336,7 @@ class SqliteStore:
         self._synchronous = synchronous
         self._readonly = readonly
         self._db: aiosqlite.Connection | None = None
+        self._checkpointer: Checkpointer | None = None
         self._lock = anyio.Lock(fast_acquire=True)
         self._errors = _Translate(self._path)
         self._group = GroupCommit(connection=self._writer, lock=self._lock, batching=group_commit)
@@ -365,12 +367,19 @@ class SqliteStore:
                     self._db = await self._open_readonly()
                 else:
                     self._db = await self._open_readwrite()
+                    self._checkpointer = Checkpointer(self._path)
+                    self._checkpointer.start()
+                    self._group.on_commit = self._checkpointer.committed
 
     async def close(self) -> None:
         """Close the store, even in a cancelled scope. Closing a closed store does nothing."""
         with anyio.CancelScope(shield=True):
             async with self._lock:
                 db, self._db = self._db, None
+                checkpointer, self._checkpointer = self._checkpointer, None
+                self._group.on_commit = None
+                if checkpointer is not None:
+                    await checkpointer.stop()
                 if db is not None:
                     with self._errors:
                         await db.close()
@@ -405,6 +414,8 @@ class SqliteStore:
             (mode,) = await _one(db, "PRAGMA journal_mode = WAL")
             if mode != "wal":
                 raise StoreError(f"{self._path}: could not switch to WAL (journal mode {mode!r})")
+            # Checkpoints run on the checkpointer's thread, never inside a commit (_checkpoint).
+            await db.execute("PRAGMA wal_autocheckpoint = 0")
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await db.close()
