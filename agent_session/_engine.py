@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 import anyio.abc
 
-from agent_session._events import EngineEvent, Recovered
+from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session_resume import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
@@ -85,6 +85,8 @@ class Engine:
             observers=[self._on_stream_event],
         )
         self._sessions: dict[str, AgentSession] = {}
+        #: Recovered sessions whose resume is starting, each with its outcome to wait for.
+        self._recovering: dict[str, anyio.Event] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
 
@@ -163,6 +165,10 @@ class Engine:
         self._observers.append(observer)
 
     def _emit(self, event: EngineEvent) -> None:
+        if isinstance(event, ResumeAttempted) and self._recovering:
+            waiting = self._recovering.get(event.session or "")
+            if waiting is not None:
+                waiting.set()
         for observer in self._observers:
             try:
                 observer(event)
@@ -191,7 +197,7 @@ class Engine:
         for session_id, problem in scan.corrupt:
             log.error("recovery of session %s abandoned: %s", session_id, problem)
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
-        resumed = 0
+        resumed: list[AgentSession] = []
         voids: list[tuple[str, str]] = []
         for found in scan.cuts:
             sid = found.session.id
@@ -212,11 +218,37 @@ class Engine:
             why = f"cut {plan.marker.cut} owed with {plan.marker.step_budget} steps left"
             self._emit(Recovered(session=sid, action="resume", why=why))
             session.adopt_owed(plan.marker, plan.row_id)
-            resumed += 1
+            resumed.append(session)
         for sid, row_id in voids:
             await self.store.set_cut_state(sid, row_id, CutState.VOIDED)
             self._emit(Persisted(session=sid, what="cut-void", id=row_id))
-        return resumed
+        if resumed:
+            self._spawn(lambda: self._start_recovered(resumed))
+        return len(resumed)
+
+    async def _start_recovered(self, sessions: list[AgentSession]) -> None:
+        """Sweep the recovered sessions, at most ``recovery_concurrency`` starting at once.
+
+        A slot is held from the sweep until that resume has an outcome (``resume`` event:
+        started, failed, refused or withdrawn); a session the sweep does not resume (the host
+        acted on it first) gives its slot back at once and is swept at its next idle moment.
+        """
+        slots = anyio.Semaphore(max(1, self.config.recovery_concurrency))
+
+        async def start(session: AgentSession) -> None:
+            outcome = anyio.Event()
+            self._recovering[session.id] = outcome
+            try:
+                if session.sweep_now():
+                    await outcome.wait()
+            finally:
+                self._recovering.pop(session.id, None)
+                slots.release()
+
+        async with anyio.create_task_group() as group:
+            for session in sessions:
+                await slots.acquire()
+                group.start_soon(start, session)
 
     async def open_session(self, session_id: str, *, model: str) -> AgentSession:
         """Create (or reopen) a session and return it.

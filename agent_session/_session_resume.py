@@ -78,11 +78,18 @@ class AgentSession(SessionTurns):
 
         The record on that row then follows the marker as if this process had cut the turn
         (consumed when a stream starts, voided when the continuation is withdrawn or
-        forfeited), and the sweep resumes the turn when the session is idle.
+        forfeited). Nothing starts yet: :meth:`sweep_now` (or the next idle transition) does.
         """
         self.continuation, _ = owe(self.continuation, marker)
         self._cut_rows[marker.cut] = row_id
-        self._schedule_sweep()
+
+    def sweep_now(self) -> bool:
+        """Run the idle sweep at once; return whether it started a resume.
+
+        The resume's outcome is reported later, as its ``resume`` event.
+        """
+        self._sweep()
+        return self.continuation.resume_in_flight
 
     async def _resume(self, marker: Marker, attempt: int, abort: CancelToken) -> None:
         """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""

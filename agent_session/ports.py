@@ -46,3 +46,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     overlap_policy: str = "block"
     #: Resume, when the engine starts, every turn a previous process left owed (PS-6).
     recover_at_start: bool = True
+    #: Recovered resumes starting at once, at most (each holds its slot until its stream
+    #: started or its attempt failed): no thundering herd of stream starts at the provider,
+    #: and a bounded set of starts in flight (a cheaper heap for the garbage collector).
+    recovery_concurrency: int = 64

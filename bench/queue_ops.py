@@ -125,3 +125,7 @@ def main() -> int:
         "all_continue scans every live entry by definition (MQ-7) and is linear in the queue."
     )
     return 0 if met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -117,3 +117,7 @@ def main() -> int:
         f"{WARMUP} warm-up runs precede the {RUNS} measured ones."
     )
     return 0 if met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -259,3 +259,39 @@ async def test_r60_a_crash_right_after_a_real_cut_is_resumed_by_the_next_engine(
         assert (start.cause, start.budget) == ("resume", 6)
         assert again.models["M"].requests, "the resumed stream called the model"
         assert await again.store.owed_cuts() == []
+
+
+class CountingGate:
+    """A pre-stream gate that holds every resume until released, counting those it holds."""
+
+    def __init__(self) -> None:
+        self.holding = 0
+        self.most = 0
+        self.release = anyio.Event()
+
+    async def check(self, session: str, purpose: str) -> None:
+        self.holding += 1
+        self.most = max(self.most, self.holding)
+        try:
+            await self.release.wait()
+        finally:
+            self.holding -= 1
+
+
+async def test_ps6_recovered_resumes_start_at_most_recovery_concurrency_at_once(
+    store: Store,
+) -> None:
+    for n in range(10):
+        await seed(store, f"s{n}")
+    gate = CountingGate()
+    config = EngineConfig(max_stream_steps=8, recovery_concurrency=3)
+    async with session_rig(
+        {"M": [X()] * 10}, store=store, sessions=(), config=config, gate=gate
+    ) as r:
+        await anyio.wait_all_tasks_blocked()
+        assert gate.holding == 3
+        gate.release.set()
+        await r.settle()
+        assert gate.most == 3
+        assert len(r.of(StreamStarted)) == 10
+        assert await r.store.owed_cuts() == []
