@@ -20,6 +20,7 @@ With ``batching`` off, each job is its own transaction, one call each (the same 
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,14 +38,36 @@ class _Outcome:
     error: BaseException | None = None
 
 
+class _Signal:
+    """A one-shot event whose future is made only when someone waits (a lone writer never)."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter  # waits are shielded (``GroupCommit.run``): never cancelled here
+
+
 @dataclass(slots=True)
 class _Batch:
     jobs: list[Job[Any]] = field(default_factory=list)
     outcomes: list[_Outcome] | None = None
     started: bool = False
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: _Signal = field(default_factory=_Signal)
     #: Set when the commit in flight ended and this batch is next: one waiter leads it.
-    free: anyio.Event = field(default_factory=anyio.Event)
+    free: _Signal = field(default_factory=_Signal)
 
 
 class GroupCommit:

@@ -14,14 +14,8 @@ one raises :class:`~persistence.CorruptRecord` and is left where it is.
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
 import os
-import re
 import sqlite3
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 import aiosqlite
@@ -30,32 +24,37 @@ import msgspec
 
 from persistence import _checks, _writes
 from persistence._checkpoint import Checkpointer
+from persistence._connection import Translate, connect, file_facts, one, transaction
+from persistence._decode import (
+    decode_envelope,
+    decode_operation,
+    decode_row,
+    decode_session,
+    recovery_scan,
+)
 from persistence._errors import (
     CorruptRecord,
     MigrationRequired,
     NotATurnkeeperStore,
     StoreError,
-    TurnkeeperError,
     UnsupportedSchemaVersion,
     UsageError,
 )
 from persistence._group import GroupCommit
+from persistence._migrations import Migration, load_migrations
 from persistence.records import (
-    CutRecord,
     CutState,
     HistoryRow,
     OperationRecord,
     OpState,
     ReceiptQuery,
-    RecoverableCut,
     RecoveryScan,
-    RowKind,
     SessionRecord,
     TurnEnvelope,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import Sequence
     from types import TracebackType
 
 Synchronous = Literal["NORMAL", "FULL"]
@@ -94,212 +93,19 @@ INSERT_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 UPDATE_VERSION = "UPDATE schema_version SET version = ?"
 
 _ENCODE = msgspec.json.Encoder().encode
-_CUT = msgspec.json.Decoder(CutRecord)
-_SESSION = msgspec.json.Decoder(SessionRecord)
-_ENVELOPE = msgspec.json.Decoder(TurnEnvelope)
-_OPERATION = msgspec.json.Decoder(OperationRecord)
-_MSGSPEC_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 
 
 # -- migrations -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """One numbered migration file, split into statements."""
-
-    version: int
-    name: str
-    statements: tuple[str, ...]
-
-
-def split_statements(script: str) -> tuple[str, ...]:
-    """Split a SQL script into complete statements (comments stay with their statement).
-
-    Raises:
-        ValueError: The script ends with an incomplete statement.
-    """
-    statements: list[str] = []
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            statements.append(pending.strip())
-            pending = ""
-    leftover = [
-        line for line in pending.splitlines() if line.strip() and not line.strip().startswith("--")
-    ]
-    if leftover:
-        raise ValueError(f"incomplete SQL statement at the end of a migration: {pending!r}")
-    return tuple(statements)
-
-
-@functools.cache
 def migrations() -> tuple[Migration, ...]:
-    """The numbered migrations in ``persistence/migrations``, in order.
-
-    Raises:
-        RuntimeError: The files are not numbered 1, 2, 3, ... without gaps.
-    """
-    folder = importlib.resources.files("persistence").joinpath("migrations")
-    found: list[Migration] = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"(\d{4})_\w+\.sql", entry.name)
-        if match:
-            text = entry.read_text(encoding="utf-8")
-            found.append(Migration(int(match.group(1)), entry.name, split_statements(text)))
-    found.sort(key=lambda migration: migration.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..N: {[m.name for m in found]}")
-    return tuple(found)
+    """The numbered migrations this code applies (a test may substitute this function)."""
+    return load_migrations()
 
 
 def schema_version() -> int:
     """The newest schema version this code knows."""
     return migrations()[-1].version
-
-
-# -- reading values back ----------------------------------------------------------------------
-
-
-def _decode_error(table: str, key: str, exc: msgspec.DecodeError, prefix: str) -> CorruptRecord:
-    """A CorruptRecord whose detail leads with the field path, msgspec's message after it."""
-    text = str(exc)
-    match = _MSGSPEC_PATH.match(text)
-    path, message = (match["path"], match["message"]) if match else ("", text)
-    return CorruptRecord(table, key, f"${prefix}{path}: {message.replace('`', '')}")
-
-
-def _mismatch(table: str, key: str, path: str, expected: str, value: object) -> CorruptRecord:
-    return CorruptRecord(table, key, f"${path}: Expected {expected}, got {type(value).__name__}")
-
-
-def decode_row(values: Sequence[Any]) -> HistoryRow:
-    """Build a history row from its columns, validating each one.
-
-    Raises:
-        CorruptRecord: A column or the cut record fails validation.
-    """
-    session, seq, row_id, kind, stream, cut_state, cut_blob, body = values
-    key = _checks.row_key(str(session), str(row_id))
-    for path, value, expected in (
-        (".session", session, str),
-        (".seq", seq, int),
-        (".row_id", row_id, str),
-        (".body", body, bytes),
-    ):
-        if type(value) is not expected:
-            raise _mismatch("history_rows", key, path, expected.__name__, value)
-    if stream is not None and type(stream) is not str:
-        raise _mismatch("history_rows", key, ".stream", "str | None", stream)
-    try:
-        row_kind = RowKind(kind)
-    except ValueError:
-        raise CorruptRecord("history_rows", key, f"$.kind: Invalid enum value {kind!r}") from None
-    cut: CutRecord | None = None
-    if cut_blob is not None:
-        try:
-            cut = _CUT.decode(cut_blob)
-        except msgspec.DecodeError as exc:
-            raise _decode_error("history_rows", key, exc, ".cut") from None
-    if (None if cut is None else cut.state.value) != cut_state:
-        raise CorruptRecord(
-            "history_rows",
-            key,
-            f"$.cut.state: the record says {None if cut is None else cut.state.value!r}, "
-            f"the cut_state column says {cut_state!r}",
-        )
-    return HistoryRow(
-        session=session, seq=seq, row_id=row_id, kind=row_kind, body=body, stream=stream, cut=cut
-    )
-
-
-def decode_session(values: Sequence[Any]) -> SessionRecord:
-    """Build a session record from its ``(id, record)`` columns.
-
-    Raises:
-        CorruptRecord: The record fails validation or names another id.
-    """
-    session_id, blob = values
-    try:
-        record = _SESSION.decode(blob)
-    except msgspec.DecodeError as exc:
-        raise _decode_error("sessions", str(session_id), exc, "") from None
-    if record.id != session_id:
-        raise CorruptRecord("sessions", str(session_id), f"$.id: the record says {record.id!r}")
-    return record
-
-
-def decode_envelope(values: Sequence[Any]) -> TurnEnvelope:
-    """Build a turn envelope from its ``(session, stream, record)`` columns.
-
-    Raises:
-        CorruptRecord: The record fails validation or names another (session, stream).
-    """
-    session, stream, blob = values
-    key = f"{session}/{stream}"
-    try:
-        envelope = _ENVELOPE.decode(blob)
-    except msgspec.DecodeError as exc:
-        raise _decode_error("turn_envelopes", key, exc, "") from None
-    if (envelope.session, envelope.stream) != (session, stream):
-        raise CorruptRecord(
-            "turn_envelopes", key, f"$: the record is for {envelope.session}/{envelope.stream}"
-        )
-    return envelope
-
-
-def decode_operation(values: Sequence[Any]) -> OperationRecord:
-    """Build a receipt from its ``(op_id, state, record)`` columns.
-
-    Raises:
-        CorruptRecord: The record fails validation or disagrees with its columns.
-    """
-    op_id, state, blob = values
-    try:
-        record = _OPERATION.decode(blob)
-    except msgspec.DecodeError as exc:
-        raise _decode_error("operations", str(op_id), exc, "") from None
-    if record.op_id != op_id or record.state.value != state:
-        raise CorruptRecord(
-            "operations",
-            str(op_id),
-            f"$: the record says {record.op_id}/{record.state.value}, the columns {op_id}/{state}",
-        )
-    return record
-
-
-# -- translating sqlite3 errors ---------------------------------------------------------------
-
-
-class _Translate:
-    """Turn a ``sqlite3`` error escaping a block into one of ours (the store's boundary)."""
-
-    __slots__ = ("_path",)
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if isinstance(exc, sqlite3.Error):
-            raise translate(exc, self._path) from exc
-
-
-def translate(exc: sqlite3.Error, path: str) -> TurnkeeperError:
-    """Our error for a ``sqlite3`` error that no verb handled more precisely."""
-    if isinstance(exc, sqlite3.IntegrityError):
-        return UsageError(f"{path}: {exc}")
-    if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY":
-        return UsageError(f"{path} is open read-only: {exc}")
-    return StoreError(f"{path}: {exc}")
 
 
 # -- the store --------------------------------------------------------------------------------
@@ -338,7 +144,7 @@ class SqliteStore:
         self._db: aiosqlite.Connection | None = None
         self._checkpointer: Checkpointer | None = None
         self._lock = anyio.Lock(fast_acquire=True)
-        self._errors = _Translate(self._path)
+        self._errors = Translate(self._path)
         self._group = GroupCommit(connection=self._writer, lock=self._lock, batching=group_commit)
 
     def __repr__(self) -> str:
@@ -399,9 +205,9 @@ class SqliteStore:
         await self.close()
 
     async def _open_readwrite(self) -> aiosqlite.Connection:
-        size, _ = await anyio.to_thread.run_sync(_file_facts, self._path)
+        size, _ = await anyio.to_thread.run_sync(file_facts, self._path)
         fresh = not size
-        db = await _connect(self._path)
+        db = await connect(self._path)
         try:
             # Nothing up to the migration writes to the file: a refused file stays byte-identical.
             await db.execute("PRAGMA busy_timeout = 5000")
@@ -411,7 +217,7 @@ class SqliteStore:
             if version < schema_version():
                 await self._migrate(db)
             # Setting WAL writes the header, so it comes after every check.
-            (mode,) = await _one(db, "PRAGMA journal_mode = WAL")
+            (mode,) = await one(db, "PRAGMA journal_mode = WAL")
             if mode != "wal":
                 raise StoreError(f"{self._path}: could not switch to WAL (journal mode {mode!r})")
             # Checkpoints run on the checkpointer's thread, never inside a commit (_checkpoint).
@@ -423,12 +229,12 @@ class SqliteStore:
         return db
 
     async def _open_readonly(self) -> aiosqlite.Connection:
-        size, uri = await anyio.to_thread.run_sync(_file_facts, self._path)
+        size, uri = await anyio.to_thread.run_sync(file_facts, self._path)
         if size is None:
             raise NotATurnkeeperStore(self._path, "no such file (read-only opens create nothing)")
         if size == 0:
             raise NotATurnkeeperStore(self._path, "the file is empty")
-        db = await _connect(uri, uri=True)
+        db = await connect(uri, uri=True)
         try:
             await db.execute("PRAGMA busy_timeout = 5000")
             await db.execute("PRAGMA query_only = ON")
@@ -449,7 +255,7 @@ class SqliteStore:
             UnsupportedSchemaVersion: Newer than this code.
         """
         try:
-            (tables,) = await _one(db, SELECT_VERSION_TABLE)
+            (tables,) = await one(db, SELECT_VERSION_TABLE)
         except sqlite3.DatabaseError as exc:
             if getattr(exc, "sqlite_errorname", "") != "SQLITE_NOTADB":
                 raise
@@ -475,8 +281,8 @@ class SqliteStore:
 
     async def _migrate(self, db: aiosqlite.Connection) -> None:
         """Run the missing migrations and record the new version, all in one transaction."""
-        async with _transaction(db):
-            (tables,) = await _one(db, SELECT_VERSION_TABLE)
+        async with transaction(db):
+            (tables,) = await one(db, SELECT_VERSION_TABLE)
             version = await self._read_version(db) if tables else 0
             if version > schema_version():  # another process migrated it meanwhile
                 raise UnsupportedSchemaVersion(self._path, version, schema_version())
@@ -624,7 +430,7 @@ class SqliteStore:
             with self._errors:
                 raw = await db._execute(_writes.scan_recoverable, db._conn)  # type: ignore[no-untyped-call]
         owed, trailing, sessions, streams = cast("_writes.Scan", raw)
-        return _recovery_scan(owed, trailing, sessions, streams)
+        return recovery_scan(owed, trailing, sessions, streams)
 
     async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
         """Set the state of the cut record on a row (one call), in the column and the record.
@@ -709,114 +515,3 @@ class SqliteStore:
                 corrupt.append((str(row[0]), str(error)))
         ordered = _checks.order_receipts(records, session=session, states=states, recent=recent)
         return ReceiptQuery(records=ordered, corrupt=tuple(corrupt))
-
-
-def _file_facts(path: str) -> tuple[int | None, str]:
-    """The file's size (``None`` when it is missing or not a file) and its read-only URI."""
-    size = os.path.getsize(path) if os.path.isfile(path) else None
-    return size, Path(path).absolute().as_uri() + "?mode=ro"
-
-
-async def _connect(database: str, *, uri: bool = False) -> aiosqlite.Connection:
-    """Open an aiosqlite connection; on failure, let its worker thread finish first.
-
-    When connecting fails, aiosqlite stops its worker thread with a result posted to the
-    running loop that nobody awaits; if the loop closed before the thread got there, the
-    thread would raise "Event loop is closed". Joining the thread keeps that inside the loop.
-    """
-    connection = aiosqlite.connect(database, uri=uri, isolation_level=None)
-    try:
-        return await connection
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            worker = connection._thread  # aiosqlite 0.22's worker (pinned); see the docstring
-            if worker.is_alive():
-                await anyio.to_thread.run_sync(worker.join, 5.0)
-            await anyio.lowlevel.checkpoint()
-        raise
-
-
-async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[object] = ()) -> Sequence[Any]:
-    """The single row a query returns (one call).
-
-    Raises:
-        StoreError: The query returned no row.
-    """
-    rows = list(await db.execute_fetchall(sql, params))
-    if not rows:
-        raise StoreError(f"no row from {sql!r}")
-    return tuple(rows[0])
-
-
-@asynccontextmanager
-async def _transaction(db: aiosqlite.Connection) -> AsyncIterator[None]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error, shielded from cancellation.
-
-    The shield makes sure a transaction is finished before the caller's lock is released;
-    a cancellation is delivered at the caller's next checkpoint.
-    """
-    with anyio.CancelScope(shield=True):
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            await db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                await db.execute("ROLLBACK")
-            raise
-
-
-def _recovery_scan(
-    owed: Sequence[Sequence[Any]],
-    trailing: Sequence[Sequence[Any]],
-    sessions: Sequence[Sequence[Any]],
-    streams: Sequence[Sequence[Any]],
-) -> RecoveryScan:
-    """Decode the raw scan: owed rows by session (the last one is the candidate)."""
-    corrupt: dict[str, str] = {}
-    by_session: dict[str, list[HistoryRow]] = {}
-    for values in owed:
-        name = str(values[0])
-        try:
-            by_session.setdefault(name, []).append(decode_row(values))
-        except CorruptRecord as error:
-            corrupt.setdefault(name, str(error))
-    records: dict[str, SessionRecord] = {}
-    for values in sessions:
-        try:
-            records[str(values[0])] = decode_session(values)
-        except CorruptRecord as error:
-            corrupt.setdefault(str(values[0]), str(error))
-    after: dict[str, list[tuple[int, str]]] = {}
-    for name, seq, kind in trailing:
-        after.setdefault(str(name), []).append((int(seq), str(kind)))
-    stream_ids: dict[str, list[str]] = {}
-    for name, stream in streams:
-        stream_ids.setdefault(str(name), []).append(str(stream))
-    cuts: list[RecoverableCut] = []
-    for name, rows in by_session.items():
-        if name in corrupt or name not in records:
-            continue
-        last = rows[-1]
-        tail = after.get(name, [])
-        kinds: list[RowKind] = []
-        for seq, kind in tail:
-            try:
-                kinds.append(RowKind(kind))
-            except ValueError:
-                key = _checks.row_key(name, f"seq {seq}")
-                corrupt[name] = str(CorruptRecord("history_rows", key, f"$.kind: {kind!r}"))
-                break
-        if name in corrupt:
-            continue
-        cuts.append(
-            RecoverableCut(
-                session=records[name],
-                row=last,
-                trailing=tuple(kinds),
-                stale=tuple(r.row_id for r in rows[:-1]),
-                last_seq=max([last.seq, *(seq for seq, _ in tail)]),
-                streams=tuple(stream_ids.get(name, ())),
-            )
-        )
-    return RecoveryScan(cuts=tuple(cuts), corrupt=tuple(sorted(corrupt.items())))

@@ -26,6 +26,7 @@ from persistence import (
     TurnkeeperError,
     UnsupportedSchemaVersion,
     UsageError,
+    _migrations,
     _sqlite,
 )
 
@@ -161,7 +162,9 @@ def second_migration(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     known = _sqlite.migrations()
 
     def install(sql: str) -> None:
-        extra = _sqlite.Migration(CURRENT + 1, "9999_test.sql", _sqlite.split_statements(sql))
+        extra = _migrations.Migration(
+            CURRENT + 1, "9999_test.sql", _migrations.split_statements(sql)
+        )
         monkeypatch.setattr(_sqlite, "migrations", lambda: (*known, extra))
 
     return install
@@ -219,9 +222,9 @@ def test_migrations_are_numbered_from_one_without_gaps() -> None:
 
 
 def test_split_statements_refuses_an_incomplete_statement() -> None:
-    assert _sqlite.split_statements("SELECT 1;\n-- trailing comment\n") == ("SELECT 1;",)
+    assert _migrations.split_statements("SELECT 1;\n-- trailing comment\n") == ("SELECT 1;",)
     with pytest.raises(ValueError, match="incomplete"):
-        _sqlite.split_statements("SELECT 1;\nCREATE TABLE t (x\n")
+        _migrations.split_statements("SELECT 1;\nCREATE TABLE t (x\n")
 
 
 # -- read-only ----------------------------------------------------------------------------------
