@@ -9,13 +9,8 @@ stream is stopped first; the caller's abort signal and the launch probe are chec
 registration, and again after the awaited envelope write; only then does processing begin
 with ``stream-start``.
 
-The loop runs one model step at a time. A step's parts stream in; a soft stop lands at the
-next text-end, reasoning-end or finish-step. At a finish the step is charged to the budget.
-A refusal walks the fallback chain (SM-16); an empty step is retried once (SM-17); a
-"previous response not found" error is retried once (SM-18); every restart runs under what is
-left, never a fresh ceiling (R37). Client tool calls run one at a time (SM-6) as operations;
-only when every result has settled are the stop conditions evaluated (SM-5, SM-7), and a pure
-queued-message stop is reported synchronously before ``stream-end`` (SM-8).
+Processing a launched stream (the step loop, tool boundaries, fallback, endings) is
+``_processing.StreamProcessing``, which this class inherits.
 
 Stops: ``request_stop_nowait`` marks a soft stop, or cancels processing for a hard one (which
 then emits exactly one ``stream-abort``); a completed stream emits nothing; with nothing
@@ -26,7 +21,7 @@ are the pure functions of ``_budget``, ``_fallback`` and ``_stop``; this module 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -34,55 +29,32 @@ import anyio.abc
 from stream_manager._budget import StepBudget, initial_budget
 from stream_manager._events import (
     AbortReason,
-    ErrorKind,
-    FellBack,
     LaunchRefused,
-    LoopStopped,
     Observer,
-    StepCompleted,
     StreamAborted,
-    StreamEvent,
-    StreamFailed,
     StreamStarted,
-    ToolCallEnded,
-    ToolCallStarted,
 )
-from stream_manager._events import StreamEnded as StreamEndedEvent
-from stream_manager._fallback import NoHop, plan_hop, start_progress
-from stream_manager._op_parts import Ledger, OverlapPolicy, Spawn
-from stream_manager._op_states import CancelWhy
+from stream_manager._fallback import start_progress
+from stream_manager._op_parts import Ledger, OverlapPolicy
 from stream_manager._operations import OperationRunner
 from stream_manager._parts import (
-    ChatMessage,
     Finish,
-    FinishReason,
     Part,
-    ReasoningPart,
-    Role,
-    TextPart,
-    ToolCallPart,
-    ToolResultPart,
 )
+from stream_manager._processing import StreamProcessing
 from stream_manager._request import (
-    Aborted,
-    AbortMetadata,
-    Ended,
-    Failed,
-    QueuedStopReport,
     Refused,
     StreamInfo,
     StreamOutcome,
     StreamRequest,
     Withdrawn,
 )
-from stream_manager._stop import RequiredTools, StopWhy, decide_stop
 from stream_manager._stream import ActiveStream, StreamState
-from stream_manager._validate import malformed
-from stream_manager.errors import ErrorType, ModelError, UnknownModel, is_retryable
-from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolKind
+from stream_manager.errors import ModelError, UnknownModel
+from stream_manager.ports import Clock, Model, Tool, ToolKind
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from message_queue import CancelToken
 
@@ -111,7 +83,7 @@ class _Stopped:
 _STOPPED = _Stopped()
 
 
-class StreamManager:
+class StreamManager(StreamProcessing):
     """Runs the streams of every session of one engine; at most one stream per session."""
 
     def __init__(
@@ -163,10 +135,6 @@ class StreamManager:
     def remove_observer(self, observer: Observer) -> None:
         """Stop reporting to ``observer``."""
         self._observers.remove(observer)
-
-    def _emit(self, event: StreamEvent) -> None:
-        for observer in self._observers:
-            observer(event)
 
     # ------------------------------------------------------------ queries
 
@@ -339,410 +307,10 @@ class StreamManager:
         if self._observers:
             self._emit(StreamAborted(session=session, stream="", reason=reason, remaining=0))
 
-    # ------------------------------------------------------------ processing
-
-    async def _process(self, stream: ActiveStream, request: StreamRequest) -> StreamOutcome:
-        required = RequiredTools((*self._completion_tools, *request.required_tools))
-        outcome: StreamOutcome | _Stopped = _STOPPED
-        assert stream.scope is not None
-        async with anyio.create_task_group() as operations:
-            # The stream's own group for tool tasks when no engine group is bound; a hard stop
-            # cancels the loop (stream.scope), never these tasks: they acknowledge or time out.
-            self._groups[stream.id] = operations
-            try:
-                with stream.scope:
-                    outcome = await self._loop(stream, request, list(request.messages), required)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self._ops.provider_cut(stream.id)  # OP-7
-                self._ops.stream_closed(stream.id)
-                del self._groups[stream.id]
-        if isinstance(outcome, _Stopped):
-            return self._abort(stream)
-        return outcome
-
-    def _stream_spawn(self, stream: ActiveStream) -> Spawn:
-        group = self._groups[stream.id]
-
-        def spawn(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-            group.start_soon(work)
-
-        return spawn
-
-    async def _loop(
-        self,
-        stream: ActiveStream,
-        request: StreamRequest,
-        messages: list[ChatMessage],
-        required: RequiredTools,
-    ) -> StreamOutcome | _Stopped:
-        empty_retries = previous_response_retries = 0
-        loop_ceiling = stream.budget.remaining
-        while True:
-            model_request = ModelRequest(
-                model=stream.model,
-                stream=stream.id,
-                step=stream.budget.spent + 1,
-                step_ceiling=loop_ceiling,
-                messages=tuple(messages),
-                correlation=request.correlation,
-                extra_system_context=request.extra_system_context,
-                thinking_level=(
-                    request.thinking_for_step()
-                    if request.thinking_for_step is not None
-                    else request.thinking_level
-                ),
-            )
-            step = await self._step(stream, self._models[stream.model], model_request, required)
-            if step.soft_stopped:
-                return _STOPPED
-            restartable = stream.budget.remaining > 0 and not stream.stopping
-            error = step.error
-            if error is not None:
-                if (
-                    error.type is ErrorType.PREVIOUS_RESPONSE_NOT_FOUND
-                    and previous_response_retries < MAX_PREVIOUS_RESPONSE_RETRIES
-                    and not step.parts
-                    and restartable
-                ):
-                    previous_response_retries += 1
-                    loop_ceiling = stream.budget.remaining  # SM-18: never a fresh ceiling
-                    continue
-                return self._fail(stream, error.type, error.message)
-            if step.finish is None:
-                if step.parts:
-                    return self._fail(
-                        stream,
-                        ErrorType.STREAM_TRUNCATED,
-                        f"model {stream.model!r} step {model_request.step} ended without a finish",
-                    )
-                if empty_retries < MAX_EMPTY_OUTPUT_RETRIES and restartable:
-                    empty_retries += 1
-                    loop_ceiling = stream.budget.remaining  # SM-17 runs under the remainder
-                    continue
-                return self._fail(
-                    stream,
-                    ErrorType.EMPTY_OUTPUT,
-                    f"model {stream.model!r} returned no output at step {model_request.step}",
-                )
-            if step.finish.reason is FinishReason.REFUSAL:
-                failure = self._fall_back(stream, step)
-                if failure is not None:
-                    return failure
-                loop_ceiling = stream.budget.remaining  # R37: the hop runs under the remainder
-                continue
-            outcome = await self._tool_boundary(stream, request, messages, step, required)
-            if outcome is not None:
-                return outcome
-
-    async def _step(
-        self,
-        stream: ActiveStream,
-        model: Model,
-        model_request: ModelRequest,
-        required: RequiredTools,
-    ) -> _Step:
-        """Stream one model step, landing a pending soft stop at the first boundary."""
-        step = _Step(parts=[])
-        stream.step_open = True
-        stream.required_in_step = False
-        calls: dict[str, ToolCallPart] = {}
-        iterator: AsyncIterator[Part] | None = None
-        try:
-            iterator = model.stream_step(model_request)  # a model may refuse to even start
-            async for part in iterator:
-                problem = malformed(part, step.parts, calls)
-                if problem is not None:
-                    where = f"model {stream.model!r} step {model_request.step}"
-                    step.error = ModelError(ErrorType.MALFORMED_OUTPUT, f"{where}: {problem}")
-                    stream.step_open = False
-                    return step
-                step.parts.append(part)
-                stream.parts.append(part)
-                if getattr(part, "provider_executed", False):  # the hot path awaits nothing
-                    await self._provider_receipts(stream, part, model_request.step, len(calls))
-                if self._on_part(stream, part, calls, required):
-                    step.finish = part if isinstance(part, Finish) else None
-                    if stream.soft_reason is not None:
-                        step.soft_stopped = True
-                        return step
-        except ModelError as error:
-            step.error = error
-        except Exception as error:  # a model that raises something else is still a typed error
-            step.error = ModelError(
-                ErrorType.UNKNOWN,
-                f"model {stream.model!r} step {model_request.step} raised "
-                f"{type(error).__name__}: {error}",
-            )
-        finally:
-            if iterator is not None:
-                await _close(iterator)
-        stream.step_open = False
-        return step
-
-    async def _provider_receipts(
-        self, stream: ActiveStream, part: Part, step: int, index: int
-    ) -> None:
-        """Provider-executed calls are operations too (OP-7): their results end them."""
-        if isinstance(part, ToolCallPart) and part.provider_executed:
-            await self._ops.provider_started(
-                session=stream.session, stream=stream.id, step=step, index=index, call=part
-            )
-        elif isinstance(part, ToolResultPart) and part.provider_executed:
-            await self._ops.provider_ended(part)
-
     @property
     def operations(self) -> OperationRunner:
         """The operation runner (receipts, the overlap guard)."""
         return self._ops
-
-    def _on_part(
-        self,
-        stream: ActiveStream,
-        part: Part,
-        calls: dict[str, ToolCallPart],
-        required: RequiredTools,
-    ) -> bool:
-        """Book one part; return whether it is a soft-stop boundary."""
-        if isinstance(part, TextPart | ReasoningPart):
-            return True
-        if isinstance(part, Finish):
-            stream.step_open = False
-            stream.budget = stream.budget.charge()
-            if self._observers:
-                self._emit(
-                    StepCompleted(
-                        session=stream.session,
-                        stream=stream.id,
-                        n=stream.budget.spent,
-                        model=stream.model,
-                    )
-                )
-            return True
-        if isinstance(part, ToolCallPart):
-            calls[part.call_id] = part
-            if self._observers:
-                self._emit(
-                    ToolCallStarted(
-                        session=stream.session,
-                        stream=stream.id,
-                        call=part.call_id,
-                        tool=part.name,
-                        provider=part.provider_executed,
-                    )
-                )
-            return False
-        if required and required.satisfied_by((part,)):
-            stream.required_in_step = True
-        self._tool_ended(stream, part, provider=True)
-        return False
-
-    def _tool_ended(self, stream: ActiveStream, result: ToolResultPart, *, provider: bool) -> None:
-        """``tool-call-end``: a provider's result arrived, or a client call was executed."""
-        if self._observers:
-            self._emit(
-                ToolCallEnded(
-                    session=stream.session,
-                    stream=stream.id,
-                    call=result.call_id,
-                    tool=result.name,
-                    provider=provider,
-                    is_error=result.is_error,
-                )
-            )
-
-    def _fall_back(self, stream: ActiveStream, step: _Step) -> Failed | None:
-        """SM-16: hop to the next model of the chain, or fail with a terminal refusal."""
-        incomplete = any(
-            isinstance(p, ToolCallPart) and not p.provider_executed for p in step.parts
-        )
-        decision = plan_hop(
-            stream.progress,
-            stream.model,
-            remaining=stream.budget.remaining,
-            stopping=stream.stopping,
-            incomplete_tool_call=incomplete,
-        )
-        stream.progress = decision.progress
-        if isinstance(decision, NoHop):
-            return self._fail(stream, ErrorType.MODEL_REFUSAL, decision.note)
-        if decision.to not in self._models:
-            note = f"fallback model {decision.to!r} could not be started"
-            return self._fail(stream, ErrorType.MODEL_REFUSAL, note)
-        if self._observers:
-            self._emit(
-                FellBack(
-                    session=stream.session,
-                    stream=stream.id,
-                    from_=stream.model,
-                    to=decision.to,
-                    refused=decision.progress.refused_models,
-                )
-            )
-        stream.model = decision.to
-        return None
-
-    async def _tool_boundary(
-        self,
-        stream: ActiveStream,
-        request: StreamRequest,
-        messages: list[ChatMessage],
-        step: _Step,
-        required: RequiredTools,
-    ) -> StreamOutcome | _Stopped | None:
-        """Run the step's client calls one at a time (SM-6), then decide (SM-5, SM-7)."""
-        assert step.finish is not None
-        all_calls = [p for p in step.parts if isinstance(p, ToolCallPart)]
-        client_calls = [c for c in all_calls if not c.provider_executed]
-        if not client_calls:
-            return await self._complete(stream, request, step.finish.reason, StopWhy.FINISHED)
-        results = [p for p in step.parts if isinstance(p, ToolResultPart)]
-        executed = await self._ops.run_calls(
-            session=stream.session,
-            stream=stream.id,
-            step=stream.budget.spent,
-            calls=client_calls,
-            stop_why=lambda: _cancel_why(stream),
-            spawn=self._stream_spawn(stream),
-        )
-        for result in executed:
-            results.append(result)
-            stream.parts.append(result)
-            self._tool_ended(stream, result, provider=False)
-        text = "".join(p.text for p in step.parts if isinstance(p, TextPart))
-        messages.append(ChatMessage(role=Role.ASSISTANT, text=text, tool_calls=tuple(all_calls)))
-        messages.append(ChatMessage(role=Role.TOOL, tool_results=tuple(results)))
-        queued = request.has_queued_tool_end() if request.has_queued_tool_end else False
-        decision = decide_stop(
-            budget_exhausted=stream.budget.exhausted,
-            queued_tool_end=queued,
-            required_tool_satisfied=stream.required_in_step or required.satisfied_by(results),
-        )
-        if decision is None:
-            return None
-        return await self._complete(stream, request, FinishReason.TOOL_CALLS, decision.why)
-
-    # ------------------------------------------------------------ endings
-
-    async def _complete(
-        self, stream: ActiveStream, request: StreamRequest, finish: FinishReason, why: StopWhy
-    ) -> Ended | _Stopped:
-        """SM-15: report the stop (and a cut, SM-8), complete, persist, emit ``stream-end``.
-
-        The stream is COMPLETED before the final write is awaited, so a hard stop arriving
-        during that write emits nothing (SM-11) instead of aborting a stream whose final
-        message is being committed.
-        """
-        if stream.hard_reason is not None:
-            return _STOPPED  # a hard stop landed first: the abort path emits its one event
-        report = None
-        if why is StopWhy.QUEUED_MESSAGE:
-            report = QueuedStopReport(
-                stream=stream.id,
-                model=stream.model,
-                steps_remaining=stream.budget.remaining,
-                fallback_progress=stream.progress,
-            )
-        if self._observers:
-            self._emit(LoopStopped(session=stream.session, stream=stream.id, why=why))
-        if report is not None and request.on_queued_message_stop is not None:
-            request.on_queued_message_stop(report)  # synchronously, before stream-end (R1)
-        stream.move(StreamState.COMPLETED)
-        ended = Ended(
-            stream=stream.id,
-            model=stream.model,
-            finish=finish,
-            why=why,
-            steps=stream.budget.spent,
-            remaining=stream.budget.remaining,
-            progress=stream.progress,
-            queued_stop=report,
-            parts=tuple(stream.parts),
-        )
-        if request.on_complete is not None:
-            with anyio.CancelScope(shield=True):
-                await request.on_complete(ended)
-        if self._observers:
-            self._emit(
-                StreamEndedEvent(
-                    session=stream.session,
-                    stream=stream.id,
-                    finish=finish,
-                    steps=stream.budget.spent,
-                    remaining=stream.budget.remaining,
-                )
-            )
-        return ended
-
-    def _fail(self, stream: ActiveStream, error_type: ErrorType, message: str) -> Failed:
-        """SM-19, SM-20: a stream error that reports what the attempt left."""
-        stream.step_open = False
-        if error_type is ErrorType.CONTEXT_EXCEEDED:
-            kind = ErrorKind.CONTEXT_EXCEEDED
-        elif is_retryable(error_type):
-            kind = ErrorKind.RETRYABLE
-        else:
-            kind = ErrorKind.TERMINAL
-        stream.move(StreamState.ERROR)
-        if self._observers:
-            self._emit(
-                StreamFailed(
-                    session=stream.session,
-                    stream=stream.id,
-                    kind=kind,
-                    remaining=stream.budget.remaining,
-                    type=error_type.value,
-                    message=message,
-                )
-            )
-        return Failed(
-            stream=stream.id,
-            type=error_type,
-            kind=kind,
-            message=message,
-            remaining=stream.budget.remaining,
-            model=stream.model,
-            progress=stream.progress,
-            parts=tuple(stream.parts),
-        )
-
-    def _abort(self, stream: ActiveStream) -> Aborted:
-        """SM-14: abort cleanup; a step cut mid-flight counts as spent (SM-9)."""
-        if stream.step_open:
-            stream.step_open = False
-            stream.budget = stream.budget.charge()
-        reason = stream.hard_reason or stream.soft_reason or AbortReason.SYSTEM
-        if stream.state is StreamState.STREAMING:
-            stream.move(StreamState.STOPPING)
-        stream.move(StreamState.ABORTED)
-        metadata = AbortMetadata(
-            model=stream.model,
-            steps_remaining=stream.budget.remaining,
-            fallback_progress=stream.progress,
-            required_tool_satisfied=stream.required_in_step,
-        )
-        if self._observers:
-            self._emit(
-                StreamAborted(
-                    session=stream.session,
-                    stream=stream.id,
-                    reason=reason,
-                    remaining=stream.budget.remaining,
-                )
-            )
-        return Aborted(
-            stream=stream.id, reason=reason, metadata=metadata, parts=tuple(stream.parts)
-        )
-
-
-def _cancel_why(stream: ActiveStream) -> CancelWhy:
-    """Why a running operation is cancelled when its stream stops (OP-3)."""
-    reason = stream.hard_reason or stream.soft_reason
-    if reason is AbortReason.USER:
-        return CancelWhy.USER
-    if reason is None:
-        return CancelWhy.SHUTDOWN  # cancelled from outside: the engine is going away
-    return CancelWhy.STREAM_STOPPED
 
 
 def _fired(token: CancelToken | None) -> bool:
@@ -758,16 +326,6 @@ def _abort_reason(reason: str) -> AbortReason:
         return AbortReason(reason)
     except ValueError:
         return AbortReason.SYSTEM
-
-
-async def _close(iterator: object) -> None:
-    """Close a model's step iterator that did not run to its end (bounded, shielded)."""
-    if getattr(iterator, "ag_frame", True) is None:
-        return  # an async generator that already finished has nothing to clean up
-    aclose = getattr(iterator, "aclose", None)
-    if aclose is not None:
-        with anyio.move_on_after(_CLEANUP_S, shield=True):
-            await aclose()
 
 
 __all__ = ["StreamManager"]
