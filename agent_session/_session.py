@@ -18,8 +18,10 @@ every arrival at IDLE, schedules the sweep (AS-2). The stream manager's events r
 session synchronously (``on_stream_event``) after the engine's observers have seen them, so a
 stream-start consumes the owed continuation exactly when the fact is recorded (ST-4).
 
-This module holds the state, the phase, the public API and the queue operations; the turn
-machinery (pipeline, launch, outcomes, sweep) is ``_session_turns``.
+This module holds the state, the phase, the public API and the queue operations. The class
+tower: ``SessionCore`` (here) <- ``SessionOutcomes`` (stream events, outcomes, the drain) <-
+``SessionTurns`` (the send pipeline, the launch) <- ``AgentSession`` (``_session_resume``: the
+sweep, resume, user actions, disposal).
 """
 
 from __future__ import annotations

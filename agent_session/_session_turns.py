@@ -1,31 +1,21 @@
-"""AgentSession's turn machinery: the send pipeline, the launch, outcomes, the drain, the sweep.
+"""AgentSession's turn machinery: the send pipeline and the launch of a turn's stream.
 
 See ``_session`` for the theory of operation. Rule ids in comments point at SPEC.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import anyio
-import msgspec
 
 from agent_session._continuation import (
     EndedHow,
     Marker,
-    consume,
-    owe,
-    resume_settled,
-    retry_safe,
 )
 from agent_session._events import (
-    ContinuationEnded,
-    ContinuationOwed,
     EntryCanceled,
-    EntryDequeued,
     Persisted,
-    ResumeAttempted,
 )
 from agent_session._phases import Phase
 from agent_session._rows import (
@@ -37,7 +27,8 @@ from agent_session._rows import (
     needs_continue_sentinel,
     to_messages,
 )
-from agent_session._session import SessionCore, ThinkingHolder
+from agent_session._session import ThinkingHolder
+from agent_session._session_outcomes import SessionOutcomes
 from agent_session._turn import (
     Accepted,
     CanceledBeforeAcceptance,
@@ -48,25 +39,15 @@ from agent_session._turn import (
 )
 from agent_session.ports import PreStreamFailure
 from message_queue import CancelToken, DispatchMode, EntryKind, SendFailure, SendOptions
-from persistence import CutState, HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
+from persistence import HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
 from stream_manager import (
-    Aborted,
-    AbortReason,
     Ended,
     ErrorKind,
-    Failed,
-    QueuedStopReport,
     Refused,
-    StartCause,
-    StreamAborted,
-    StreamEvent,
     StreamFailed,
     StreamInfo,
     StreamOutcome,
     StreamRequest,
-    StreamStarted,
-    ToolCallEnded,
-    ToolCallStarted,
     Withdrawn,
 )
 
@@ -75,8 +56,8 @@ log = logging.getLogger("turnkeeper.session")
 _DISPOSED = SendRefused(SendFailure(type="disposed", message="the session was disposed"))
 
 
-class SessionTurns(SessionCore):
-    """The session's turns: the send pipeline, the launch, stream events, outcomes, the drain."""
+class SessionTurns(SessionOutcomes):
+    """The session's turns: the send pipeline and the launch (outcomes: ``SessionOutcomes``)."""
 
     __slots__ = ()
 
@@ -375,36 +356,6 @@ class SessionTurns(SessionCore):
         )
         self._emit(Persisted(session=self.id, what="envelope", id=info.stream))
 
-    def _on_queued_stop(self, report: QueuedStopReport) -> None:
-        """ST-2, R1: the cut is owed a continuation, recorded synchronously in the report."""
-        if report.steps_remaining <= 0:
-            return  # R65
-        context = self._stream_context
-        marker = Marker(
-            cut=report.stream,
-            model=report.model,
-            step_budget=report.steps_remaining,
-            progress=report.fallback_progress,
-            options=msgspec.structs.replace(retry_safe(context.options), model=report.model),
-            correlation=context.correlation,
-            agent_initiated=context.agent_initiated,
-            thinking_level=(  # R20: a pending change survives the cut
-                self._thinking.at_cut() if self._thinking is not None else context.thinking_level
-            ),
-            extra_system_context=self.scratchpad,  # R26: the live snapshot at the cut
-        )
-        self.continuation, _ = owe(self.continuation, marker)
-        handle = marker.correlation.handle_id if marker.correlation else None
-        self._emit(
-            ContinuationOwed(
-                session=self.id,
-                cut=marker.cut,
-                remaining=marker.step_budget,
-                model=marker.model,
-                handle=handle,
-            )
-        )
-
     async def _persist_final(self, ended: Ended) -> None:
         """B5: the final assistant row; a cut's row carries the durable cut record (R60)."""
         context = self._stream_context
@@ -429,224 +380,3 @@ class SessionTurns(SessionCore):
         if record is not None:
             self._cut_rows[ended.stream] = row.row_id
         self._emit(Persisted(session=self.id, what="cut" if record else "assistant", id=row.row_id))
-
-    # ------------------------------------------------------------ stream events
-
-    def on_stream_event(self, event: StreamEvent) -> None:
-        """React to the stream manager's events for this session (AS-19 to AS-21, AS-27)."""
-        if isinstance(event, StreamStarted):
-            self._on_stream_start(event)
-        elif isinstance(event, ToolCallStarted):
-            self._active_tools.add(event.call)
-        elif isinstance(event, ToolCallEnded):
-            self._active_tools.discard(event.call)
-            if event.provider and not self._active_tools:
-                self._maybe_soft_stop()
-        elif isinstance(event, StreamAborted) and not event.stream:
-            self._on_synthetic_abort(event.reason)
-
-    def _on_stream_start(self, event: StreamStarted) -> None:
-        """AS-19, ST-4: STREAMING consumes the owed continuation, whoever started the stream."""
-        self._soft_stop_in_flight = False
-        self._active_tools.clear()
-        self._set_phase(Phase.STREAMING)
-        self.continuation, marker = consume(self.continuation)
-        if marker is not None:
-            self._emit(
-                ContinuationEnded(
-                    session=self.id,
-                    cut=marker.cut,
-                    how=EndedHow.CONSUMED,
-                    why=f"stream {event.stream} started",
-                )
-            )
-            self._void_cut_record(marker.cut, CutState.CONSUMED)  # written by on_started
-        resume = self._stream_context.resume_of
-        if resume is not None and event.cause is StartCause.RESUME:
-            self._emit(
-                ResumeAttempted(
-                    session=self.id, cut=resume[0], attempt=resume[1], outcome="started"
-                )
-            )
-            self._resume_abort = None
-
-    def _maybe_soft_stop(self) -> None:
-        """AS-27: after a provider tool's result, soft-stop for a live queued tool-end entry."""
-        if (
-            self.phase is Phase.STREAMING
-            and not self._soft_stop_in_flight
-            and self.queue.has_queued(DispatchMode.TOOL_END)
-        ):
-            self._soft_stop_in_flight = True
-            self._manager.request_stop_nowait(self.id, soft=True, reason=AbortReason.QUEUED_MESSAGE)
-
-    def _on_synthetic_abort(self, reason: AbortReason) -> None:
-        """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume."""
-        if reason is not AbortReason.QUEUED_MESSAGE:
-            self._soft_stop_in_flight = False
-            self._active_tools.clear()
-        if (
-            self.phase is Phase.PREPARING
-            and self._resume_abort is not None
-            and reason is not AbortReason.QUEUED_MESSAGE
-        ):
-            self._end_marker(EndedHow.WITHDRAWN, f"{reason} stop before the resume started")
-            self._flush_voids_soon()
-
-    # ------------------------------------------------------------ outcomes
-
-    async def _on_outcome(self, outcome: StreamOutcome, context: StreamContext) -> None:
-        if self.disposed:
-            return
-        if isinstance(outcome, Ended):
-            self._set_phase(Phase.COMPLETING)  # AS-24
-            self._drain()
-            self._to_idle_from(Phase.COMPLETING)
-        elif isinstance(outcome, Aborted):
-            await self._on_abort(outcome)
-        elif isinstance(outcome, Failed):
-            self._set_phase(Phase.COMPLETING)  # AS-25
-            self.continuation = resume_settled(self.continuation)
-            self._end_marker(EndedHow.WITHDRAWN, "the stream failed; the error path owns it (R25)")
-            await self._flush_voids()
-            self._to_idle_from(Phase.COMPLETING)
-        else:
-            self._on_not_started(outcome, context)
-
-    def _on_not_started(self, outcome: Refused | Withdrawn, context: StreamContext) -> None:
-        """The launch never reached stream-start (AS-10, ST-10)."""
-        self._send_now = False  # the preempted turn never streamed; the drain below serves it
-        resume = context.resume_of
-        if resume is not None:
-            self._resume_abort = None
-            self.continuation = resume_settled(self.continuation)
-            how = "refused" if isinstance(outcome, Refused) else "withdrawn"
-            self._emit(
-                ResumeAttempted(session=self.id, cut=resume[0], attempt=resume[1], outcome=how)
-            )
-            if isinstance(outcome, Refused):
-                self._end_marker(EndedHow.FORFEITED, f"admission refused: {outcome.why}")
-        self._to_idle_from(Phase.PREPARING)
-        self._drain_if_idle()
-
-    async def _on_abort(self, aborted: Aborted) -> None:
-        """AS-23, AS-28: commit the partial; a queued-message soft stop may owe a continuation."""
-        if self.phase is Phase.STREAMING:
-            self._set_phase(Phase.COMPLETING)
-        await self._commit_partial(aborted)
-        # R16, R22: read the soft-stop flag only now, after the awaits: a hard stop that landed
-        # meanwhile cleared it, and only the queued-message reason may owe a continuation.
-        soft_stop = self._soft_stop_in_flight and aborted.reason is AbortReason.QUEUED_MESSAGE
-        self._soft_stop_in_flight = False
-        meta = aborted.metadata
-        if soft_stop and not meta.required_tool_satisfied and meta.steps_remaining > 0:
-            self._on_queued_stop(
-                QueuedStopReport(
-                    stream=aborted.stream,
-                    model=meta.model,
-                    steps_remaining=meta.steps_remaining,
-                    fallback_progress=meta.fallback_progress,
-                )
-            )
-            await self._stamp_partial(aborted)
-        if soft_stop:
-            self._classify_cutter()
-            await self._flush_voids()
-            self._drain()  # AS-28: dispatch the cutter, or cancel withdrawn entries and sweep
-        elif self._send_now:
-            self._send_now = False
-            self._drain()  # AS-18: the user's prioritized entry goes next
-        self._to_idle_from(Phase.COMPLETING)
-
-    async def _commit_partial(self, aborted: Aborted) -> None:
-        """B6: the aborted stream's partial row (dropped when an edit abandons it, AS-6)."""
-        self._partial_rows.pop(aborted.stream, None)
-        abandon, self._abandon_partial = self._abandon_partial, False
-        if not aborted.parts or abandon:
-            return
-        meta = aborted.metadata
-        seq = self._next_seq()
-        row = HistoryRow(
-            session=self.id,
-            seq=seq,
-            row_id=f"{self.id}:r{seq}",
-            kind=RowKind.PARTIAL,
-            body=encode_body(body_from_parts(aborted.parts, finish=None, model=meta.model)),
-            stream=aborted.stream,
-        )
-        await self._store.append([row])
-        self._partial_rows[aborted.stream] = row
-        self._emit(Persisted(session=self.id, what="partial", id=row.row_id))
-
-    async def _stamp_partial(self, aborted: Aborted) -> None:
-        """R47, R58: a queued-message cut's partial carries its remainder and progress."""
-        row = self._partial_rows.pop(aborted.stream, None)
-        marker = self.continuation.marker
-        if row is None or marker is None or marker.cut != aborted.stream:
-            return
-        meta = aborted.metadata
-        record = cut_record(
-            meta.steps_remaining,
-            meta.model,
-            meta.fallback_progress,
-            self._stream_context.correlation,
-        )
-        await self._store.update_row(msgspec.structs.replace(row, cut=record))
-        self._cut_rows[aborted.stream] = row.row_id
-        self._emit(Persisted(session=self.id, what="cut", id=row.row_id))
-
-    def _classify_cutter(self) -> None:
-        """AS-28 step 4: the next live entry continues the cut turn, or supersedes it.
-
-        A wake (or an entry of the cut stream's correlation) continues it; a wake without a
-        correlation is stamped with the cut stream's (R56), since a partial row gives history
-        nothing to inherit from. Anything else supersedes a correlated continuation, which is
-        forfeited before that entry is dispatched (R29): no owner event follows an abort cut.
-        """
-        marker = self.continuation.marker
-        first = self.queue.first_live()
-        if first is None or marker is None:
-            return
-        cut_correlation = self._stream_context.correlation
-        if first.kind is EntryKind.WAKE:
-            if first.correlation is None and cut_correlation is not None:
-                self._stamp = (first.id, cut_correlation)
-            return
-        if marker.correlation is not None and first.correlation != marker.correlation:
-            self._end_marker(EndedHow.FORFEITED, "superseded by unrelated input (R29)")
-
-    # ------------------------------------------------------------ the drain
-
-    def _drain_if_idle(self) -> None:
-        if self.phase is Phase.IDLE and self._manual_preflight == 0:
-            self._drain()
-
-    def _drain(self) -> None:
-        """AS-13: dispatch one head entry (withdrawn ones too, so they cancel), else sweep."""
-        if self.disposed:
-            return
-        self._soft_stop_in_flight = False
-        if self._defer_drain:
-            return  # AS-15: an edit is waiting; it restores the queue itself
-        if self.queue.is_empty:
-            self._schedule_sweep()  # AS-14
-            return
-        entry = self.queue.dequeue_next()
-        self._emit(EntryDequeued(session=self.id, entry=entry.entry_id))
-        self._set_phase(Phase.PREPARING)
-        turn = TurnInput.from_dequeued(entry)
-        stamp, self._stamp = self._stamp, None
-        if stamp is not None and stamp[0] == entry.entry_id and turn.correlation is None:
-            turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
-
-        async def dispatch() -> None:
-            result = await self._guarded_pipeline(turn)
-            if isinstance(result, SendRefused) and turn.callbacks is not None:
-                callback = turn.callbacks.on_accepted_pre_stream_failure
-                if callback is not None:
-                    callback(result.failure)
-            if not isinstance(result, Accepted):
-                self._to_idle_from(Phase.PREPARING)
-                self._drain_if_idle()
-
-        self._run(dispatch)
