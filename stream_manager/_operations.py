@@ -104,6 +104,11 @@ class OperationRunner:
         """Run tool executes and finalizers as tasks of the engine's task group."""
         self._spawn = spawn
 
+    @property
+    def bound(self) -> bool:
+        """Whether an engine's task group runs the tool tasks (streams need no group then)."""
+        return self._spawn is not None
+
     def remember_indeterminate(self, record: OperationRecord) -> None:
         """Load an indeterminate receipt into the overlap guard (at startup)."""
         if record.state is OpState.INDETERMINATE:
@@ -120,10 +125,15 @@ class OperationRunner:
         step: int,
         calls: list[ToolCallPart],
         stop_why: Callable[[], CancelWhy],
-        spawn: Spawn,
+        spawn: Spawn | None,
     ) -> list[ToolResultPart]:
-        """Run a step's client calls one at a time, each as an operation; results in order."""
+        """Run a step's client calls one at a time, each as an operation; results in order.
+
+        ``spawn`` starts the tool tasks when no engine group is bound (the stream's group).
+        """
         spawn = self._spawn or spawn
+        if spawn is None:
+            raise RuntimeError("no task group to run tool calls in: bind one or pass spawn")
         admitted = [
             self._admit(session, stream, step, index, call) for index, call in enumerate(calls)
         ]

@@ -15,7 +15,7 @@ runs a launched stream; the manager (launch, stops, queries) inherits it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -65,7 +65,7 @@ from stream_manager.errors import ErrorType, ModelError, is_retryable
 from stream_manager.ports import Clock, Model, ModelRequest
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Coroutine
+    from collections.abc import AsyncIterator
 
 
 #: SM-17: in-stream retries after an empty completion.
@@ -109,32 +109,41 @@ class StreamProcessing:
             observer(event)
 
     async def _process(self, stream: ActiveStream, request: StreamRequest) -> StreamOutcome:
-        required = RequiredTools((*self._completion_tools, *request.required_tools))
-        outcome: StreamOutcome | _Stopped = _STOPPED
-        assert stream.scope is not None
-        async with anyio.create_task_group() as operations:
-            # The stream's own group for tool tasks when no engine group is bound; a hard stop
-            # cancels the loop (stream.scope), never these tasks: they acknowledge or time out.
-            self._groups[stream.id] = operations
-            try:
-                with stream.scope:
-                    outcome = await self._loop(stream, request, list(request.messages), required)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self._ops.provider_cut(stream.id)  # OP-7
-                self._ops.stream_closed(stream.id)
-                del self._groups[stream.id]
+        if self._ops.bound:  # tool tasks run in the engine's group: no group of our own
+            outcome = await self._process_in(stream, request)
+        else:
+            async with anyio.create_task_group() as operations:
+                # The stream's own group for tool tasks when no engine group is bound; a hard
+                # stop cancels the loop (stream.scope), never these tasks: they acknowledge or
+                # time out, and the stream ends once they did.
+                self._groups[stream.id] = operations
+                try:
+                    outcome = await self._process_in(stream, request)
+                finally:
+                    del self._groups[stream.id]
         if isinstance(outcome, _Stopped):
             return self._abort(stream)
         return outcome
 
-    def _stream_spawn(self, stream: ActiveStream) -> Spawn:
-        group = self._groups[stream.id]
+    async def _process_in(
+        self, stream: ActiveStream, request: StreamRequest
+    ) -> StreamOutcome | _Stopped:
+        required = RequiredTools((*self._completion_tools, *request.required_tools))
+        outcome: StreamOutcome | _Stopped = _STOPPED
+        assert stream.scope is not None
+        try:
+            with stream.scope:
+                outcome = await self._loop(stream, request, list(request.messages), required)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._ops.provider_cut(stream.id)  # OP-7
+            self._ops.stream_closed(stream.id)
+        return outcome
 
-        def spawn(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-            group.start_soon(work)
-
-        return spawn
+    def _stream_spawn(self, stream: ActiveStream) -> Spawn | None:
+        """The stream's group's spawn; ``None`` when the engine's group is bound instead."""
+        group = self._groups.get(stream.id)
+        return None if group is None else group.start_soon
 
     async def _loop(
         self,
