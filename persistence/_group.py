@@ -8,9 +8,10 @@ one call each. The protocol is leader/follower, with no background task:
   pending batch itself (it is the leader), at once: a lone writer waits for nothing.
 * Writers arriving while a commit is in flight add their jobs to the next pending batch and
   wait. When the commit in flight ends, one of them leads the next batch.
-* A batch is one aiosqlite call: ``BEGIN IMMEDIATE``, each job in a savepoint of its own,
-  ``COMMIT``. A job that raises is rolled back alone and its writer gets the error; the others
-  are committed. If the commit itself fails, every writer of the batch gets the error.
+* A batch is one aiosqlite call: ``BEGIN IMMEDIATE``, the jobs, ``COMMIT``. Every job is all
+  or nothing by itself (``_writes``), so a job that raises has written nothing and only its
+  writer gets the error; the others are committed. If the commit itself fails, every writer
+  of the batch gets the error.
 * Nobody is told their write is durable before the ``COMMIT`` that holds it returned: every
   writer waits for its own batch's commit (shielded from cancellation, which is delivered once
   the commit ended, so a writer never walks away from a write that may still land).
@@ -171,7 +172,7 @@ def _unwrap(outcome: _Outcome) -> object:
 
 
 def _run_batch(db: sqlite3.Connection, jobs: Sequence[Job[Any]]) -> list[_Outcome]:
-    """On the connection's thread: every job in one transaction, each in its own savepoint."""
+    """On the connection's thread: every job in one transaction (each all or nothing itself)."""
     outcomes: list[_Outcome] = []
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -179,13 +180,10 @@ def _run_batch(db: sqlite3.Connection, jobs: Sequence[Job[Any]]) -> list[_Outcom
             outcomes.append(_Outcome(value=jobs[0](db)))
         else:
             for job in jobs:
-                db.execute("SAVEPOINT job")
                 try:
                     outcomes.append(_Outcome(value=job(db)))
                 except Exception as error:
-                    db.execute("ROLLBACK TO job")
                     outcomes.append(_Outcome(error=error))
-                db.execute("RELEASE job")
         db.execute("COMMIT")
     except Exception as error:
         if db.in_transaction:

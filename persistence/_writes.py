@@ -1,10 +1,11 @@
 """The SQLite store's writes, as plain functions run on the connection's own thread.
 
 Each function is one *job*: it gets the ``sqlite3`` connection inside a transaction that
-``_group`` opened (``BEGIN IMMEDIATE``, a savepoint per job when jobs share the transaction)
-and either returns the facts its verb needs or raises. A job that raises is rolled back alone;
-the others in its transaction are committed. Jobs never commit: the transaction's owner does,
-once, for every job in it, and only then tells anyone that their write is durable.
+``_group`` opened (``BEGIN IMMEDIATE``) and either returns the facts its verb needs or raises.
+Every job is all or nothing by itself: it writes with one statement (SQLite undoes a failed
+statement entirely) or inside a savepoint of its own. So a job that raises has written nothing,
+and the others in its transaction are committed. Jobs never commit: the transaction's owner
+does, once, for every job in it, and only then tells anyone that their write is durable.
 
 Jobs return raw facts (row counts, a stored row's shape) and leave interpreting them (decoding,
 naming the error) to the verbs in ``_sqlite``, which run on the event loop.
@@ -210,14 +211,21 @@ def select(sql: str, params: Sequence[object]) -> Job[list[Any]]:
 
 
 def put_operations(records: Sequence[OperationRecord]) -> Job[None]:
-    """Write receipts (upsert by op id)."""
+    """Write receipts (upsert by op id), all or none."""
     params = [operation_params(record) for record in records]
 
     def job(db: sqlite3.Connection) -> None:
         if len(params) == 1:
             db.execute(PUT_OPERATION, params[0])
-        else:
+            return
+        db.execute("SAVEPOINT put_operations")
+        try:
             db.executemany(PUT_OPERATION, params)
+        except BaseException:
+            db.execute("ROLLBACK TO put_operations")
+            db.execute("RELEASE put_operations")
+            raise
+        db.execute("RELEASE put_operations")
 
     return job
 
