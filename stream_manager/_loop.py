@@ -178,29 +178,44 @@ class StreamManager(StreamProcessing):
     async def _register(
         self, request: StreamRequest, budget: StepBudget
     ) -> ActiveStream | StreamOutcome:
-        """SM-1, SM-2, SM-4: serialize, stop what runs, check, then register."""
+        """SM-1, SM-2, SM-4: serialize, stop what runs, check, then register.
+
+        A session's lock lives while someone holds or waits for it (no lock per idle session).
+        """
         session = request.session
-        lock = self._locks.setdefault(session, anyio.Lock())
-        async with lock:
+        lock = self._locks.get(session)
+        if lock is None:
+            lock = self._locks[session] = anyio.Lock(fast_acquire=True)
+        try:
+            async with lock:
+                return await self._register_locked(request, budget)
+        finally:
+            if not lock.locked() and self._locks.get(session) is lock:
+                del self._locks[session]
+
+    async def _register_locked(
+        self, request: StreamRequest, budget: StepBudget
+    ) -> ActiveStream | StreamOutcome:
+        session = request.session
+        if _fired(request.abort):
+            return Withdrawn(_reason_of(request.abort))
+        existing = self._streams.get(session)
+        if existing is not None:
+            await self.stop_stream(session, reason=AbortReason.SYSTEM)
             if _fired(request.abort):
                 return Withdrawn(_reason_of(request.abort))
-            existing = self._streams.get(session)
-            if existing is not None:
-                await self.stop_stream(session, reason=AbortReason.SYSTEM)
-                if _fired(request.abort):
-                    return Withdrawn(_reason_of(request.abort))
-            refusal = request.refuse_stream_start() if request.refuse_stream_start else None
-            if refusal is not None:
-                return self._refuse(request, refusal)
-            stream = ActiveStream(
-                session=session,
-                stream_id=request.stream_id or self._next_stream_id(session),
-                model=request.model,
-                budget=budget,
-                progress=start_progress(request.model, self._fallbacks, request.fallback_progress),
-            )
-            self._streams[session] = stream
-            return stream
+        refusal = request.refuse_stream_start() if request.refuse_stream_start else None
+        if refusal is not None:
+            return self._refuse(request, refusal)
+        stream = ActiveStream(
+            session=session,
+            stream_id=request.stream_id or self._next_stream_id(session),
+            model=request.model,
+            budget=budget,
+            progress=start_progress(request.model, self._fallbacks, request.fallback_progress),
+        )
+        self._streams[session] = stream
+        return stream
 
     async def _launch(self, stream: ActiveStream, request: StreamRequest) -> StreamOutcome:
         """SM-3: the envelope write, the re-checks, then processing."""

@@ -87,6 +87,15 @@ async def test_sm1_start_calls_are_serialized() -> None:
     assert len(r.recorder.of(StreamStarted)) == 1
 
 
+async def test_sm1_the_serializing_lock_lives_only_while_a_start_holds_or_waits_for_it() -> None:
+    r = rig({"M": [X("one"), X("two")]})
+    await r.manager.start_stream(r.request())
+    assert r.manager._locks == {}  # an idle session keeps no lock
+    await r.manager.start_stream(r.request())  # and a later start makes a fresh one
+    assert r.manager._locks == {}
+    assert len(r.recorder.of(StreamStarted)) == 2
+
+
 # ---------------------------------------------------------------- SM-2 / SM-3 / SM-4
 
 
