@@ -259,10 +259,11 @@ def main() -> int:
     if not met:
         share = own[TARGET_AT]
         console.print(
-            f"what dominates: the cyclic garbage collector, {share.gc_s:.2f} s of "
-            f"{share.total_s:.2f} s in {share.gc_full} full collections (each re-scans every "
-            f"tracked object: about 100 per session with a stream in flight); with it paused "
-            f"the same recovery takes {paused.total_s:.2f} s",
+            f"where the time goes: the cyclic garbage collector {share.gc_s:.2f} s of "
+            f"{share.total_s:.2f} s ({share.gc_full} full collections, each re-scanning every "
+            f"tracked object); with it paused the recovery takes {paused.total_s:.2f} s: the "
+            "rest is per-session work (open, sweep, four store round trips, the stream start), "
+            "profiled below",
             highlight=False,
         )
         console.print("top of cProfile by own time (tottime):", highlight=False)
