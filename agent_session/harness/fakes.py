@@ -126,6 +126,10 @@ class InjectedFailure(TurnkeeperError):
     """A failure the scenario asked for with ``fail_next``."""
 
 
+class ProcessCrashed(TurnkeeperError):
+    """The scenario crashed the process: the dead engine writes nothing more."""
+
+
 class Faults:
     """``fail_next`` counters: the pre-stream gate, and store writes through ``FaultyStore``."""
 
@@ -163,8 +167,12 @@ class FaultyStore:
         self._in_flight = 0
         self._settled = anyio.Event()
         self._settled.set()
+        #: Set by a ``crash`` action: every later write through this wrapper is refused.
+        self.crashed = False
 
     def _write(self, what: str) -> None:
+        if self.crashed:
+            raise ProcessCrashed(f"the process crashed: no {what} is written")
         if self._faults.take("store_write"):
             raise InjectedFailure(f"injected store write failure ({what})")
 

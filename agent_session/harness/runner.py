@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from agent_session._engine import Engine
 from agent_session._events import EngineEvent
@@ -31,6 +32,7 @@ from agent_session.harness.scenario import (
     ActionSpec,
     CancelOpAction,
     ClearQueueAction,
+    CrashAction,
     DiscardContextAction,
     DisposeAction,
     EnqueueAction,
@@ -38,6 +40,7 @@ from agent_session.harness.scenario import (
     FailNextAction,
     HardStopAction,
     RemoveDedupeAction,
+    RestartAction,
     RestoreQueueAction,
     Scenario,
     SendAction,
@@ -46,7 +49,7 @@ from agent_session.harness.scenario import (
     TimeTrigger,
     WithdrawAction,
 )
-from agent_session.harness.trace import TraceLine, TraceRecorder
+from agent_session.harness.trace import Crash, Recorded, TraceLine, TraceRecorder
 from agent_session.ports import EngineConfig
 from message_queue import DispatchMode
 from persistence import Store
@@ -68,6 +71,8 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
         "thinking",
         "discard_context",
         "cancel_op",
+        "crash",
+        "restart",
     }
 )
 
@@ -94,12 +99,48 @@ class RunResult:
         return 1 if self.failures else 0
 
 
+@dataclass
+class _Generation:
+    """One engine's life in a run: a ``crash`` or ``restart`` ends it and starts the next.
+
+    The engine lives in a host task of its own, so cancelling a crashed engine's task group
+    never reaches the driver.
+    """
+
+    engine: Engine
+    store: FaultyStore
+    #: Set to shut the engine down (``restart``, the end of the run).
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    #: Set once the engine is open and the scenario's sessions too (or opening failed).
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    #: Set once the engine has exited.
+    finished: anyio.Event = field(default_factory=anyio.Event)
+    failure: BaseException | None = None
+    #: The host's scope around the engine: a crash cancels it (the engine and all its tasks).
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    #: Cleared when the process "dies": a dead engine's events never reach the trace.
+    alive: bool = True
+    #: ``crash`` or ``restart``: what ends this generation at the driver's next turn.
+    ending: str | None = None
+
+    def ended(self) -> bool:
+        """Whether a ``crash`` or ``restart`` ended this generation."""
+        return self.ending is not None
+
+
 class _Actions:
     """Runs the scenario's actions when their triggers fire."""
 
     def __init__(self, scenario: Scenario, engine: Engine, faults: Faults) -> None:
+        self._scenario = scenario
         self._engine = engine
         self._faults = faults
+        #: The running generation (the runner sets it; ``crash``/``restart`` end it).
+        self.generation: _Generation | None = None
+        self.record: TraceRecorder | None = None
+        #: Timed actions wait here, outside any engine, so a crash does not cancel them.
+        self.timers: anyio.abc.TaskGroup | None = None
+        self.started = False
         self._event_actions: list[tuple[int, ActionSpec, EventTrigger]] = [
             (index, action, action.at)
             for index, action in enumerate(scenario.actions)
@@ -108,7 +149,7 @@ class _Actions:
         self._counts: dict[int, int] = {}
         self.errors: list[str] = []
 
-    def on_line(self, line: TraceLine, event: EngineEvent) -> None:
+    def on_line(self, line: TraceLine, event: Recorded) -> None:
         del event
         for index, action, trigger in self._event_actions:
             if line["event"] != trigger.event:
@@ -126,11 +167,53 @@ class _Actions:
         except Exception as error:  # an action that cannot run fails the run, with its reason
             self.errors.append(f"$.actions[{index}].do ({action.do.op}): {error}")
 
+    def start_all(self, clock: VirtualClock) -> None:
+        """Once per run: ``start`` actions now, timed ones as tasks that outlive engines."""
+        if self.started:
+            return
+        self.started = True
+        for index, action in enumerate(self._scenario.actions):
+            if action.at == "start":
+                self.run(index, action)
+            elif isinstance(action.at, TimeTrigger):
+                assert self.timers is not None
+                self.timers.start_soon(_at_time(clock, action.at.time_ms, index, action, self))
+
+    @property
+    def engine(self) -> Engine:
+        """The engine actions act on (the newest generation's)."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self._engine = engine
+
     def _do(self, action: ActionSpec) -> None:
+        if isinstance(action.do, CrashAction | RestartAction):
+            self._end_generation(action.do.op)
+            return
         handler = _HANDLERS.get(type(action.do))
         if handler is None:  # the loader refuses every op outside SUPPORTED_OPS
             raise RunFailed(f"op {action.do.op!r} is not supported yet")
         handler(self._engine, self._faults, action.do)
+
+    def _end_generation(self, how: str) -> None:
+        """End the engine's generation; the driver then starts a new engine on the store.
+
+        Either way the engine's tasks are cancelled now, at the trigger. ``crash``: the
+        process dies: no further write, no further event. ``restart``: a clean shutdown:
+        writes in flight finish and what the engine reports on its way out is traced.
+        """
+        generation = self.generation
+        if generation is None or generation.ending is not None:
+            raise RunFailed(f"{how}: the engine is already going away")
+        generation.ending = how
+        if how == "crash":
+            if self.record is not None:
+                self.record(Crash())
+            generation.alive = False
+            generation.store.crashed = True
+        generation.scope.cancel()  # a restart's writes in flight finish; its events are traced
 
 
 def _send(engine: Engine, faults: Faults, do: Any) -> None:
@@ -191,82 +274,174 @@ async def run_scenario(
     *,
     observers: tuple[Callable[[EngineEvent], None], ...] = (),
 ) -> RunResult:
-    """Run ``scenario`` on ``store`` to quiescence and check its expectations."""
-    clock = VirtualClock()
-    faults = Faults()
-    models = {
-        m.id: ScriptedModel(m.id, script_steps(scenario, m.id), clock=clock)
-        for m in scenario.models
-    }
-    tools = {t.name: ScenarioTool(t, clock) for t in scenario.tools}
-    recorder = TraceRecorder(clock)
-    config = EngineConfig(
-        max_stream_steps=scenario.engine.max_stream_steps,
-        resume_attempt_cap=scenario.engine.resume_attempt_cap,
-        tool_deadline_s=scenario.engine.tool_deadline_ms / 1000,
-        cancel_grace_s=scenario.engine.cancel_grace_ms / 1000,
-    )
-    faulty = FaultyStore(store, faults)
-    engine = Engine(
-        store=faulty,
-        models=models,
-        tools={name: tool for name, tool in tools.items() if tool.kind.value != "provider"},
-        fallbacks={m.id: m.fallbacks for m in scenario.models},
-        clock=clock,
-        config=config,
-        gate=faults,
-        observers=(recorder, *observers),
-    )
-    result = RunResult(name=scenario.name, trace=recorder.lines)
-    async with engine:
-        actions = _Actions(scenario, engine, faults)
-        recorder.listen(actions.on_line)
-        for spec in scenario.sessions:
-            await engine.open_session(spec.id, model=spec.model)
-        try:
-            await _drive(scenario, engine, clock, actions, recorder, faulty)
-            if actions.errors:
-                raise RunFailed("; ".join(actions.errors))
-            exhausted = [
-                line["message"]
-                for line in recorder.lines
-                if line["event"] == "stream-error" and line["type"] == "script_exhausted"
-            ]
-            if exhausted:
-                raise RunFailed("; ".join(exhausted))
-        except RunFailed as error:
-            result.error = str(error)
-        else:
-            if scenario.expect is not None:
+    """Run ``scenario`` on ``store`` to quiescence and check its expectations.
+
+    A ``crash`` or ``restart`` action ends the engine's generation; the driver then starts a
+    new engine on the same store (startup recovery runs), with the same scripts, tools and
+    clock, and the run goes on.
+    """
+    return await _ScenarioRun(scenario, store, observers).run()
+
+
+class _ScenarioRun:
+    """One run: the scripts, tools, clock and trace that outlive every engine generation."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        store: Store,
+        observers: tuple[Callable[[EngineEvent], None], ...],
+    ) -> None:
+        self.scenario = scenario
+        self.store = store
+        self.observers = observers
+        self.clock = VirtualClock()
+        self.faults = Faults()
+        self.models = {
+            m.id: ScriptedModel(m.id, script_steps(scenario, m.id), clock=self.clock)
+            for m in scenario.models
+        }
+        self.tools = {t.name: ScenarioTool(t, self.clock) for t in scenario.tools}
+        self.recorder = TraceRecorder(self.clock)
+        self.config = EngineConfig(
+            max_stream_steps=scenario.engine.max_stream_steps,
+            resume_attempt_cap=scenario.engine.resume_attempt_cap,
+            tool_deadline_s=scenario.engine.tool_deadline_ms / 1000,
+            cancel_grace_s=scenario.engine.cancel_grace_ms / 1000,
+        )
+        self.actions: _Actions | None = None
+        self.group: anyio.abc.TaskGroup | None = None
+
+    async def run(self) -> RunResult:
+        result = RunResult(name=self.scenario.name, trace=self.recorder.lines)
+        finished = False
+        async with anyio.create_task_group() as group:
+            self.group = group
+            generation = await self._start_generation()
+            actions = _Actions(self.scenario, generation.engine, self.faults)
+            actions.generation = generation
+            actions.record = self.recorder
+            actions.timers = group
+            self.actions = actions
+            self.recorder.listen(actions.on_line)
+            result.error = await self._drive_generations(actions)
+            if result.error is None:
+                result.error = self._run_errors(actions)
+            if result.error is None and self.scenario.expect is not None:
                 result.failures = await check_expectations(
-                    scenario.expect, engine.sessions, store, recorder.lines
+                    self.scenario.expect, actions.engine.sessions, self.store, self.recorder.lines
                 )
+            result.virtual_ms = round(self.clock.now() * 1000)
+            await self.close()
+            finished = True
+            group.cancel_scope.cancel()  # timed actions that never fired
+        if not finished:  # a cancellation ended the run early: never a silent pass
+            result.error = result.error or "the run was cancelled before the scenario finished"
+        return result
+
+    async def _drive_generations(self, actions: _Actions) -> str | None:
+        while True:
+            try:
+                await _drive(self.scenario, actions, self.clock, self.recorder)
+            except RunFailed as error:
+                return str(error)
+            current = actions.generation
+            assert current is not None
+            if current.ending is None:
+                return None
+            await self._end(current)  # a crashed one writes nothing on its way out
+            await self._start_generation()
+
+    def _run_errors(self, actions: _Actions) -> str | None:
+        if actions.errors:
+            return "; ".join(actions.errors)
+        exhausted = [
+            line["message"]
+            for line in self.recorder.lines
+            if line["event"] == "stream-error" and line["type"] == "script_exhausted"
+        ]
+        return "; ".join(exhausted) if exhausted else None
+
+    async def _start_generation(self) -> _Generation:
+        faulty = FaultyStore(self.store, self.faults)
+        holder: list[_Generation] = []
+
+        def observe(event: EngineEvent) -> None:
+            if not holder or holder[0].alive:
+                self.recorder(event)
+                for observer in self.observers:
+                    observer(event)
+
+        engine = Engine(
+            store=faulty,
+            models=self.models,
+            tools={k: t for k, t in self.tools.items() if t.kind.value != "provider"},
+            fallbacks={m.id: m.fallbacks for m in self.scenario.models},
+            clock=self.clock,
+            config=self.config,
+            gate=self.faults,
+            observers=(observe,),
+        )
+        generation = _Generation(engine=engine, store=faulty)
+        holder.append(generation)
+        if self.actions is not None:
+            self.actions.engine = engine
+            self.actions.generation = generation
+        assert self.group is not None
+        self.group.start_soon(self._host, generation)
+        await generation.ready.wait()
+        if generation.failure is not None:
+            raise generation.failure
+        return generation
+
+    async def _host(self, generation: _Generation) -> None:
+        """The engine's own task: open it and the sessions, then live until stopped."""
+        try:
+            with generation.scope:
+                async with generation.engine as engine:
+                    try:
+                        for spec in self.scenario.sessions:
+                            await engine.open_session(spec.id, model=spec.model)
+                    except Exception as error:
+                        generation.failure = error
+                        return
+                    finally:
+                        generation.ready.set()
+                    await generation.stop.wait()
+        except Exception as error:  # opening the engine itself failed
+            generation.failure = generation.failure or error
         finally:
-            for tool in tools.values():
-                tool.release()
-    result.virtual_ms = round(clock.now() * 1000)
-    return result
+            generation.ready.set()
+            generation.finished.set()
+
+    async def _end(self, generation: _Generation) -> None:
+        generation.stop.set()
+        await generation.finished.wait()
+
+    async def close(self) -> None:
+        for tool in self.tools.values():
+            tool.release()
+        if self.actions is not None and self.actions.generation is not None:
+            await self._end(self.actions.generation)
 
 
 async def _drive(
     scenario: Scenario,
-    engine: Engine,
-    clock: VirtualClock,
     actions: _Actions,
+    clock: VirtualClock,
     recorder: TraceRecorder,
-    store: FaultyStore,
 ) -> None:
-    """Start the actions, then move virtual time until the run is quiescent."""
+    """Move virtual time until the run is quiescent or its engine's generation ends."""
     limits = scenario.limits
-    for index, action in enumerate(scenario.actions):
-        if action.at == "start":
-            actions.run(index, action)
-        elif isinstance(action.at, TimeTrigger):
-            engine._spawn(_at_time(clock, action.at.time_ms, index, action, actions))
-    while True:
+    generation = actions.generation
+    assert generation is not None
+    actions.start_all(clock)
+    while not generation.ended():
         await anyio.wait_all_tasks_blocked()
-        if store.in_flight:
-            await store.settled()  # blocked on the database thread is not idle
+        if generation.ended():
+            return
+        if generation.store.in_flight:
+            await generation.store.settled()  # blocked on the database thread is not idle
             continue
         if len(recorder.lines) > limits.max_events:
             raise RunFailed(f"more than {limits.max_events} events (limits.max_events)")
@@ -278,7 +453,9 @@ async def _drive(
                 f"no quiescence within {limits.max_virtual_ms} virtual ms (limits.max_virtual_ms)"
             )
         clock.advance_to(deadline)
-    busy = [s.describe() for s in engine.sessions.values() if not s.idle]
+    if generation.ended():
+        return
+    busy = [s.describe() for s in generation.engine.sessions.values() if not s.idle]
     if busy:
         raise RunFailed("the engine did not reach quiescence: " + "; ".join(busy))
 

@@ -17,6 +17,16 @@ from stream_manager import Clock
 
 TraceLine = dict[str, Any]
 
+
+class Crash(msgspec.Struct, frozen=True, kw_only=True, tag_field="event", tag="crash"):
+    """The harness's own trace event: a ``crash`` action killed the engine (no fields)."""
+
+    session: str | None = None
+
+
+#: What the recorder writes: the engine's events, and the harness's ``crash``.
+Recorded = EngineEvent | Crash
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -31,13 +41,13 @@ class TraceRecorder:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self.lines: list[TraceLine] = []
-        self._listeners: list[Callable[[TraceLine, EngineEvent], None]] = []
+        self._listeners: list[Callable[[TraceLine, Recorded], None]] = []
 
-    def listen(self, listener: Callable[[TraceLine, EngineEvent], None]) -> None:
+    def listen(self, listener: Callable[[TraceLine, Recorded], None]) -> None:
         """Call ``listener(line, event)`` after each line is recorded."""
         self._listeners.append(listener)
 
-    def __call__(self, event: EngineEvent) -> None:
+    def __call__(self, event: Recorded) -> None:
         """Record ``event`` as the next trace line."""
         fields = msgspec.to_builtins(event)
         line: TraceLine = {
