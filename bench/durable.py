@@ -70,8 +70,10 @@ STORE_VERBS = (
     "put_envelope",
     "envelopes",
     "put_operation",
+    "put_operations",
     "operation",
     "receipts",
+    "recoverable",
 )
 
 #: One timed turn of N steps, given the round number; returns µs per step.

@@ -64,6 +64,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent_session import Engine, EngineConfig, EngineEvent, Phase
+from bench.durable import STORE_VERBS
 from message_queue import DispatchMode, EntryKind
 from persistence import MemoryStore, SqliteStore, Store
 from stream_manager import (
@@ -97,20 +98,6 @@ TARGET_P99_US = {MEMORY: 1_000.0, DURABLE: 2_000.0}
 MODEL = "m"
 WAKE = "wake"
 DB_NAME = "resume.db"
-STORE_VERBS = (
-    "create_session",
-    "append",
-    "update_row",
-    "delete_rows",
-    "history",
-    "owed_cuts",
-    "set_cut_state",
-    "put_envelope",
-    "envelopes",
-    "put_operation",
-    "operation",
-    "receipts",
-)
 _SCRIPT = (
     ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args={"cmd": "start-monitors"}),)),
     ScriptStep(tool_calls=(ScriptToolCall(tool="task_await"),)),

@@ -20,7 +20,6 @@ are the pure functions of ``_budget``, ``_fallback`` and ``_stop``; this module 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -37,10 +36,6 @@ from stream_manager._events import (
 from stream_manager._fallback import start_progress
 from stream_manager._op_parts import Ledger, OverlapPolicy
 from stream_manager._operations import OperationRunner
-from stream_manager._parts import (
-    Finish,
-    Part,
-)
 from stream_manager._processing import StreamProcessing
 from stream_manager._request import (
     Refused,
@@ -50,37 +45,13 @@ from stream_manager._request import (
     Withdrawn,
 )
 from stream_manager._stream import ActiveStream, StreamState
-from stream_manager.errors import ModelError, UnknownModel
+from stream_manager.errors import UnknownModel
 from stream_manager.ports import Clock, Model, Tool, ToolKind
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from message_queue import CancelToken
-
-#: SM-17: in-stream retries after an empty completion.
-MAX_EMPTY_OUTPUT_RETRIES = 1
-#: SM-18: in-stream retries after a "previous response not found" error.
-MAX_PREVIOUS_RESPONSE_RETRIES = 1
-#: Bound on awaiting a model iterator's cleanup (real seconds; a safety net, not a deadline).
-_CLEANUP_S = 5.0
-
-
-@dataclass(slots=True)
-class _Step:
-    """What one model step produced."""
-
-    parts: list[Part]
-    finish: Finish | None = None
-    soft_stopped: bool = False
-    error: ModelError | None = None
-
-
-class _Stopped:
-    """The loop ended because a stop landed (soft at a boundary, or a pending hard stop)."""
-
-
-_STOPPED = _Stopped()
 
 
 class StreamManager(StreamProcessing):
