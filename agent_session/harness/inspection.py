@@ -8,7 +8,6 @@ second line of defence every printed value passes through :func:`redact`.
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from agent_session.harness.redaction import redact
 from persistence import (
     MigrationRequired,
     NotATurnkeeperStore,
@@ -26,16 +26,7 @@ from persistence import (
     UnsupportedSchemaVersion,
 )
 
-_SECRET = re.compile(
-    r"(?i)(bearer\s+\S+|sk-[A-Za-z0-9_-]{6,}|(?:api[_-]?key|token|password|passwd|secret|"
-    r"cookie|authorization)\s*[=:]\s*\S+)"
-)
 _encoder = msgspec.json.Encoder()
-
-
-def redact(value: object) -> str:
-    """``value`` as text, with anything that looks like a credential replaced."""
-    return _SECRET.sub("[redacted]", str(value))
 
 
 def _receipt_row(record: OperationRecord) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Every line has ``seq`` (from 1), ``t`` (virtual milliseconds), ``event`` and ``session``, then
 the event's own fields under CONTRACT's names. Lines are built from the event Structs with
-msgspec, so the same run always gives the same bytes.
+msgspec, so the same run always gives the same bytes. Every string value passes through
+:func:`~agent_session.harness.redaction.redact` first (CONTRACT: no credentials in a trace).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import msgspec
 
 from agent_session._events import EngineEvent
+from agent_session.harness.redaction import redact
 from stream_manager import Clock
 
 TraceLine = dict[str, Any]
@@ -49,7 +51,10 @@ class TraceRecorder:
 
     def __call__(self, event: Recorded) -> None:
         """Record ``event`` as the next trace line."""
-        fields = msgspec.to_builtins(event)
+        fields = {
+            key: redact(value) if isinstance(value, str) else value
+            for key, value in msgspec.to_builtins(event).items()
+        }
         line: TraceLine = {
             "seq": len(self.lines) + 1,
             "t": round(self._clock.now() * 1000),
