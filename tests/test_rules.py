@@ -21,7 +21,8 @@ TESTS = ROOT / "tests"
 COMPLETE_FAMILIES = frozenset({"MQ", "SM", "OP"})
 #: Single rules finished ahead of their family: the queue side of R31, R62, R63 (issue 2); the
 #: stream side of R5, R15, R16, R37-R39, R46, R59, R60, R65 (issue 3); AS-1..AS-31,
-#: ST-1..ST-14 and the session's R rules of the walking skeleton (issue 4).
+#: ST-1..ST-14 and the session's R rules of the walking skeleton (issue 4); PS-6 and R61, the
+#: startup recovery of owed cuts (issue 6).
 _SKELETON_R = (1, 2, 3, 4, 6, 7, 9, 11, 14, 15, 18, 19, 20, 21, 22, 25, 26, 27, 32, 34, 35)
 _SKELETON_R_MORE = (42, 43, 45, 53, 56, 63, 64, 65)
 COMPLETE_RULES = frozenset(
@@ -29,6 +30,7 @@ COMPLETE_RULES = frozenset(
     | {f"AS-{n}" for n in range(1, 32)}
     | {f"ST-{n}" for n in range(1, 15)}
     | {f"R{n}" for n in (*_SKELETON_R, *_SKELETON_R_MORE)}
+    | {"PS-6", "R61"}
 )
 
 _RULE = re.compile(r"\*\*((?:SM|MQ|AS|ST|TD|PS|OP)-\d+|R\d+)\*\*")
