@@ -90,7 +90,7 @@ def _script(steps: int, turns: int) -> list[ScriptStep]:
 async def _engine(
     stack: AsyncExitStack, folder: Path, steps: int, synchronous: Synchronous
 ) -> tuple[Engine, ScriptedModel]:
-    model = ScriptedModel("M", _script(steps, WARMUP + RUNS + 1))
+    model = ScriptedModel("M", _script(steps, WARMUP + RUNS + 1), record=False)
     store = SqliteStore(folder / f"turnkeeper-{synchronous}-{steps}.db", synchronous=synchronous)
     engine = Engine(
         store=store,

@@ -130,7 +130,7 @@ async def recover(path: Path, sessions: int) -> Recovery:
             if len(started) == sessions:
                 done.set()
 
-    model = ScriptedModel("M", [ScriptStep(text="done")] * sessions)
+    model = ScriptedModel("M", [ScriptStep(text="done")] * sessions, record=False)
     begin = time.perf_counter()
     store = SqliteStore(path)
     original_scan = store.recoverable

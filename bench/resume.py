@@ -260,7 +260,6 @@ class Bench:
         with anyio.fail_after(HANG_S):  # a wedged incident fails loudly instead of hanging
             await session.wait_idle()
         self.current = None
-        self.model.scripted.requests.clear()
         stamp = self.model.stamp_ns
         problems = [
             what
@@ -295,7 +294,7 @@ class Bench:
 
 
 async def _bench(stack: AsyncExitStack, store: Store, incidents: int) -> Bench:
-    scripted = ScriptedModel(MODEL, _SCRIPT * incidents)
+    scripted = ScriptedModel(MODEL, _SCRIPT * incidents, record=False)
     model = StampingModel(scripted)
     engine = Engine(
         store=store,

@@ -60,7 +60,7 @@ def noop_observer(event: StreamEvent) -> None:
 async def _one_run(steps: int, observers: tuple[Observer, ...]) -> float:
     """µs per step of one fresh turn of ``steps`` steps."""
     clock = VirtualClock()
-    model = ScriptedModel("M", [_TOOL_STEP] * (steps - 1) + [_TEXT_STEP], clock=clock)
+    model = ScriptedModel("M", [_TOOL_STEP] * (steps - 1) + [_TEXT_STEP], clock=clock, record=False)
     manager = StreamManager(
         models={"M": model},
         tools={"noop": NoopTool()},

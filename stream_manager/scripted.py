@@ -73,15 +73,24 @@ class ScriptStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class ScriptedModel:
-    """A model that plays its script, one step per call, and records every request."""
+    """A model that plays its script, one step per call, and records every request.
+
+    ``record=False`` keeps no requests (benchmarks: a real model client holds none either).
+    """
 
     def __init__(
-        self, model_id: str, steps: Sequence[ScriptStep], *, clock: Clock | None = None
+        self,
+        model_id: str,
+        steps: Sequence[ScriptStep],
+        *,
+        clock: Clock | None = None,
+        record: bool = True,
     ) -> None:
         self._id = model_id
         self._steps = tuple(steps)
         self._clock = clock
         self._cursor = 0
+        self._record = record
         #: Every request received, in order (a request that found the script exhausted too).
         self.requests: list[ModelRequest] = []
 
@@ -102,7 +111,8 @@ class ScriptedModel:
 
     def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
         """Play the next scripted step."""
-        self.requests.append(request)
+        if self._record:
+            self.requests.append(request)
         index = self._cursor
         if index >= len(self._steps):
             raise ScriptExhausted(self._id, index)

@@ -20,14 +20,18 @@ from stream_manager import (
     LoopStopped,
     QueuedStopReport,
     RequiredTools,
+    ScriptedModel,
     ScriptStep,
     ScriptToolCall,
     StepCompleted,
     StopWhy,
     StreamEnded,
+    StreamManager,
+    StreamRequest,
     ToolCallEnded,
     ToolCallPart,
     ToolResultPart,
+    VirtualClock,
     decide_stop,
     is_success,
 )
@@ -442,3 +446,14 @@ async def test_r60_cut_record_carries_remainder_and_progress() -> None:
     assert outcome.queued_stop.fallback_progress.chain == ("B", "C")
     assert outcome.queued_stop.fallback_progress.refused_models == ("A",)
     assert outcome.finish is FinishReason.TOOL_CALLS
+
+
+async def test_a_scripted_model_without_recording_keeps_no_request() -> None:
+    """The benchmarks' double: it plays the same script and holds no request."""
+    clock = VirtualClock()
+    model = ScriptedModel("M", [X("one")], clock=clock, record=False)
+    manager = StreamManager(models={"M": model}, clock=clock)
+    outcome = await manager.start_stream(StreamRequest(session="s", model="M", messages=()))
+    assert isinstance(outcome, Ended)
+    assert model.steps_played == 1
+    assert model.requests == []
