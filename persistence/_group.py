@@ -111,7 +111,7 @@ class GroupCommit:
         """
         with anyio.CancelScope(shield=True):
             if not self._batching:
-                batch = _Batch(jobs=[job])
+                batch, index = _Batch(jobs=[job]), 0
                 await self._commit(batch)
             else:
                 batch = self._join()
@@ -124,9 +124,8 @@ class GroupCommit:
                         await batch.done.wait()
                     else:
                         await batch.free.wait()
-                return _unwrap(batch.outcomes[index])
         assert batch.outcomes is not None
-        return _unwrap(batch.outcomes[0])
+        return _unwrap(batch.outcomes[index])
 
     def _join(self) -> _Batch:
         if self._pending is None:
@@ -176,19 +175,14 @@ def _run_batch(db: sqlite3.Connection, jobs: Sequence[Job[Any]]) -> list[_Outcom
     outcomes: list[_Outcome] = []
     db.execute("BEGIN IMMEDIATE")
     try:
-        if len(jobs) == 1:
-            outcomes.append(_Outcome(value=jobs[0](db)))
-        else:
-            for job in jobs:
-                try:
-                    outcomes.append(_Outcome(value=job(db)))
-                except Exception as error:
-                    outcomes.append(_Outcome(error=error))
+        for job in jobs:
+            try:
+                outcomes.append(_Outcome(value=job(db)))
+            except Exception as error:
+                outcomes.append(_Outcome(error=error))
         db.execute("COMMIT")
-    except Exception as error:
+    except BaseException:
         if db.in_transaction:
             db.execute("ROLLBACK")
-        if len(jobs) == 1 and not outcomes:
-            return [_Outcome(error=error)]  # the lone job failed: nothing was written
         raise
     return outcomes

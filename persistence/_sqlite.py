@@ -4,8 +4,9 @@ Cost model (DESIGN.md): one aiosqlite call is a thread hop of about 180 µs whil
 itself is about 26 µs, so the number of calls sets the price of a durable write. Every write
 verb is one *job* (``_writes``) run on the connection's thread inside one transaction, one
 aiosqlite call; with group commit (the default) the jobs of concurrent writers share that call
-and its transaction (``_group``). Reads are one call each; the connection runs in autocommit
-mode (``isolation_level=None``) and only the migration opens a transaction of several calls.
+and its transaction (``_group``), and reads are jobs too, riding in the same calls. The
+connection runs in autocommit mode (``isolation_level=None``); only the migration opens a
+transaction of several calls.
 
 One lock serializes the store's calls, so no statement ever lands inside another transaction.
 Values read back are validated (typed msgspec decoders and column checks); a bad
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import TYPE_CHECKING, Any, Literal, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import aiosqlite
 import anyio
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 Synchronous = Literal["NORMAL", "FULL"]
+T = TypeVar("T")
 
 _SYNCHRONOUS: dict[str, str] = {
     "NORMAL": "PRAGMA synchronous = NORMAL",
@@ -96,6 +98,15 @@ _ENCODE = msgspec.json.Encoder().encode
 
 
 # -- migrations -------------------------------------------------------------------------------
+
+
+def _read_alone(db: sqlite3.Connection, job: _writes.Job[T]) -> T:
+    """On the connection's thread: one read job in a read transaction (one snapshot)."""
+    db.execute("BEGIN")
+    try:
+        return job(db)
+    finally:
+        db.execute("COMMIT")
 
 
 def migrations() -> tuple[Migration, ...]:
@@ -313,18 +324,20 @@ class SqliteStore:
         with self._errors:
             return await self._group.run(job)
 
-    async def _read(self, job: _writes.Job[list[Any]]) -> list[Any]:
-        """Run a read job; concurrent ones share one call with each other and with writes."""
+    async def _read(self, job: _writes.Job[T]) -> T:
+        """Run a read job; concurrent reads and writes share one call (``_group``).
+
+        A read-only store runs it alone, in a read transaction of its own.
+        """
         self._reader()
-        if self._readonly:  # a read-only connection takes no write lock: a call of its own
+        with self._errors:
+            if not self._readonly:
+                batched: T = await self._group.run(job)
+                return batched
             async with self._lock:
                 db = self._reader()
-                with self._errors:
-                    rows: list[Any] = await db._execute(job, db._conn)  # type: ignore[no-untyped-call]
-            return rows
-        with self._errors:
-            batched: list[Any] = await self._group.run(job)
-        return batched
+                alone: T = await db._execute(_read_alone, db._conn, job)  # type: ignore[no-untyped-call]
+                return alone
 
     @property
     def commits(self) -> tuple[int, int]:
@@ -350,10 +363,7 @@ class SqliteStore:
         Raises:
             CorruptRecord: A stored session fails validation.
         """
-        async with self._lock:
-            db = self._reader()
-            with self._errors:
-                rows = await db.execute_fetchall(SELECT_SESSIONS)
+        rows = await self._read(_writes.select(SELECT_SESSIONS, ()))
         return [decode_session(row) for row in rows]
 
     # -- history --------------------------------------------------------------------------------
@@ -408,16 +418,11 @@ class SqliteStore:
         Raises:
             CorruptRecord: An owed row fails validation.
         """
-        async with self._lock:
-            db = self._reader()
-            with self._errors:
-                if session is None:
-                    rows = await db.execute_fetchall(SELECT_OWED, (CutState.OWED.value,))
-                else:
-                    rows = await db.execute_fetchall(
-                        SELECT_OWED_IN_SESSION, (CutState.OWED.value, session)
-                    )
-        return [decode_row(row) for row in rows]
+        if session is None:
+            job = _writes.select(SELECT_OWED, (CutState.OWED.value,))
+        else:
+            job = _writes.select(SELECT_OWED_IN_SESSION, (CutState.OWED.value, session))
+        return [decode_row(row) for row in await self._read(job)]
 
     async def recoverable(self) -> RecoveryScan:
         """Every session with an owed cut record, read in one call (PS-6's startup scan).
@@ -425,11 +430,7 @@ class SqliteStore:
         A session whose owed row or session record fails validation is reported in
         ``corrupt`` and left out; nothing is written.
         """
-        async with self._lock:
-            db = self._reader()
-            with self._errors:
-                raw = await db._execute(_writes.scan_recoverable, db._conn)  # type: ignore[no-untyped-call]
-        owed, trailing, sessions, streams = cast("_writes.Scan", raw)
+        owed, trailing, sessions, streams = await self._read(_writes.scan_recoverable)
         return recovery_scan(owed, trailing, sessions, streams)
 
     async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
@@ -482,10 +483,7 @@ class SqliteStore:
         Raises:
             CorruptRecord: The stored receipt fails validation (it stays where it is).
         """
-        async with self._lock:
-            db = self._reader()
-            with self._errors:
-                rows = list(await db.execute_fetchall(SELECT_OPERATION, (op_id,)))
+        rows = await self._read(_writes.select(SELECT_OPERATION, (op_id,)))
         return decode_operation(rows[0]) if rows else None
 
     async def receipts(
@@ -499,16 +497,13 @@ class SqliteStore:
 
         A row that fails validation is reported by id in ``corrupt`` and skipped.
         """
-        async with self._lock:
-            db = self._reader()
-            with self._errors:
-                if session is None:
-                    rows = await db.execute_fetchall(SELECT_OPERATIONS)
-                else:
-                    rows = await db.execute_fetchall(SELECT_OPERATIONS_IN_SESSION, (session,))
+        if session is None:
+            job = _writes.select(SELECT_OPERATIONS, ())
+        else:
+            job = _writes.select(SELECT_OPERATIONS_IN_SESSION, (session,))
         records: list[OperationRecord] = []
         corrupt: list[tuple[str, str]] = []
-        for row in rows:
+        for row in await self._read(job):
             try:
                 records.append(decode_operation(row))
             except CorruptRecord as error:

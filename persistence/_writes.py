@@ -251,14 +251,10 @@ SCAN_STREAMS = (
 
 
 def scan_recoverable(db: sqlite3.Connection) -> Scan:
-    """On the connection's thread: the startup scan, in one read transaction."""
-    db.execute("BEGIN")
-    try:
-        return (
-            db.execute(SCAN_OWED).fetchall(),
-            db.execute(SCAN_TRAILING).fetchall(),
-            db.execute(SCAN_SESSIONS).fetchall(),
-            db.execute(SCAN_STREAMS).fetchall(),
-        )
-    finally:
-        db.execute("COMMIT")
+    """On the connection's thread: the startup scan (inside the caller's transaction)."""
+    return (
+        db.execute(SCAN_OWED).fetchall(),
+        db.execute(SCAN_TRAILING).fetchall(),
+        db.execute(SCAN_SESSIONS).fetchall(),
+        db.execute(SCAN_STREAMS).fetchall(),
+    )

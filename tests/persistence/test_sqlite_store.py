@@ -366,7 +366,7 @@ async def test_a_refused_batch_is_rolled_back(db_path: Path, calls: Calls) -> No
         await traced(store, calls)
         with pytest.raises(UsageError, match="s1/r3"):
             await store.append([row(1), row(2), row(3)])
-        assert "ROLLBACK" in calls.statements
+        assert any(s.startswith("ROLLBACK") for s in calls.statements)  # its savepoint
         assert not connection(store).in_transaction
         assert [r.seq for r in await store.history("s1")] == [3]
 
