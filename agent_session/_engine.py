@@ -165,7 +165,7 @@ class Engine:
         self._observers.append(observer)
 
     def _emit(self, event: EngineEvent) -> None:
-        if isinstance(event, ResumeAttempted) and self._recovering:
+        if self._recovering and isinstance(event, ResumeAttempted):  # only while recovering
             waiting = self._recovering.get(event.session or "")
             if waiting is not None:
                 waiting.set()

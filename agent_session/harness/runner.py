@@ -131,16 +131,23 @@ class _Generation:
 class _Actions:
     """Runs the scenario's actions when their triggers fire."""
 
-    def __init__(self, scenario: Scenario, engine: Engine, faults: Faults) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        faults: Faults,
+        *,
+        generation: _Generation,
+        record: TraceRecorder,
+        timers: anyio.abc.TaskGroup,
+    ) -> None:
         self._scenario = scenario
-        self._engine = engine
         self._faults = faults
-        #: The running generation (the runner sets it; ``crash``/``restart`` end it).
-        self.generation: _Generation | None = None
-        self.record: TraceRecorder | None = None
+        #: The running generation (the runner moves it on; ``crash``/``restart`` end it).
+        self.generation = generation
+        self._record = record
         #: Timed actions wait here, outside any engine, so a crash does not cancel them.
-        self.timers: anyio.abc.TaskGroup | None = None
-        self.started = False
+        self._timers = timers
+        self._started = False
         self._event_actions: list[tuple[int, ActionSpec, EventTrigger]] = [
             (index, action, action.at)
             for index, action in enumerate(scenario.actions)
@@ -169,24 +176,19 @@ class _Actions:
 
     def start_all(self, clock: VirtualClock) -> None:
         """Once per run: ``start`` actions now, timed ones as tasks that outlive engines."""
-        if self.started:
+        if self._started:
             return
-        self.started = True
+        self._started = True
         for index, action in enumerate(self._scenario.actions):
             if action.at == "start":
                 self.run(index, action)
             elif isinstance(action.at, TimeTrigger):
-                assert self.timers is not None
-                self.timers.start_soon(_at_time(clock, action.at.time_ms, index, action, self))
+                self._timers.start_soon(_at_time(clock, action.at.time_ms, index, action, self))
 
     @property
     def engine(self) -> Engine:
-        """The engine actions act on (the newest generation's)."""
-        return self._engine
-
-    @engine.setter
-    def engine(self, engine: Engine) -> None:
-        self._engine = engine
+        """The engine actions act on (the running generation's)."""
+        return self.generation.engine
 
     def _do(self, action: ActionSpec) -> None:
         if isinstance(action.do, CrashAction | RestartAction):
@@ -195,7 +197,7 @@ class _Actions:
         handler = _HANDLERS.get(type(action.do))
         if handler is None:  # the loader refuses every op outside SUPPORTED_OPS
             raise RunFailed(f"op {action.do.op!r} is not supported yet")
-        handler(self._engine, self._faults, action.do)
+        handler(self.engine, self._faults, action.do)
 
     def _end_generation(self, how: str) -> None:
         """End the engine's generation; the driver then starts a new engine on the store.
@@ -205,12 +207,11 @@ class _Actions:
         writes in flight finish and what the engine reports on its way out is traced.
         """
         generation = self.generation
-        if generation is None or generation.ending is not None:
+        if generation.ending is not None:
             raise RunFailed(f"{how}: the engine is already going away")
         generation.ending = how
         if how == "crash":
-            if self.record is not None:
-                self.record(Crash())
+            self._record(Crash())
             generation.alive = False
             generation.store.crashed = True
         generation.scope.cancel()  # a restart's writes in flight finish; its events are traced
@@ -318,10 +319,13 @@ class _ScenarioRun:
         async with anyio.create_task_group() as group:
             self.group = group
             generation = await self._start_generation()
-            actions = _Actions(self.scenario, generation.engine, self.faults)
-            actions.generation = generation
-            actions.record = self.recorder
-            actions.timers = group
+            actions = _Actions(
+                self.scenario,
+                self.faults,
+                generation=generation,
+                record=self.recorder,
+                timers=group,
+            )
             self.actions = actions
             self.recorder.listen(actions.on_line)
             result.error = await self._drive_generations(actions)
@@ -346,7 +350,6 @@ class _ScenarioRun:
             except RunFailed as error:
                 return str(error)
             current = actions.generation
-            assert current is not None
             if current.ending is None:
                 return None
             await self._end(current)  # a crashed one writes nothing on its way out
@@ -385,7 +388,6 @@ class _ScenarioRun:
         generation = _Generation(engine=engine, store=faulty)
         holder.append(generation)
         if self.actions is not None:
-            self.actions.engine = engine
             self.actions.generation = generation
         assert self.group is not None
         self.group.start_soon(self._host, generation)
@@ -415,13 +417,16 @@ class _ScenarioRun:
             generation.finished.set()
 
     async def _end(self, generation: _Generation) -> None:
+        """Stop the engine and wait for it; what it raised on its way out is the run's."""
         generation.stop.set()
         await generation.finished.wait()
+        if generation.failure is not None:
+            raise generation.failure
 
     async def close(self) -> None:
         for tool in self.tools.values():
             tool.release()
-        if self.actions is not None and self.actions.generation is not None:
+        if self.actions is not None:
             await self._end(self.actions.generation)
 
 
@@ -434,7 +439,6 @@ async def _drive(
     """Move virtual time until the run is quiescent or its engine's generation ends."""
     limits = scenario.limits
     generation = actions.generation
-    assert generation is not None
     actions.start_all(clock)
     while not generation.ended():
         await anyio.wait_all_tasks_blocked()
