@@ -16,6 +16,7 @@ from typing import TypeVar
 import anyio
 
 from agent_session import AgentSession, Engine, EngineConfig, EngineEvent, PreStreamGate
+from agent_session.harness.trace import event_name as tag
 from persistence import HistoryRow, MemoryStore, RowKind, Store
 from stream_manager import (
     ScriptedModel,
@@ -74,10 +75,6 @@ def P(tool: str, text: str = "partial text") -> ScriptStep:
         tool_calls=(ScriptToolCall(tool=tool, provider_executed=True, result={"ok": True}),),
         text=text,
     )
-
-
-def tag(event: EngineEvent) -> str:
-    return str(type(event).__struct_config__.tag)
 
 
 @dataclass

@@ -352,10 +352,6 @@ class LedgerStore(FaultyStore):
 # ---------------------------------------------------------------- the rig
 
 
-def tag(event: EngineEvent) -> str:
-    return str(type(event).__struct_config__.tag)
-
-
 @dataclass
 class OpRig:
     engine: Engine

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from agent_session import EngineConfig
+from agent_session.harness.trace import event_name as tag
 from persistence import MemoryStore, OperationRecord, OpState
 from stream_manager import (
     OpBlocked,
@@ -47,7 +48,6 @@ from tests.operations.support import (
     op_rig,
     provider_call,
     step,
-    tag,
     text,
 )
 
