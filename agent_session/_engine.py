@@ -133,6 +133,7 @@ class Engine:
                     tool=closed.capability.split(":", 1)[-1],
                     state=closed.state.value,
                     acknowledged=False,
+                    resolved_late=False,
                 )
             )
         open_ones = await self.store.receipts(states=frozenset({OpState.INDETERMINATE}))
@@ -149,6 +150,7 @@ class Engine:
         if stack is None:
             return
         assert self._group is not None
+        self.manager.operations.close()  # from here on, no late resolution is written
         self._group.cancel_scope.cancel()
         await stack.__aexit__(exc_type, exc, tb)
         self._group = None

@@ -111,6 +111,7 @@ class SessionCore(ABC):
         "_config",
         "_cut_rows",
         "_defer_drain",
+        "_dispatching",
         "_emit",
         "_gate",
         "_idle",
@@ -184,6 +185,8 @@ class SessionCore(ABC):
         self._defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
         self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
+        #: AS-3: the entry dequeued and not yet accepted, with its cancel token (if it has one).
+        self._dispatching: tuple[str, CancelToken] | None = None
         self._partial_rows: dict[str, HistoryRow] = {}
         self._stream_context = StreamContext(model=model, cause=StartCause.SEND)
         #: ``None`` while idle (made only when someone could wait: events are not free).
@@ -400,7 +403,21 @@ class SessionCore(ABC):
         return token
 
     def withdraw(self, entry: str, reason: str = "withdrawn") -> bool:
-        """Fire the cancel token of queued ``entry`` (MQ-7: readers look past it from now on)."""
+        """Fire the cancel token of ``entry``, queued or dequeued and not yet accepted.
+
+        Queued, readers look past it from now on (MQ-7). Dequeued, the send pipeline sees the
+        signal at its next check and cancels the entry before acceptance (AS-3).
+
+        Returns:
+            ``True`` when this call withdrew it, ``False`` when it was already withdrawn.
+
+        Raises:
+            UnknownEntry: no queued or dispatching entry has that id.
+            InvalidEntry: the entry has no cancel token.
+        """
+        dispatching = self._dispatching
+        if dispatching is not None and dispatching[0] == entry and self.queue.get(entry) is None:
+            return dispatching[1].cancel(reason)
         return self.queue.withdraw(entry, reason)
 
     def _queue_user(

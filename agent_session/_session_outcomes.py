@@ -303,6 +303,8 @@ class SessionOutcomes(SessionCore):
             self._schedule_sweep()  # AS-14
             return
         entry = self.queue.dequeue_next()
+        token = entry.cancel_token
+        self._dispatching = (entry.entry_id, token) if token is not None else None
         self._emit(EntryDequeued(session=self.id, entry=entry.entry_id))
         self._set_phase(Phase.PREPARING)
         turn = TurnInput.from_dequeued(entry)
@@ -311,7 +313,11 @@ class SessionOutcomes(SessionCore):
             turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
 
         async def dispatch() -> None:
-            result = await self._guarded_pipeline(turn)
+            try:
+                result = await self._guarded_pipeline(turn)
+            finally:
+                if self._dispatching is not None and self._dispatching[1] is token:
+                    self._dispatching = None  # accepted, cancelled or failed: past AS-3
             if isinstance(result, SendRefused) and turn.callbacks is not None:
                 callback = turn.callbacks.on_accepted_pre_stream_failure
                 if callback is not None:

@@ -167,6 +167,9 @@ class ReceiptWritten(_Event, frozen=True, kw_only=True, tag="receipt"):
     tool: str
     state: str
     acknowledged: bool
+    #: A second receipt: the same layer really ended the operation after its first receipt
+    #: said ``indeterminate`` (OP-8).
+    resolved_late: bool
 
 
 class OpBlocked(_Event, frozen=True, kw_only=True, tag="op-blocked"):

@@ -103,5 +103,6 @@ class ReceiptWriter:
                     tool=tool,
                     state=record.state.value,
                     acknowledged=record.termination_acknowledged,
+                    resolved_late=record.resolved_late,
                 )
             )

@@ -67,6 +67,11 @@ class CancelWhy(StrEnum):
 
 
 UNCONFIRMED: Final = "cancellation requested, termination not confirmed"
+#: Why an operation is indeterminate when the engine shut down around it.
+UNCONFIRMED_AT_SHUTDOWN: Final = (
+    "the engine shut down before the operation acknowledged its cancellation; "
+    "termination not confirmed"
+)
 
 _S = OpState
 TRANSITIONS: Final[frozenset[tuple[OpState, OpState]]] = frozenset(

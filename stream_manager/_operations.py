@@ -57,6 +57,7 @@ from stream_manager._op_parts import (
 from stream_manager._op_receipts import ReceiptWriter
 from stream_manager._op_states import (
     UNCONFIRMED,
+    UNCONFIRMED_AT_SHUTDOWN,
     CancelWhy,
     OutcomeCode,
     advance,
@@ -99,6 +100,16 @@ class OperationRunner(ReceiptWriter):
         self._running: dict[str, Op] = {}  # op id -> the operation whose execute runs
         self._workers: dict[str, Worker] = {}  # stream id -> its executing task
         self._spawns: dict[str, Spawn] = {}
+        #: Set when the engine shuts down: no late resolution is written after that (OP-8).
+        self._closing = False
+
+    def close(self) -> None:
+        """The engine is shutting down: an operation that ends from now on resolves nothing.
+
+        Its receipt stays as written (``indeterminate`` when it never acknowledged): an end
+        seen while the engine tears its tasks down is no acknowledgement it can vouch for.
+        """
+        self._closing = True
 
     def bind(self, spawn: Spawn | None) -> None:
         """Run tool executes and finalizers as tasks of the engine's task group."""
@@ -454,7 +465,7 @@ class OperationRunner(ReceiptWriter):
             if not op.done:
                 self._retire_worker_of(op)
         await self._write_cancel_outcome(op, deadline=deadline)
-        if op.record.state is OpState.INDETERMINATE and not op.unconfirmed:
+        if op.record.state is OpState.INDETERMINATE and not op.unconfirmed and not self._closing:
             spawn(lambda: self._late(op, deadline=deadline))
 
     async def _write_cancel_outcome(self, op: Op, *, deadline: bool) -> None:
@@ -474,7 +485,9 @@ class OperationRunner(ReceiptWriter):
                 now=now,
                 outcome=outcome,
                 acknowledged=False,
-                explanation=UNCONFIRMED,
+                explanation=UNCONFIRMED_AT_SHUTDOWN
+                if op.why is CancelWhy.SHUTDOWN
+                else UNCONFIRMED,
             )
             key = (op.record.session, op.record.capability, op.record.target)
             self._indeterminate[key] = op.record.op_id
@@ -485,6 +498,8 @@ class OperationRunner(ReceiptWriter):
         """The same layer ends after all: resolve the indeterminate receipt, recorded late."""
         _, ended = op.watch_ending()
         await ended.wait()
+        if op.unconfirmed or self._closing:
+            return  # no acknowledgement: the receipt already says what is known
         with anyio.CancelScope(shield=True):
             key = (op.record.session, op.record.capability, op.record.target)
             if self._indeterminate.get(key) == op.record.op_id:

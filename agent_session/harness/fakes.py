@@ -32,24 +32,37 @@ from persistence import (
     TurnEnvelope,
     TurnkeeperError,
 )
-from stream_manager import Clock, ToolCallPart, ToolContext, ToolKind, ToolResultPart
+from stream_manager import (
+    Clock,
+    TerminationUnconfirmed,
+    ToolCallPart,
+    ToolContext,
+    ToolKind,
+    ToolResultPart,
+)
 
 
 class ScenarioTool:
-    """A client tool whose behaviour the scenario scripts (CONTRACT.md ``[[tools]]``).
+    r"""A client tool whose behaviour the scenario scripts (see ``docs/scenarios.md``).
 
     It takes ``duration_ms`` on the virtual clock, then answers ``result`` or fails with
     ``fail``; ``hang`` never returns on its own. Cancelled, it acknowledges after
-    ``ack_delay_ms`` (``on_cancel = "ack"``) or never stops nor acknowledges (``"ignore"``,
-    until the harness releases it at the end of the run). ``lose_completion`` finishes and
-    records its result, but its completion never reaches the engine. A script's call may
-    override any of these for that call.
+    ``ack_delay_ms`` (``on_cancel = "ack"``) or never stops nor acknowledges (``"ignore"``).
+    ``lose_completion`` finishes and records its result, but its completion never reaches the
+    engine. A script's call may override any of these for that call.
+
+    When its engine goes away (the run's end, a ``restart``, a ``crash``), the harness
+    :meth:`abandon`\ s what still runs here: like a process exiting under it, the call ends
+    without acknowledging (:class:`~stream_manager.TerminationUnconfirmed`), so its receipt
+    stays ``indeterminate``.
     """
 
     def __init__(self, spec: ToolSpec, clock: Clock) -> None:
         self._spec = spec
         self._clock = clock
-        self._released = anyio.Event()
+        self._abandoned = anyio.Event()
+        #: Cancelled calls still waiting to acknowledge; abandoning wakes them.
+        self._acknowledging: list[anyio.Event] = []
         self.calls = 0
 
     @property
@@ -67,9 +80,11 @@ class ScenarioTool:
         value = call.behaviour.get("deadline_ms", self._spec.deadline_ms)
         return value / 1000 if isinstance(value, int) and value > 0 else None
 
-    def release(self) -> None:
-        """End the run: tools that ignore cancellation may stop now."""
-        self._released.set()
+    def abandon(self) -> None:
+        """The engine is gone: calls still running here end now, unacknowledged."""
+        self._abandoned.set()
+        for waiting in self._acknowledging:
+            waiting.set()
 
     async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
         """Take the scripted time, then answer, fail or hang; react to a cancel as scripted."""
@@ -80,12 +95,27 @@ class ScenarioTool:
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 if behaviour.get("on_cancel") == "ignore":
-                    await self._released.wait()  # never stops, never acknowledges
+                    await self._abandoned.wait()  # never stops, never acknowledges
                 else:
-                    delay = behaviour.get("ack_delay_ms")
-                    if isinstance(delay, int) and delay > 0:
-                        await self._clock.sleep_until(self._clock.now() + delay / 1000)
+                    await self._acknowledge_after(behaviour.get("ack_delay_ms"))
+            if self._abandoned.is_set():
+                raise TerminationUnconfirmed(
+                    f"{self.name}: abandoned when its engine went away; it never acknowledged"
+                ) from None
             raise
+
+    async def _acknowledge_after(self, delay: object) -> None:
+        """Wait ``delay`` virtual ms (or until abandoned) before acknowledging."""
+        if not isinstance(delay, int) or delay <= 0 or self._abandoned.is_set():
+            return
+        woken = anyio.Event()
+        timer = self._clock.call_at(self._clock.now() + delay / 1000, woken.set)
+        self._acknowledging.append(woken)
+        try:
+            await woken.wait()
+        finally:
+            timer.cancel()
+            self._acknowledging.remove(woken)
 
     async def _work(
         self, call: ToolCallPart, context: ToolContext, behaviour: dict[str, object]

@@ -16,7 +16,7 @@ The limits bound a run: ``max_events`` trace lines and ``max_virtual_ms`` of vir
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,15 +138,16 @@ class _Actions:
         *,
         generation: _Generation,
         record: TraceRecorder,
-        timers: anyio.abc.TaskGroup,
     ) -> None:
         self._scenario = scenario
         self._faults = faults
         #: The running generation (the runner moves it on; ``crash``/``restart`` end it).
         self.generation = generation
         self._record = record
-        #: Timed actions wait here, outside any engine, so a crash does not cancel them.
-        self._timers = timers
+        #: Timed actions not yet run, earliest first (ties in file order). The driver runs
+        #: them, outside any engine: they outlive a crash, and an engine's shutdown never
+        #: moves the clock past one.
+        self._timed: list[tuple[float, int, ActionSpec]] = []
         self._started = False
         self._event_actions: list[tuple[int, ActionSpec, EventTrigger]] = [
             (index, action, action.at)
@@ -174,8 +175,8 @@ class _Actions:
         except Exception as error:  # an action that cannot run fails the run, with its reason
             self.errors.append(f"$.actions[{index}].do ({action.do.op}): {error}")
 
-    def start_all(self, clock: VirtualClock) -> None:
-        """Once per run: ``start`` actions now, timed ones as tasks that outlive engines."""
+    def start_all(self) -> None:
+        """Once per run: ``start`` actions now; timed ones wait for the driver."""
         if self._started:
             return
         self._started = True
@@ -183,7 +184,18 @@ class _Actions:
             if action.at == "start":
                 self.run(index, action)
             elif isinstance(action.at, TimeTrigger):
-                self._timers.start_soon(_at_time(clock, action.at.time_ms, index, action, self))
+                self._timed.append((action.at.time_ms / 1000, index, action))
+        self._timed.sort(key=lambda timed: (timed[0], timed[1]))
+
+    def next_timed(self) -> float | None:
+        """When the next timed action is due (virtual seconds), or ``None``."""
+        return self._timed[0][0] if self._timed else None
+
+    def run_due(self, now: float) -> None:
+        """Run every timed action due at ``now``, in order."""
+        while self._timed and self._timed[0][0] <= now:
+            _, index, action = self._timed.pop(0)
+            self.run(index, action)
 
     @property
     def engine(self) -> Engine:
@@ -320,11 +332,7 @@ class _ScenarioRun:
             self.group = group
             generation = await self._start_generation()
             actions = _Actions(
-                self.scenario,
-                self.faults,
-                generation=generation,
-                record=self.recorder,
-                timers=group,
+                self.scenario, self.faults, generation=generation, record=self.recorder
             )
             self.actions = actions
             self.recorder.listen(actions.on_line)
@@ -338,7 +346,6 @@ class _ScenarioRun:
             result.virtual_ms = round(self.clock.now() * 1000)
             await self.close()
             finished = True
-            group.cancel_scope.cancel()  # timed actions that never fired
         if not finished:  # a cancellation ended the run early: never a silent pass
             result.error = result.error or "the run was cancelled before the scenario finished"
         return result
@@ -417,15 +424,33 @@ class _ScenarioRun:
             generation.finished.set()
 
     async def _end(self, generation: _Generation) -> None:
-        """Stop the engine and wait for it; what it raised on its way out is the run's."""
+        """Stop the engine and wait for it; what it raised on its way out is the run's.
+
+        A ``restart`` is a clean shutdown: the engine's own timers (a cancelled call's grace
+        interval) run on the virtual clock. A ``crash`` and the run's end take no time. What
+        then still runs in a tool, once the engine waits only for it, is abandoned: it ends
+        unacknowledged, so its receipt stays ``indeterminate`` (OP-8: nothing resolves it).
+        """
         generation.stop.set()
-        await generation.finished.wait()
+        timers_run = generation.ending == "restart"
+        while not generation.finished.is_set():
+            await anyio.wait_all_tasks_blocked()
+            if generation.finished.is_set():
+                break
+            if generation.store.in_flight:
+                await generation.store.settled()
+                continue
+            deadline = self.clock.next_deadline()
+            if timers_run and deadline is not None:
+                self.clock.advance_to(deadline)
+                continue
+            for tool in self.tools.values():
+                tool.abandon()
+            await generation.finished.wait()
         if generation.failure is not None:
             raise generation.failure
 
     async def close(self) -> None:
-        for tool in self.tools.values():
-            tool.release()
         if self.actions is not None:
             await self._end(self.actions.generation)
 
@@ -439,7 +464,7 @@ async def _drive(
     """Move virtual time until the run is quiescent or its engine's generation ends."""
     limits = scenario.limits
     generation = actions.generation
-    actions.start_all(clock)
+    actions.start_all()
     while not generation.ended():
         await anyio.wait_all_tasks_blocked()
         if generation.ended():
@@ -450,6 +475,10 @@ async def _drive(
         if len(recorder.lines) > limits.max_events:
             raise RunFailed(f"more than {limits.max_events} events (limits.max_events)")
         deadline = clock.next_deadline()
+        due = actions.next_timed()
+        timed = due is not None and (deadline is None or due <= deadline)
+        if timed:
+            deadline = due
         if deadline is None:
             break
         if deadline * 1000 > limits.max_virtual_ms:
@@ -457,18 +486,10 @@ async def _drive(
                 f"no quiescence within {limits.max_virtual_ms} virtual ms (limits.max_virtual_ms)"
             )
         clock.advance_to(deadline)
+        if timed:
+            actions.run_due(clock.now())
     if generation.ended():
         return
     busy = [s.describe() for s in generation.engine.sessions.values() if not s.idle]
     if busy:
         raise RunFailed("the engine did not reach quiescence: " + "; ".join(busy))
-
-
-def _at_time(
-    clock: VirtualClock, time_ms: int, index: int, action: ActionSpec, actions: _Actions
-) -> Callable[[], Coroutine[Any, Any, None]]:
-    async def wait_then_run() -> None:
-        await clock.sleep_until(time_ms / 1000)
-        actions.run(index, action)
-
-    return wait_then_run

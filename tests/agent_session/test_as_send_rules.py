@@ -237,7 +237,7 @@ def withdraw_at_first_stream_end(r_of: Callable[[], Rig], entry: str = "W") -> N
     r.on(hook)
 
 
-#: The ST-01 shape: a wake queued during step 2 cuts the turn with 6 steps left.
+#: The incident's shape: a wake queued during step 2 cuts the turn with 6 steps left.
 CUT_SCRIPT = [T_("bash"), T_("task_await"), X("All three tasks passed.")]
 
 
@@ -878,3 +878,55 @@ async def test_as11_a_manual_send_in_preflight_holds_the_sweep_then_a_failure_re
         assert causes(r) == ["send", "resume"]
         assert [e.outcome for e in r.of(ResumeAttempted)] == ["started"]
         assert not session.owes()
+
+
+# ---------------------------------------------------------------- AS-3: withdraw by name
+# A producer that kept only the entry's name withdraws through ``AgentSession.withdraw``; the
+# session must reach the entry after it left the queue and before the point of no return.
+
+
+def _withdraw_wake_at(r: Rig, moment: Callable[[EngineEvent, bool], bool], out: list[bool]) -> None:
+    """Withdraw wake ``W`` by name, once, inside the first event ``moment`` picks after it left
+    the queue (``moment(event, dequeued)``)."""
+    dequeued = False
+
+    def hook(event: EngineEvent) -> None:
+        nonlocal dequeued
+        if isinstance(event, EntryDequeued) and event.entry == "W":
+            dequeued = True
+        if not out and moment(event, dequeued):
+            out.append(r.session().withdraw("W", "read by its own await"))
+
+    r.on(hook)
+
+
+async def test_as3_withdraw_by_name_reaches_an_entry_dequeued_but_not_yet_accepted() -> None:
+    withdrawn: list[bool] = []
+    async with session_rig({"M": [X("first"), X("never")]}) as r:
+        _withdraw_wake_at(r, lambda e, dq: dq and isinstance(e, EntryDequeued), withdrawn)
+        r.session().send("hello")
+        r.session().enqueue("monitors finished", kind=EntryKind.WAKE, entry="W", mode="turn-end")
+        await r.settle()
+        assert withdrawn == [True]
+        canceled = [(e.entry, e.reason) for e in r.of(EntryCanceled)]
+        assert canceled == [("W", "read by its own await")]
+        assert len(r.of(StreamStarted)) == 1  # the wake never streamed
+        assert await texts(r) == [(RowKind.USER, "hello"), (RowKind.ASSISTANT, "first")]
+        assert r.session().phase is Phase.IDLE
+
+
+async def test_as3_withdraw_by_name_after_the_row_persisted_rolls_the_row_back() -> None:
+    withdrawn: list[bool] = []
+
+    def after_its_row(event: EngineEvent, dequeued: bool) -> bool:
+        return dequeued and isinstance(event, Persisted) and event.what == "user-row"
+
+    async with session_rig({"M": [X("first"), X("never")]}) as r:
+        _withdraw_wake_at(r, after_its_row, withdrawn)
+        r.session().send("hello")
+        r.session().enqueue("monitors finished", kind=EntryKind.WAKE, entry="W", mode="turn-end")
+        await r.settle()
+        assert withdrawn == [True]
+        assert [e.reason for e in r.of(EntryCanceled)] == ["read by its own await"]
+        assert len(r.of(StreamStarted)) == 1
+        assert await texts(r) == [(RowKind.USER, "hello"), (RowKind.ASSISTANT, "first")]

@@ -16,7 +16,7 @@ import anyio
 import msgspec
 import pytest
 
-from agent_session import EngineConfig
+from agent_session import Engine, EngineConfig
 from agent_session.harness.trace import event_name as tag
 from persistence import MemoryStore, OperationRecord, OpState
 from stream_manager import (
@@ -26,15 +26,18 @@ from stream_manager import (
     OutcomeCode,
     Persisted,
     ReceiptWritten,
+    ScriptedModel,
     ScriptStep,
     ScriptToolCall,
     StreamEnded,
     ToolCallPart,
     ToolContext,
+    VirtualClock,
 )
 from stream_manager._op_states import UNCONFIRMED
 from tests.operations.conftest import Backend
 from tests.operations.support import (
+    CONFIG,
     DEADLINE_S,
     GRACE_S,
     LiveModel,
@@ -308,10 +311,10 @@ async def test_op3_the_cancel_request_is_durable_before_termination_is_awaited(
 async def test_op3_a_stop_records_every_open_operations_cancel_request_before_awaiting_any(
     backend: Backend,
 ) -> None:
-    """OP-3/OP-15 for a step's waiting sibling: the stop's request is durable at once for it too.
+    """OP-3 for a step's waiting sibling: the stop's request is durable at once for it too.
 
     ``a`` ignores its cancellation, so awaiting its termination takes the whole grace interval;
-    ``b`` waits behind it on the sequential lock (OP-01).
+    ``b`` waits behind it on the sequential lock (SM-6).
     """
     seen: list[OperationRecord | None] = []
     rig: list[OpRig] = []
@@ -538,6 +541,89 @@ async def test_op8_silence_never_resolves_an_indeterminate_operation() -> None:
         assert not receipt.resolved_late
         assert not receipt.termination_acknowledged
         assert [e.state for e in receipt_events(r, A1)] == ["indeterminate"]
+
+
+async def test_op8_a_late_unconfirmed_end_is_no_resolution() -> None:
+    # The layer below answers after the grace interval, but only to say it cannot confirm the
+    # stop: the receipt already says so; nothing is resolved, nothing is written twice.
+    a = OpTool("a", hang=True, on_cancel="unconfirmed", ack_delay_s=GRACE_S + 3.0)
+    async with op_rig({"M": [step(call("a", path="/late")), text("moved on")]}, tools=[a]) as r:
+        r.session().send("go")
+        await r.settle()
+        assert a.ends == [DEADLINE_S + GRACE_S + 3.0]  # it did end, after the receipt
+        receipt = await r.receipt(A1)
+        assert receipt.state is OpState.INDETERMINATE
+        assert not receipt.resolved_late
+        assert [(e.state, e.resolved_late) for e in receipt_events(r, A1)] == [
+            ("indeterminate", False)
+        ]
+
+
+async def test_op8_a_late_acknowledgement_is_traced_as_resolved_late() -> None:
+    a = OpTool("a", hang=True, ack_delay_s=GRACE_S + 0.5)
+    async with op_rig({"M": [step(call("a", path="/slow")), text("moved on")]}, tools=[a]) as r:
+        r.session().send("go")
+        await r.settle()
+        assert [(e.state, e.acknowledged, e.resolved_late) for e in receipt_events(r, A1)] == [
+            ("indeterminate", False, False),
+            ("timed_out", True, True),
+        ]
+
+
+async def test_op8_an_engine_shutdown_writes_no_acknowledgement_it_did_not_receive() -> None:
+    """Shut down while a call ignores its cancellation: the receipt stays indeterminate, says
+    why, and the tool ending after the engine has gone is no acknowledgement."""
+    clock = VirtualClock()
+    a = OpTool("a", hang=True, on_cancel="ignore", clock=clock)
+    store = MemoryStore()
+    events: list[object] = []
+    model = ScriptedModel("M", [step(call("a", path="/stuck")), text()], clock=clock)
+    engine = Engine(
+        store=store,
+        models={"M": model},
+        tools={"a": a},
+        clock=clock,
+        config=CONFIG,
+        observers=[events.append],
+    )
+    stop, gone = anyio.Event(), anyio.Event()
+
+    async def host() -> None:
+        async with engine:
+            await engine.open_session("s1", model="M")
+            engine.session("s1").send("go")
+            await stop.wait()
+        gone.set()
+
+    async def drive(until: float) -> None:
+        while True:
+            await anyio.wait_all_tasks_blocked()
+            deadline = clock.next_deadline()
+            if deadline is None or deadline > until:
+                return
+            clock.advance_to(deadline)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(host)
+        await drive(1.0)
+        assert a.calls
+        assert not a.cancels
+        stop.set()  # the engine shuts down: the stream stops, the call is asked to stop
+        await drive(DEADLINE_S)  # the grace interval passes on the clock
+        assert not gone.is_set()  # the engine still waits for the call's own task ...
+        a.release()  # ... which ends only now, the engine having given up on it
+        await gone.wait()
+    async with store:  # the engine closed it; reopen to read what it left
+        receipt = await store.operation(A1)
+    assert receipt is not None
+    assert receipt.state is OpState.INDETERMINATE
+    assert receipt.cancel_reason == "shutdown"
+    assert not receipt.termination_acknowledged
+    assert not receipt.resolved_late
+    assert receipt.explanation is not None
+    assert "shut down" in receipt.explanation
+    receipts = [e for e in events if isinstance(e, ReceiptWritten) and e.op == A1]
+    assert [(e.state, e.acknowledged) for e in receipts] == [("indeterminate", False)]
 
 
 # ---------------------------------------------------------------- OP-9
