@@ -7,6 +7,8 @@ fresh SQLite file with a live timeline; ``inspect`` and ``receipts`` read a stor
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 
@@ -48,9 +50,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What a command returns when the reader of its output went away (``| head``): 128 + SIGPIPE,
+#: the status a shell reports for a tool that a closed pipe stopped.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line and return its exit code."""
-    args = _parser().parse_args(argv)
+    """Run the command line and return its exit code.
+
+    A reader that stops reading (``turnkeeper inspect --json | head``) ends the command
+    quietly: no traceback, exit code :data:`EXIT_BROKEN_PIPE`.
+    """
+    try:
+        return _dispatch(_parser().parse_args(argv))
+    except BaseException as error:
+        if not _only_broken_pipes(error):
+            raise
+    _discard_stdout()
+    return EXIT_BROKEN_PIPE
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         return anyio.run(run_command, args.scenarios, args.db, args.memory, args.trace, args.json)
     if args.command == "demo":
@@ -58,3 +78,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "receipts":
         return anyio.run(receipts_command, args.db, args.state, args.json)
     return anyio.run(inspect_command, args.db, args.session, args.json)
+
+
+def _only_broken_pipes(error: BaseException) -> bool:
+    """A closed output pipe, raised alone or by every task of a group."""
+    if isinstance(error, BaseExceptionGroup):
+        _, rest = error.split(BrokenPipeError)
+        return rest is None
+    return isinstance(error, BrokenPipeError)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so the interpreter's last flush has nowhere to fail."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # no real stdout (embedded, captured): nothing to flush
+        pass

@@ -6,6 +6,7 @@ invalid scenario or usage (nothing ran); 3 the engine failed or did not reach qu
 
 from __future__ import annotations
 
+import errno
 import sys
 import tempfile
 from importlib.resources import as_file, files
@@ -130,6 +131,8 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
         )
     ok, sentence = verdict(result)
     timeline.footer(ok, sentence)
+    if timeline.closed:
+        raise BrokenPipeError(errno.EPIPE, "the reader of the timeline went away")
     return 0 if ok else (result.exit_code or 3)
 
 

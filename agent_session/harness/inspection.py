@@ -15,6 +15,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from agent_session.harness.console import PipeConsole
 from agent_session.harness.redaction import redact
 from persistence import (
     MigrationRequired,
@@ -76,7 +77,7 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
 
 def _console() -> Console:
     """Rich output; a pipe or a log gets full rows instead of a guessed 80 columns."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    return PipeConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _print_receipts(records: list[OperationRecord]) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
 from rich.text import Text
 
 from agent_session._events import EngineEvent
+from agent_session.harness.console import PipeConsole
 from agent_session.harness.runner import RunResult
 from agent_session.harness.scenario import Scenario
 from agent_session.harness.trace import event_name
@@ -39,16 +39,26 @@ class Timeline:
     """An engine observer that prints a line per event (``plain``: no colours, no markup)."""
 
     def __init__(self, *, plain: bool) -> None:
-        self._console = Console(
+        self._console = PipeConsole(
             no_color=plain, highlight=False, force_terminal=None if not plain else False
         )
+        #: The reader of the output went away (``| head``): the demo runs on, silently.
+        self.closed = False
         self._clock_ms = 0
         self.seen: list[str] = []
 
+    def _print(self, text: Text) -> None:
+        if self.closed:
+            return
+        try:
+            self._console.print(text)
+        except BrokenPipeError:
+            self.closed = True  # an observer must not stop the engine it watches
+
     def header(self, scenario: Scenario, db: Path) -> None:
         """Print what is about to run."""
-        self._console.print(Text(f"turnkeeper demo: {scenario.name}", style="bold"))
-        self._console.print(Text(f"store: {db} (SQLite, WAL)", style="dim"))
+        self._print(Text(f"turnkeeper demo: {scenario.name}", style="bold"))
+        self._print(Text(f"store: {db} (SQLite, WAL)", style="dim"))
 
     def __call__(self, event: EngineEvent) -> None:
         """Print one event."""
@@ -64,14 +74,12 @@ class Timeline:
         line = Text()
         line.append(f"{name:<19}", style=_STYLE.get(name, ""))
         line.append(fields)
-        self._console.print(line)
+        self._print(line)
 
     def footer(self, ok: bool, sentence: str) -> None:
         """Print the verdict."""
         style = "bold green" if ok else "bold red"
-        self._console.print(
-            Text(("verdict: " if ok else "verdict: FAILED: ") + sentence, style=style)
-        )
+        self._print(Text(("verdict: " if ok else "verdict: FAILED: ") + sentence, style=style))
 
 
 def _show(value: object) -> str:

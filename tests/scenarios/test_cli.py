@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +166,49 @@ def test_receipts_refuses_a_file_that_is_not_a_store(
     assert notes.read_bytes() == b"just notes"
     assert main(["inspect", "--db", str(tmp_path / "missing.db")]) == 2
     assert main(["receipts", "--db", str(notes), "--state", "weird"]) == 2
+
+
+# ---------------------------------------------------------------- a reader that goes away
+
+
+def _with_closed_stdout(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run ``python -m agent_session ARGS`` with a stdout pipe whose reader already left."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails with EPIPE: deterministic, no race with a reader
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "agent_session", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("inspect", "--json"),
+        ("inspect",),
+        ("receipts",),
+        ("receipts", "--json"),
+        ("run",),
+        ("demo",),
+    ],
+)
+def test_a_command_whose_reader_goes_away_ends_quietly(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    db = tmp_path / "store.db"
+    assert main(["run", "--db", str(db), write(tmp_path, BASIC)]) == 0
+    if command == ("run",):
+        args = ["run", "--memory", "--trace", "-", write(tmp_path, BASIC, "again.toml")]
+    elif command == ("demo",):
+        args = ["demo", "--plain", "--db", str(tmp_path / "demo.db")]
+    else:
+        args = [*command, "--db", str(db)]
+    done = _with_closed_stdout(*args)
+    assert done.stderr == b""  # no traceback, no "Exception ignored" at exit
+    assert done.returncode == 141  # 128 + SIGPIPE, as shell tools report a closed pipe
