@@ -2,12 +2,13 @@
 
 ``ScenarioTool`` plays a scenario tool's behaviour on the virtual clock: it takes
 ``duration_ms``, then returns ``result`` or fails with ``fail``; ``hang`` never returns on its
-own. A script's tool call may override any of these for that call. The cancellation and
-lost-completion behaviours belong to the Operations issue; ``support.unsupported_features``
-refuses scenarios that use them.
+own; cancelled, it acknowledges after ``ack_delay_ms`` or (``on_cancel = "ignore"``) never;
+``lose_completion`` records its result with the tool layer but never returns it. A script's
+tool call may override any of these for that call.
 
-``Faults`` counts ``fail_next`` requests: it is the engine's ``PreStreamGate`` and wraps the
-store so the next N writes fail.
+``Faults`` counts ``fail_next`` requests: it is the engine's ``PreStreamGate``, and
+``FaultyStore`` wraps the store so that the next N writes fail (and, after a ``crash``, every
+write is refused).
 """
 
 from __future__ import annotations

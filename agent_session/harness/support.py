@@ -1,9 +1,12 @@
 """What the harness runtime cannot play yet, named honestly instead of silently ignored.
 
-Expectations on delegated handles (``expect.handles``) and the ops of the delegation, goal,
-workspace and crash-recovery work make a scenario invalid for this runtime: exit 2 with the
-field named, never a run that pretends the feature exists. (The ops are refused by the loader
-through ``SUPPORTED_OPS``; ``fail_next`` of ``settlement`` and expectations are checked here.)
+Delegated turns, goals and workspaces are not built: the ops ``delegate``, ``handle``,
+``goal`` and ``workspace`` are refused by the loader (they are not in ``SUPPORTED_OPS``), and
+this module refuses the rest of that work: ``fail_next`` of ``settlement`` and expectations
+on delegated handles (``expect.handles``). Either way the scenario is invalid for this
+runtime (exit 2, the field named), never a run that pretends the feature exists. (An
+``enqueue`` may name a ``handle`` only when a ``delegate`` action declares it, so it is
+refused with the ``delegate``.)
 """
 
 from __future__ import annotations
