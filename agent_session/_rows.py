@@ -16,6 +16,7 @@ from message_queue import Correlation
 from persistence import CorruptRecord, CutRecord, HistoryRow, RowKind
 from stream_manager import (
     ChatMessage,
+    Finish,
     ModelFallbackProgress,
     Part,
     Role,
@@ -43,6 +44,9 @@ class RowBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: For assistant rows: the finish reason and the effective model.
     finish: str | None = None
     model: str | None = None
+    #: For an assistant row that ends on a tool boundary: how many results its last step got
+    #: that no model step has seen yet (``None`` in rows written before it was recorded).
+    open_results: int | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -64,12 +68,18 @@ def decode_body(row: HistoryRow) -> RowBody:
 
 def body_from_parts(parts: Sequence[Part], *, finish: str | None, model: str) -> RowBody:
     """An assistant row's body from a stream's parts."""
+    open_results = None
+    if finish == "tool-calls":  # the results after the last step's finish: nobody read them
+        ends = [index for index, part in enumerate(parts) if isinstance(part, Finish)]
+        tail = parts[ends[-1] + 1 :] if ends else parts
+        open_results = sum(isinstance(part, ToolResultPart) for part in tail)
     return RowBody(
         text="".join(p.text for p in parts if isinstance(p, TextPart)),
         tool_calls=tuple(p for p in parts if isinstance(p, ToolCallPart)),
         tool_results=tuple(p for p in parts if isinstance(p, ToolResultPart)),
         finish=finish,
         model=model,
+        open_results=open_results,
     )
 
 
@@ -120,11 +130,11 @@ def _assistant_messages(body: RowBody) -> list[ChatMessage]:
 
 
 def unanswered(rows: Sequence[HistoryRow]) -> int:
-    """Tool results in history that no later model step answered (CONTRACT ``unanswered``).
+    """Tool results in history that no later model step answered (``expect.unanswered``).
 
-    A complete assistant row whose stream ended on a tool boundary (``tool-calls``) leaves its
-    last results unanswered until a later model step says something; any other finish, or a
-    later assistant or partial row with text or calls, answers them.
+    A complete assistant row whose stream ended on a tool boundary (``tool-calls``) leaves the
+    results of its last step unanswered until a later model step says something; any other
+    finish, or a later assistant or partial row with text or calls, answers them.
     """
     pending = 0
     for row in rows:
@@ -134,7 +144,7 @@ def unanswered(rows: Sequence[HistoryRow]) -> int:
         if body.text or body.tool_calls:
             pending = 0
         if row.kind is RowKind.ASSISTANT and body.finish == "tool-calls" and body.tool_results:
-            pending = 1
+            pending = body.open_results if body.open_results is not None else 1
     return pending
 
 

@@ -1,6 +1,6 @@
 """AgentSession's turn machinery: the send pipeline and the launch of a turn's stream.
 
-See ``_session`` for the theory of operation. Rule ids in comments point at SPEC.md.
+See ``_session`` for the theory of operation. Rule ids in comments are defined in ``docs/rules.md``.
 """
 
 from __future__ import annotations
@@ -134,10 +134,7 @@ class SessionTurns(SessionOutcomes):
         if turn.canceled():
             return await self._rollback(turn, row)
         # AS-8: the point of no return. A row that does not continue the cut turn supersedes it.
-        marker = self.continuation.marker
-        if marker is not None and not self._continues(turn, marker):
-            self._end_marker(EndedHow.WITHDRAWN, "superseded by a send (R35)")
-            await self._flush_voids()
+        await self._supersede(turn, "superseded by a send (R35)")
         refused = self._accept(turn)
         if refused is not None:
             return refused
@@ -187,13 +184,25 @@ class SessionTurns(SessionOutcomes):
             return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
         return Accepted()
 
+    async def _supersede(self, turn: TurnInput, why: str) -> None:
+        """R35: a durable row that does not continue the cut turn withdraws its continuation."""
+        marker = self.continuation.marker
+        if marker is not None and not self._continues(turn, marker):
+            self._end_marker(EndedHow.WITHDRAWN, why)
+            await self._flush_voids()
+
     async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
-        """AS-4: a refused manual send keeps the user's row and surfaces a stream error."""
+        """AS-4: a refused manual send keeps the user's row and surfaces a stream error.
+
+        The kept row is durable, so it supersedes an owed continuation like any send's (R35):
+        a resume must not answer a message the gate refused.
+        """
         failure = SendFailure(type="pre_stream", message=str(error))
         if turn.kind is EntryKind.USER and self._validate(turn) is None:
             row = self._user_row(turn)
             await self._store.append([row])
             self._emit(Persisted(session=self.id, what="user-row", id=row.row_id))
+            await self._supersede(turn, "superseded by a refused send's row (R35)")
             self._emit(
                 StreamFailed(
                     session=self.id,

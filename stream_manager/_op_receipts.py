@@ -1,4 +1,4 @@
-"""Receipts: writing them, their events, and provider-executed calls (SPEC section 4).
+"""Receipts: writing them, their events, and provider-executed calls (``docs/operations.md``).
 
 :class:`ReceiptWriter` is the half of :class:`~stream_manager._operations.OperationRunner`
 that writes receipts and reports them (``persisted``, ``receipt``), and that gives
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from persistence import OperationRecord, OpState
-from stream_manager._events import Persisted, ReceiptWritten, StreamEvent
+from stream_manager._events import OperationStarted, Persisted, ReceiptWritten, StreamEvent
 from stream_manager._op_parts import Ledger
 from stream_manager._op_states import OutcomeCode, advance, requested, target_digest
 from stream_manager._parts import ToolCallPart, ToolResultPart
@@ -49,6 +49,12 @@ class ReceiptWriter:
         record = advance(record, OpState.RUNNING, now=now)
         self._provider[call.call_id] = record
         await self._write(record)
+        if self._emit is not None:  # no deadline: the provider runs it, not us
+            self._emit(
+                OperationStarted(
+                    session=session, op=record.op_id, tool=call.name, stream=stream, deadline=0
+                )
+            )
 
     async def provider_ended(self, result: ToolResultPart) -> None:
         """The provider's result arrived: the operation completed (or failed)."""

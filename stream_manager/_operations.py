@@ -1,4 +1,4 @@
-"""Tool calls as operations: every call ends with a durable receipt (SPEC section 4).
+"""Tool calls as operations: every call ends with a durable receipt (``docs/operations.md``).
 
 Theory of operation
 -------------------
@@ -14,23 +14,28 @@ At a tool boundary the loop hands the step's client calls to :meth:`OperationRun
    runs in a task of its own, inside a cancel scope the runner owns, and the loop waits for the
    first of: the execute ending, the tool layer recording its completion (OP-5, a lost
    completion signal), the deadline (OP-2).
-4. At the deadline the cancellation request is written durably, the scope cancelled, and the
-   model gets a structured timeout result at once; a finalizer waits up to the grace interval
-   for the execute to end: ``timed_out`` (acknowledged) or ``indeterminate``.
+4. At the deadline the cancellation request is written durably and the scope cancelled; the
+   loop waits at most the grace interval more for the execute to end, writes ``timed_out``
+   (acknowledged) or ``indeterminate``, and the model gets a structured timeout result.
 5. When the stream is stopped while a call runs, the same happens with the stop's reason
    (``cancelled`` only on acknowledgement, OP-3), and calls still waiting behind it are
-   ``cancelled`` before dispatch: they never run (OP-4).
+   ``cancelled`` before dispatch: they never run (OP-4). A stop that lands while the step's
+   receipts are being written writes them again with the request, tells them in order
+   (``op-start``, ``op-cancel-requested``, the receipt) and runs none of them.
 
 Nothing a missing event can hold: the loop's wait always ends by the deadline (OP-6), and a
 tool that never stops keeps only its own task. A late end of an ``indeterminate`` operation
-resolves it, recorded as resolved late (OP-8). Provider-executed calls get receipts too: their
-result completes them; a stream cut before it arrives leaves them ``indeterminate`` (OP-7).
+by the same layer resolves it, recorded as resolved late (OP-8); a late "unconfirmed" resolves
+nothing, and from the engine's shutdown on nothing is resolved. Provider-executed calls get
+receipts too (and ``op-start``, without a deadline): their result completes them; a stream cut
+before it arrives leaves them ``indeterminate`` (OP-7).
 
 The decisions are ``_op_states``'s; this module awaits.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -68,6 +73,8 @@ from stream_manager._op_states import (
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import TerminationUnconfirmed
 from stream_manager.ports import Clock, Tool, ToolContext, ToolKind
+
+log = logging.getLogger("turnkeeper.operations")
 
 
 class OperationRunner(ReceiptWriter):
@@ -149,16 +156,17 @@ class OperationRunner(ReceiptWriter):
             self._admit(session, stream, step, index, call) for index, call in enumerate(calls)
         ]
         ops = [op for op in admitted if isinstance(op, Op)]
-        if ops and ops[0].tool is not None:  # it runs at once: requested and running, one write
-            ops[0].record = advance(ops[0].record, OpState.RUNNING, now=ops[0].record.started_at)
+        first = ops[0] if ops and ops[0].tool is not None else None
+        unstarted = first.record if first is not None else None
+        if first is not None:  # it runs at once: requested and running, one write
+            first.record = advance(first.record, OpState.RUNNING, now=first.record.started_at)
         try:
             await self._write_all([a.record if isinstance(a, Op) else a[0] for a in admitted])
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):  # stopped before anything ran (OP-4)
-                for op in ops:
-                    await self._request_cancel_before_dispatch(op, stop_why())
-                for op in ops:
-                    await self._cancel_before_dispatch(op)
+            if first is not None and unstarted is not None:
+                first.record = unstarted  # it never ran
+            with anyio.CancelScope(shield=True):
+                await self._stopped_at_admission(admitted, ops, stop_why())
             raise
         for item in admitted:
             self._admitted(item)
@@ -175,6 +183,32 @@ class OperationRunner(ReceiptWriter):
                     await self._stopped(item, waiting, stop_why(), spawn)
                 raise
         return results
+
+    async def _stopped_at_admission(
+        self,
+        admitted: list[Op | tuple[OperationRecord, ToolResultPart]],
+        ops: list[Op],
+        why: CancelWhy,
+    ) -> None:
+        """The stream stopped while the step's receipts were being written (OP-3, OP-4).
+
+        The step's receipts are written again, as one write, each with its cancel request;
+        then they are told in order (``op-start``, ``op-cancel-requested``, the receipt), and
+        none of them runs.
+        """
+        now = self._clock.now()
+        for op in ops:
+            op.record = cancel_requested(op.record, now=now, why=why)
+        await self._write_all([a.record if isinstance(a, Op) else a[0] for a in admitted])
+        for item in admitted:
+            self._admitted(item)
+        if self._emit is not None:
+            for op in ops:
+                self._emit(
+                    OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why)
+                )
+        for op in ops:
+            await self._cancel_before_dispatch(op)
 
     async def _stopped(self, op: Op, waiting: list[Op], why: CancelWhy, spawn: Spawn) -> None:
         """The stream stopped while ``op`` ran (OP-3, OP-4).
@@ -215,7 +249,7 @@ class OperationRunner(ReceiptWriter):
             now=now,
             deadline_at=now + self._deadline_of(tool, call),
         )
-        blocker = self._blocker(session, capability, target)
+        blocker = self._blocker(record.op_id, session, capability, target)
         if blocker is None:
             return Op(record=record, call=call, tool=tool)
         record = advance(
@@ -265,11 +299,17 @@ class OperationRunner(ReceiptWriter):
                 return float(value)
         return self._deadline_s
 
-    def _blocker(self, session: str, capability: str, target: str) -> str | None:
+    def _blocker(self, op_id: str, session: str, capability: str, target: str) -> str | None:
         if self._policy is OverlapPolicy.SESSION:
             return next((op for (s, _, _), op in self._indeterminate.items() if s == session), None)
         blocker = self._indeterminate.get((session, capability, target))
         if blocker is not None and self._policy is OverlapPolicy.WARN:
+            log.warning(
+                "%s runs although %s, on the same %s target, is indeterminate (overlap: warn)",
+                op_id,
+                blocker,
+                capability,
+            )
             return None
         return blocker
 

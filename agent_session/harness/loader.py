@@ -50,14 +50,14 @@ if TYPE_CHECKING:
 
     from pydantic_core import ErrorDetails
 
-#: Every trace event name of CONTRACT.md section 3, plus the harness's tool-call events.
+#: Every trace event name of ``docs/trace.md``, plus the harness's tool-call events.
 TRACE_EVENTS: Final = frozenset(
     """
     phase queued withdrawn dequeued entry-canceled cleared stream-start step fallback stop
     stream-end stream-abort stream-error launch-refused op-start op-cancel-requested receipt
     op-blocked owed continuation-ended resume claim settled retry-scheduled retry-abandoned
     persisted crash recovered tool-call-start tool-call-end
-    """.split()  # noqa: SIM905 - grouped like CONTRACT.md's table, not one name a line
+    """.split()  # noqa: SIM905 - grouped like docs/trace.md, not one name a line
 )
 
 Loc = tuple[str | int, ...]
@@ -287,6 +287,7 @@ class _Names:
     tools: frozenset[str]
     sessions: frozenset[str]
     entries: frozenset[tuple[str, str]]  # (session, entry) declared by send/enqueue
+    cancelable: frozenset[tuple[str, str]]  # ... by enqueue: only those have a cancel signal
     handles: frozenset[str]  # declared by delegate
 
     @classmethod
@@ -300,6 +301,11 @@ class _Names:
                 (a.session, a.entry)
                 for a in actions
                 if isinstance(a, SendAction | EnqueueAction) and a.entry is not None
+            ),
+            cancelable=frozenset(
+                (a.session, a.entry)
+                for a in actions
+                if isinstance(a, EnqueueAction) and a.entry is not None
             ),
             handles=frozenset(a.handle for a in actions if isinstance(a, DelegateAction)),
         )
@@ -364,15 +370,27 @@ def _check_action(
         value = getattr(action, field, None)
         if isinstance(value, str) and value not in names.sessions:
             yield (*loc, field), f"unknown session {value!r}"
-    if isinstance(action, WithdrawAction) and (action.session, action.entry) not in names.entries:
+    if isinstance(action, WithdrawAction):
+        yield from _check_withdraw(action, loc, names)
+    handle = action.handle if isinstance(action, HandleAction | EnqueueAction) else None
+    if handle is not None and handle not in names.handles:
+        yield (*loc, "handle"), f"unknown handle {handle!r}; no delegate action declares it"
+
+
+def _check_withdraw(action: WithdrawAction, loc: Loc, names: _Names) -> Iterator[Problem]:
+    key = (action.session, action.entry)
+    if key not in names.entries:
         yield (
             (*loc, "entry"),
             f"unknown entry {action.entry!r}; no send or enqueue action on session "
             f"{action.session!r} declares it",
         )
-    handle = action.handle if isinstance(action, HandleAction | EnqueueAction) else None
-    if handle is not None and handle not in names.handles:
-        yield (*loc, "handle"), f"unknown handle {handle!r}; no delegate action declares it"
+    elif key not in names.cancelable:
+        yield (
+            (*loc, "entry"),
+            f"entry {action.entry!r} is a user message (send): it has no cancel signal to "
+            "fire; only enqueued entries can be withdrawn",
+        )
 
 
 def _check_expect(expect: Expect, names: _Names) -> Iterator[Problem]:

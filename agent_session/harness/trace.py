@@ -1,9 +1,10 @@
-"""The trace: one JSON object per engine event, in order (CONTRACT.md section 3).
+"""The trace: one JSON object per engine event, in order (``docs/trace.md``).
 
 Every line has ``seq`` (from 1), ``t`` (virtual milliseconds), ``event`` and ``session``, then
-the event's own fields under CONTRACT's names. Lines are built from the event Structs with
-msgspec, so the same run always gives the same bytes. Every string value passes through
-:func:`~agent_session.harness.redaction.redact` first (CONTRACT: no credentials in a trace).
+the event's own fields under the names ``docs/trace.md`` gives them. Lines are built from the
+event Structs with msgspec, so the same run always gives the same bytes. Every string, at the
+top level or in a list, passes through :func:`~agent_session.harness.redaction.redact` first
+(no credentials in a trace).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ _encoder = msgspec.json.Encoder()
 
 
 def event_name(event: EngineEvent) -> str:
-    """The CONTRACT name of an event (its tag)."""
+    """The trace name of an event (its tag), as ``docs/trace.md`` lists it."""
     return str(type(event).__struct_config__.tag)
 
 
@@ -51,10 +52,7 @@ class TraceRecorder:
 
     def __call__(self, event: Recorded) -> None:
         """Record ``event`` as the next trace line."""
-        fields = {
-            key: redact(value) if isinstance(value, str) else value
-            for key, value in msgspec.to_builtins(event).items()
-        }
+        fields = {key: _redacted(value) for key, value in msgspec.to_builtins(event).items()}
         line: TraceLine = {
             "seq": len(self.lines) + 1,
             "t": round(self._clock.now() * 1000),
@@ -69,6 +67,17 @@ class TraceRecorder:
     def jsonl(self) -> bytes:
         """The trace as JSON Lines."""
         return b"".join(_encoder.encode(line) + b"\n" for line in self.lines)
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with every string in it, however deeply listed, redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list | tuple):
+        return [_redacted(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    return value
 
 
 def encode_line(line: TraceLine) -> bytes:

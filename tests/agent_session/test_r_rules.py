@@ -1,4 +1,4 @@
-"""SPEC.md section 3's review findings on the owed continuation, through the session.
+"""The review-finding rules (R1 to R65) on the owed continuation, through the session.
 
 Rules whose main test sits with its ST rule (R1, R3, R4, R7, R9, R15, R18, R20, R21, R23, R26,
 R27, R29, R32, R34, R43, R45, R64, R65) are named there too (``test_st2_r1_...``); these are
@@ -20,6 +20,7 @@ from agent_session import (
     EntryCanceled,
     Persisted,
     Phase,
+    PreStreamFailure,
     QueueCleared,
 )
 from message_queue import Correlation, EntryKind
@@ -433,6 +434,39 @@ async def test_r35_a_superseding_message_withdraws_at_its_point_of_no_return() -
     assert hows(r) == ["withdrawn"]
     assert outcomes(r) == []
     assert [text_of(row) for row in rows if row.kind is RowKind.USER] == ["start", "u"]
+
+
+class _RefuseSecondSend:
+    """A pre-stream gate that refuses the second send it checks (the queued message)."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+
+    async def check(self, session: str, purpose: str) -> None:
+        await anyio.lowlevel.checkpoint()
+        if purpose == "send":
+            self.sends += 1
+            if self.sends == 2:
+                raise PreStreamFailure("the pricing gate refused the message")
+
+
+async def test_r35_a_refused_message_whose_row_is_durable_still_withdraws_the_cut() -> None:
+    # AS-4 keeps a refused manual send's row. Once durable, that row is the conversation's
+    # latest word: resuming the cut turn now would answer it under the cut's budget.
+    async with session_rig(
+        {"M": [T_("bash"), X("never said")]},
+        tools=[HookTool("bash", before=lambda _: r.session().send("u", entry="u"))],
+        gate=_RefuseSecondSend(),
+    ) as r:
+        r.session().send("start")
+        await r.settle()
+        rows = await r.history()
+    assert [e.remaining for e in r.of(ContinuationOwed)] == [7]
+    assert hows(r) == ["withdrawn"]
+    assert outcomes(r) == []  # no resume answered the refused message
+    assert starts(r) == [("send", 8)]
+    assert [text_of(row) for row in rows if row.kind is RowKind.USER] == ["start", "u"]
+    assert [e.type for e in r.of(StreamFailed)] == ["pre_stream_rejected"]
 
 
 @pytest.mark.parametrize(("correlation", "how"), [(C, "consumed"), (C2, "withdrawn")])

@@ -174,3 +174,86 @@ def test_op8_a_real_late_acknowledgement_is_recorded_and_traced_resolved_late(
 def test_every_receipt_event_carries_resolved_late(tmp_path: Path) -> None:
     _, lines = run(tmp_path, IGNORING_TOOL)
     assert all("resolved_late" in line for line in lines if line["event"] == "receipt")
+
+
+# ---------------------------------------------------------------- refused, not faked
+
+BASE = """
+name = "refusals"
+[[models]]
+id = "m"
+[[tools]]
+name = "bash"
+[[sessions]]
+id = "s1"
+model = "m"
+[scripts.m]
+steps = [{ text = "hi" }]
+[[actions]]
+at = "start"
+do = { op = "send", session = "s1", text = "hello", entry = "u1" }
+"""
+
+
+def invalid(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> str:
+    scenario = tmp_path / "invalid.toml"
+    scenario.write_text(text, encoding="utf-8")
+    assert main(["run", str(scenario)]) == 2
+    return capsys.readouterr().err
+
+
+def test_withdrawing_a_user_message_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        BASE + '[[actions]]\nat = "start"\ndo = { op = "withdraw", session = "s1", entry = "u1" }\n'
+    )
+    err = invalid(tmp_path, text, capsys)
+    assert "$.actions[1].do.entry: entry 'u1' is a user message (send)" in err
+
+
+def test_a_session_goal_is_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = BASE.replace('model = "m"\n[scripts', 'model = "m"\ngoal = "ship it"\n[scripts')
+    err = invalid(tmp_path, text, capsys)
+    assert "$.sessions[0].goal: goals are not supported yet" in err
+
+
+# ---------------------------------------------------------------- expect.unanswered counts
+
+UNANSWERED = """
+name = "a stopped cut leaves both of its tool results unanswered"
+[engine]
+max_stream_steps = 8
+[[models]]
+id = "m"
+[[tools]]
+name = "bash"
+[[sessions]]
+id = "s1"
+model = "m"
+[scripts.m]
+steps = [
+  { tool_calls = [{ tool = "bash", args = { n = 1 } }, { tool = "bash", args = { n = 2 } }] },
+  { text = "never said" },
+]
+[[actions]]
+at = "start"
+do = { op = "send", session = "s1", text = "go" }
+[[actions]]
+at = { event = "op-start", nth = 1 }
+do = { op = "enqueue", session = "s1", entry = "wake", kind = "wake", text = "w" }
+[[actions]]
+at = { event = "stream-end", nth = 1 }
+do = { op = "stop", session = "s1" }
+[expect]
+owed = { s1 = false }
+unanswered = { s1 = 2 }
+"""
+
+
+def test_expect_unanswered_counts_every_unanswered_tool_result(tmp_path: Path) -> None:
+    code, lines = run(tmp_path, UNANSWERED)
+    assert code == 0
+    assert [line["why"] for line in lines if line["event"] == "stop"] == ["queued-message"]

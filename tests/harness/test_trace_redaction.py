@@ -1,8 +1,8 @@
-"""CONTRACT.md section 3: values that look like credentials are redacted before they are traced."""
+"""Values that look like credentials are redacted before they are traced (``docs/trace.md``)."""
 
 from __future__ import annotations
 
-from agent_session import Recovered
+from agent_session import QueueCleared, Recovered
 from agent_session.harness.trace import TraceRecorder
 from stream_manager import ErrorKind, StreamFailed, VirtualClock
 
@@ -25,3 +25,11 @@ def test_credentials_in_event_text_never_reach_the_trace() -> None:
     assert b"sk-live-0123456789" not in raw
     assert raw.count(b"[redacted]") >= 2
     assert recorder.lines[0]["why"].endswith("on s1:r2")  # the rest of the text stays
+
+
+def test_credentials_inside_list_fields_never_reach_the_trace() -> None:
+    recorder = TraceRecorder(VirtualClock())
+    recorder(QueueCleared(session="s1", entries=("u1", "token=abc123xyz"), hard_stop=False))
+    raw = recorder.jsonl()
+    assert b"abc123xyz" not in raw
+    assert recorder.lines[0]["entries"] == ["u1", "[redacted]"]

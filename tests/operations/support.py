@@ -1,11 +1,11 @@
-"""A rig for the operation-lifecycle tests (SPEC section 4): a real Engine on virtual time.
+"""A rig for the operation-lifecycle tests (``docs/operations.md``): a real Engine on virtual time.
 
 The rig wraps the store (a ``MemoryStore`` or a ``SqliteStore`` in ``tmp_path``) so that
 
 * every receipt write is logged in order (``writes``), to assert what was durable when;
 * ``settle`` never mistakes "waiting for the database thread" for quiescence;
 * ``crash()`` drops every later write: the engine dies with no further write, and a new engine
-  opening the same file runs startup recovery (CONTRACT ``crash``).
+  opening the same file runs startup recovery (the ``crash`` op of ``docs/scenarios.md``).
 
 ``OpTool`` is a client tool whose behaviour each test (or each call, through the scripted
 call's ``behaviour``) chooses: duration, result, capability error, raise, hang, lost
@@ -59,7 +59,7 @@ from stream_manager import (
 
 T = TypeVar("T")
 
-DEADLINE_S = 10.0  # SCENARIOS section I: ledger deadline 10 s (fake clock)
+DEADLINE_S = 10.0  # the tool deadline of these tests: 10 s (fake clock)
 GRACE_S = 2.0  # ... acknowledgement interval 2 s
 CONFIG = EngineConfig(max_stream_steps=8, tool_deadline_s=DEADLINE_S, cancel_grace_s=GRACE_S)
 

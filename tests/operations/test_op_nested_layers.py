@@ -1,4 +1,4 @@
-"""OP-3 through the layers below a tool: a real MCP server (SCENARIOS OP-03) and a subprocess.
+"""OP-3 through the layers below a tool: a real MCP server and a subprocess.
 
 ``tests/mcp/server.py`` runs as a subprocess of this interpreter. The engine runs on virtual
 time that nobody advances here, so its deadline and grace interval never fire: what ends the

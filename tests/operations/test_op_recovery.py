@@ -1,5 +1,5 @@
-"""Stream loss, crashes and replacement engines (OP-7, OP-10; SCENARIOS OP-04, OP-08, OP-11,
-OP-12, OP-15), on a MemoryStore and on a SqliteStore file.
+"""Stream loss, crashes and replacement engines (OP-7, OP-10, and OP-3's durable cancel request
+across a crash), on a MemoryStore and on a SqliteStore file.
 
 A crash is the rig's ``store.crash()``: no later write reaches the store, the engine is dropped,
 and a new Engine (a new connection to the same file; the same MemoryStore object) opens the
@@ -82,6 +82,10 @@ async def test_op7_a_provider_tool_cut_by_a_stop_before_its_result_is_indetermin
             False,
             "web_search",
         )
+        # It was told started (no deadline: the provider runs it) before its receipt.
+        [start] = [e for e in r.of(OperationStarted) if e.op == op]
+        assert (start.tool, start.deadline) == ("web_search", 0)
+        assert r.events.index(start) < r.events.index(event)
 
 
 async def test_op7_stream_loss_leaves_cut_calls_indeterminate_and_finished_ones_completed(

@@ -1,7 +1,7 @@
-"""Tool operations as durable receipts: rules OP-1 to OP-12 (SPEC section 4, SCENARIOS I).
+"""Tool operations as durable receipts: rules OP-1 to OP-12 (``docs/operations.md``).
 
 Each test drives a real Engine on virtual time (deadline 10 s, acknowledgement interval 2 s,
-as SCENARIOS I fixes them) and asserts what would change if its rule were removed: the
+fixed for all of them) and asserts what would change if its rule were removed: the
 receipts in the store, the order in which they were written, the trace events, what the tool
 saw and what the model was given. Tests marked with the ``backend`` fixture run on a
 MemoryStore and on a SqliteStore file. Restart recovery (OP-7, OP-10) is in
@@ -10,7 +10,7 @@ MemoryStore and on a SqliteStore file. Restart recovery (OP-7, OP-10) is in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import anyio
 import msgspec
@@ -411,6 +411,43 @@ async def test_op4_a_call_waiting_behind_a_sibling_is_cancelled_and_never_runs(
         assert (await r.receipt(A1)).state is OpState.CANCELLED
 
 
+class _StopDuringAdmission(MemoryStore):
+    """A store that runs ``hook`` the moment a step's receipts are being written."""
+
+    hook: Callable[[], object] | None = None
+
+    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        await anyio.lowlevel.checkpoint()  # the stop lands here, before the write
+        await super().put_operations(records)
+
+
+@pytest.mark.parametrize("how", ["stop", "hard_stop"])
+async def test_op4_a_stop_during_the_admission_write_runs_nothing_and_traces_in_order(
+    how: str,
+) -> None:
+    a, b = OpTool("a"), OpTool("b")
+    store = _StopDuringAdmission()
+    script = [step(call("a", path="/one"), call("b", path="/two")), text()]
+    async with op_rig({"M": script}, tools=[a, b], store=store) as r:
+        store.hook = r.session().stop if how == "stop" else r.session().hard_stop
+        r.session().send("go")
+        await r.settle()
+        assert a.calls == b.calls == []
+        assert r.store.states_of(A1)[1:] == ["requested", "cancelled"]  # never said running
+        for op in (A1, B1):
+            receipt = await r.receipt(op)
+            assert (receipt.state, receipt.termination_acknowledged) == (OpState.CANCELLED, True)
+            # Told in docs/trace.md's order: the operation exists, its stop is asked, it ends.
+            assert [n for n in op_events(r, op) if n != "persisted"] == [
+                "op-start",
+                "op-cancel-requested",
+                "receipt",
+            ]
+
+
 # ---------------------------------------------------------------- OP-5
 
 
@@ -688,7 +725,7 @@ async def test_op9_policy_session_blocks_any_call_while_one_is_indeterminate() -
         assert b.calls == []
 
 
-async def test_op9_policy_warn_blocks_nothing() -> None:
+async def test_op9_policy_warn_blocks_nothing(caplog: pytest.LogCaptureFixture) -> None:
     a = OpTool("a")
     config = EngineConfig(
         max_stream_steps=8,
@@ -704,6 +741,10 @@ async def test_op9_policy_warn_blocks_nothing() -> None:
         assert again.state is OpState.COMPLETED
         assert r.of(OpBlocked) == []
         assert len(a.calls) == 2
+        # ... but it says so: the run goes ahead beside an operation nobody could confirm.
+        [warning] = [rec for rec in caplog.records if rec.name == "turnkeeper.operations"]
+        assert op_id(1, 1, 0) in warning.getMessage()
+        assert op_id(1, 2, 0) in warning.getMessage()
 
 
 # ---------------------------------------------------------------- OP-11
