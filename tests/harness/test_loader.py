@@ -1,4 +1,4 @@
-"""The scenario loader: every public scenario loads, and every bad input is named exactly."""
+"""The scenario loader: every library scenario loads, and every bad input is named exactly."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from agent_session.harness import (
 )
 from persistence import UsageError
 
-SCENARIOS = Path(__file__).resolve().parents[3] / "shared" / "scenarios"
+#: The scenario library (docs/scenarios): examples users copy from, so every one must load.
+LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 
 BODY = """
 [[models]]
@@ -61,33 +62,39 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def public_scenarios() -> list[Path]:
-    if not SCENARIOS.is_dir():
-        pytest.fail(f"the public scenarios are missing: expected them in {SCENARIOS}")
-    return sorted(SCENARIOS.glob("*.toml"))
+def library() -> list[Path]:
+    paths = sorted(LIBRARY.glob("*.toml"))
+    if not paths:
+        pytest.fail(f"the scenario library is missing: expected it in {LIBRARY}")
+    return paths
 
 
-def test_every_public_scenario_loads() -> None:
-    paths = public_scenarios()
-    assert len(paths) >= 10, f"expected the ten public scenarios in {SCENARIOS}"
+def test_every_library_scenario_loads() -> None:
+    paths = library()
+    assert len(paths) >= 15, f"expected the scenario library in {LIBRARY}"
     for path in paths:
         loaded = load_scenario(path, supported_ops=ACTION_OPS)
         assert loaded.name, path
+        assert loaded.description, f"{path.name}: a library scenario says what it pins"
+        assert loaded.expect is not None, path.name
+        assert loaded.expect.events, path.name
 
 
-def test_public_scenario_fields_are_converted() -> None:
-    s = load_scenario(public_scenarios()[0])
-    assert s.name.startswith("a withdrawn wake strands the turn")
-    assert s.engine.max_stream_steps == 8
+def test_library_scenario_fields_are_converted() -> None:
+    s = load_scenario(LIBRARY / "withdrawn-wake.toml")
+    assert s.name.startswith("withdrawn wake: the cut turn resumes")
+    assert s.description is not None
+    assert "a budget of 3" in s.description
+    assert s.engine.max_stream_steps == 5
     assert s.engine.resume_attempt_cap == 3
     assert s.limits.max_events == 10_000
     assert s.actions[0].at == "start"
     trigger = s.actions[1].at
     assert isinstance(trigger, EventTrigger)
-    assert (trigger.event, trigger.nth, trigger.match) == ("op-start", 1, {"tool": "task_await"})
+    assert (trigger.event, trigger.nth, trigger.match) == ("op-start", 1, {"tool": "job_wait"})
     assert s.actions[2].do.op == "withdraw"
     assert s.expect is not None
-    assert s.expect.events[1] == {"event": "owed", "remaining": 6, "model": "m"}
+    assert s.expect.events[3] == {"event": "owed", "cut": "dev/1", "remaining": 3, "model": "m"}
 
 
 def test_a_minimal_scenario_gets_the_defaults(here: Path) -> None:
@@ -334,7 +341,7 @@ def test_the_file_is_named_as_given(tmp_path: Path) -> None:
 
 
 def test_json_and_toml_give_the_same_scenario(here: Path) -> None:
-    for source in public_scenarios():
+    for source in library():
         as_json = Path(source.stem + ".json")
         as_json.write_text(json.dumps(tomllib.loads(source.read_text("utf-8"))), "utf-8")
         assert load_scenario(as_json) == load_scenario(source), source.name

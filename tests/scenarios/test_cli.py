@@ -1,4 +1,4 @@
-"""``turnkeeper run`` and ``turnkeeper demo``: options, outputs and exit codes (CONTRACT.md 1)."""
+"""``turnkeeper run`` and ``turnkeeper demo``: options, outputs and exit codes (``docs/cli.md``)."""
 
 from __future__ import annotations
 

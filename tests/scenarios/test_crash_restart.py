@@ -1,4 +1,4 @@
-"""The ``crash`` and ``restart`` scenario ops (CONTRACT.md section 2) with startup recovery.
+"""The ``crash`` and ``restart`` scenario ops (``docs/scenarios.md``) with startup recovery.
 
 A crash kills the engine inside the emission of its trigger: nothing more is written and no
 further event of that engine reaches the trace; a new engine opens the same store, recovers
@@ -16,7 +16,7 @@ import pytest
 
 from agent_session.cli import main
 
-# Scenario 01's incident, but the process dies the moment the cut's row commits: before the
+# The withdrawn-wake incident, but the process dies the moment the cut's row commits: before the
 # queued wake was dispatched or withdrawn (the queue is not durable, so the wake dies with it).
 CRASH_AT_CUT = """
 name = "a crash right after the cut: the next engine resumes the owed turn"
