@@ -1,9 +1,13 @@
 """agent_session: the session and the engine a host embeds.
 
 Owns the ``Engine`` (the composition root), the ``AgentSession`` state machine (phases, the send
-pipeline, queue drain, stops), the owed continuation and its idempotent idle sweep, the owner's
-claim and settlement of delegated turns, admission ports, auto-retry, startup recovery, the
-scenario harness and the ``turnkeeper`` CLI.
+pipeline, queue drain, stops), the owed continuation and its idempotent idle sweep, startup
+recovery of owed cuts, the pre-stream gate port, the scenario harness (with its trace) and the
+``turnkeeper`` CLI.
+
+Not built yet: delegated turns (the owner's claim of a cut and the settlement of a handle), goal
+and workspace admission, auto-retry and startup retry, compaction, a durable queue. The
+scenario harness refuses scenarios that need them.
 
 May import every other package; nothing imports it.
 """

@@ -1,20 +1,23 @@
-"""The owed continuation of a cut turn and the idle sweep that resumes it (SPEC.md 2.3.10).
+"""The owed continuation of a cut turn and the idle sweep that resumes it (rules ST-1 to ST-15).
 
 Theory of operation
 -------------------
 A turn cut at a tool boundary for a queued entry (a normal cut, ST-2) or soft-stopped for one
 (ST-3) is *owed* a continuation: a :class:`Marker` recorded synchronously with everything a
 resume needs (the model at the cut, the steps it has left, its fallback progress, correlation,
-goal attribution, thinking level, scratchpad, retry-safe options). The marker ends in exactly
-one of four ways:
+thinking level, scratchpad, retry-safe options; its goal-attribution fields stay empty until
+goal attribution is built). The marker ends in one of these ways:
 
 * **consumed** (ST-4): any stream that reaches STREAMING, whoever started it;
-* **withdrawn** (ST-5): another path owns the turn's outcome (Stop, a superseding send, an
-  error path, an edit); no owner settlement;
-* **forfeited** (ST-6): withdrawn *and* the delegated owner is settled, because no later stream
-  event will tell it anything (admission refused, the attempt cap, context discard, disposal,
-  a hard-stop clear, removal of the turn's queued continuation);
-* **voided** (ST-15): the owner's binding "no" for exactly that cut.
+* **withdrawn** (ST-5): another path owns the turn's outcome (Stop, send-now, a superseding
+  send, a stream error, an edit, a stop before the resume started);
+* **forfeited** (ST-6): no later stream event will continue the turn (the attempt cap, a
+  refused resume launch, context discard, disposal, a hard-stop clear, removal of the turn's
+  queued continuation). The rule also settles a delegated owner here; delegated turns are not
+  built, so nothing is settled yet;
+* **voided** (ST-15): the delegated owner's binding "no" for exactly that cut. The owner's
+  claim is not built: the session never ends a marker this way today (startup recovery writes
+  ``voided`` only on durable records, ``persistence.CutState``).
 
 The sweep (ST-7) is :func:`plan_sweep`: a pure function of the bookkeeping and a snapshot of
 the session. It starts a resume only when the session is idle, the queue raw-empty, no manual
@@ -40,9 +43,11 @@ from stream_manager import ModelFallbackProgress
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-#: SPEC.md section 0: how many consumed cuts stay claimable (any bound >= 4 is acceptable).
+#: How many consumed cuts are remembered for the owner's claim (R33; any bound >= 4 would do).
+#: The claim itself is not built yet: the list is kept, nothing in the engine reads it.
 CONSUMED_CUTS_BOUND = 16
-#: SPEC.md section 0: failed-before-start resume attempts before the marker is forfeited.
+#: Failed-before-start resume attempts before the marker is forfeited (R21); the engine's own
+#: cap is ``EngineConfig.resume_attempt_cap``.
 RESUME_FAILED_ATTEMPT_CAP = 3
 
 #: R9: option keys a resume may replay; per-dispatch ones (external prompt ids, delegated tool
@@ -62,7 +67,7 @@ RETRY_SAFE_EXTRA: frozenset[str] = frozenset(
 
 
 class EndedHow(StrEnum):
-    """How an owed continuation ended (CONTRACT.md ``continuation-ended.how``)."""
+    """How an owed continuation ended (the trace's ``continuation-ended.how``)."""
 
     CONSUMED = "consumed"
     WITHDRAWN = "withdrawn"
@@ -112,7 +117,8 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     failed_attempts: int = 0
     #: Resume attempts of the current marker, for the trace's ``attempt``.
     attempts: int = 0
-    #: Cuts whose continuation already started, still claimable once (R33), oldest first.
+    #: Cuts whose continuation already started, oldest first: what the owner's claim (R33, not
+    #: built yet) would still accept once.
     consumed: tuple[str, ...] = ()
     resume_in_flight: bool = False
 

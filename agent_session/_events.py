@@ -1,4 +1,4 @@
-"""The events the session reports, with CONTRACT.md section 3's names and fields.
+"""The events the session reports, with the names and fields of ``docs/trace.md``.
 
 Like the stream manager's, they are frozen msgspec Structs tagged by ``event`` and handed to the
 engine's observers synchronously, when the fact is recorded.

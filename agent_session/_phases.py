@@ -19,7 +19,7 @@ from persistence import TurnkeeperError
 
 
 class Phase(StrEnum):
-    """Where a session's turn is (CONTRACT.md ``phase``)."""
+    """Where a session's turn is (the ``phase`` event of ``docs/trace.md``)."""
 
     IDLE = "idle"
     PREPARING = "preparing"

@@ -1,4 +1,4 @@
-"""Startup recovery of owed cuts (SPEC PS-6, R60, R61): a pure plan per scanned session.
+"""Startup recovery of owed cuts (PS-6, R60, R61): a pure plan per scanned session.
 
 A crash may leave a turn cut at a tool boundary with its continuation owed: the row that ended
 the cut stream carries the durable cut record in state ``owed``. A new engine scans the store

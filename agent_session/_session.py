@@ -1,4 +1,4 @@
-"""AgentSession: one conversation's turn state machine (SPEC.md 2.3).
+"""AgentSession: one conversation's turn state machine (``docs/session.md``).
 
 Theory of operation
 -------------------
@@ -518,7 +518,8 @@ class SessionCore(ABC):
         is stopped with reason ``user``, then the queue is restored to the input.
 
         Returns:
-            The queued user-authored text given back for the composer (AS-17, Q-02).
+            The queued user-authored text given back for the composer (AS-17); synthetic
+            entries are cancelled, never given back.
         """
         self._alive()
         self._end_marker(EndedHow.WITHDRAWN, "user stop")

@@ -1,6 +1,6 @@
 """AgentSession's reactions: stream events, stream outcomes and the drain of the queue.
 
-See ``_session`` for the theory of operation. Rule ids in comments point at SPEC.md.
+See ``_session`` for the theory of operation. Rule ids in comments are defined in ``docs/rules.md``.
 """
 
 from __future__ import annotations

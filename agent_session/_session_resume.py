@@ -33,7 +33,7 @@ log = logging.getLogger("turnkeeper.session")
 
 
 class AgentSession(SessionTurns):
-    """One conversation: its phase, queue, owed continuation and turns (SPEC.md 2.3)."""
+    """One conversation: its phase, queue, owed continuation and turns (``docs/session.md``)."""
 
     __slots__ = ()
 

@@ -59,7 +59,7 @@ class TurnInput:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamContext:
-    """What the session knows about the stream it is launching or running (SPEC 2.3 state)."""
+    """What the session knows about the stream it is launching or running."""
 
     model: str
     cause: StartCause

@@ -1,4 +1,4 @@
-"""The ``turnkeeper`` command line (CONTRACT.md section 1).
+"""The ``turnkeeper`` command line (``docs/cli.md``).
 
 ``run`` drives scenario files through the harness; ``demo`` runs the built-in incident on a
 fresh SQLite file with a live timeline; ``inspect`` and ``receipts`` read a store, read-only.

@@ -14,7 +14,7 @@ class PreStreamFailure(TurnkeeperError):
 
 
 class PreStreamGate(Protocol):
-    """SPEC 5.2: the check every send and resume passes before its stream (a pricing gate)."""
+    """The check every send and resume passes before its stream (a pricing gate)."""
 
     async def check(self, session: str, purpose: str) -> None:
         """Return to let the turn go on; raise :class:`PreStreamFailure` to stop it."""
@@ -30,7 +30,7 @@ class OpenGate:
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """The engine's policies (CONTRACT.md ``[engine]``)."""
+    """The engine's policies (``[engine]`` in ``docs/scenarios.md``)."""
 
     #: One logical turn's step ceiling (MAX_STREAM_STEPS).
     max_stream_steps: int = 100

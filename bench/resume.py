@@ -1,6 +1,6 @@
 """Resume latency (issue 6 item 4): a queued wake's withdrawal to the resumed stream's first step.
 
-Each incident is the one of ``scenarios/01-withdrawn-wake-resumes.toml`` (SCENARIOS ST-01), on a
+Each incident is a withdrawn wake, like ``docs/scenarios/withdrawn-wake.toml``, on a
 fresh session of one long-lived :class:`~agent_session.Engine` per store kind
 (``max_stream_steps`` 8, the real :class:`~stream_manager.SystemClock`):
 

@@ -1,8 +1,8 @@
 """message_queue: the session's queue of follow-up messages.
 
 Owns entries and their batching and sealing, dispatch modes, dedupe keys, cancel tokens and the
-cancel-aware readers that look past withdrawn entries (SPEC.md section 2.2). It is pure: no
-I/O, no awaits, no clock, no randomness.
+cancel-aware readers that look past withdrawn entries (rules MQ-1 to MQ-16). It is pure: no
+I/O, no awaits, no clock, no randomness, and it lives in memory: the queue is not durable.
 
 May import ``persistence`` (for the error root). Must never import ``stream_manager`` or
 ``agent_session``, nor anything that does I/O or reads time (``anyio``, ``asyncio``,

@@ -3,7 +3,7 @@
 Everything here is plain data or a tiny synchronous object. Nothing awaits, reads a clock or
 does I/O; a cancel token's callbacks run synchronously inside ``cancel()``.
 
-Vocabulary (SPEC.md section 1):
+Vocabulary:
 
 * an *entry* is one dispatchable unit: one or more batched *messages* (adds) that leave the queue
   together;
@@ -26,7 +26,7 @@ from message_queue.errors import InvalidEntry
 
 
 class EntryKind(StrEnum):
-    """Who produced an entry; CONTRACT.md's ``queued.kind``."""
+    """Who produced an entry; ``queued.kind`` in ``docs/trace.md``."""
 
     #: A message the user typed.
     USER = "user"
@@ -82,7 +82,7 @@ def parse_mode(value: DispatchMode | str) -> DispatchMode:
 
 
 class Correlation(msgspec.Struct, frozen=True, kw_only=True):
-    """The delegated-turn correlation a stream or entry carries (SPEC.md section 1)."""
+    """The delegated-turn correlation a stream or entry carries."""
 
     handle_id: str
     owner_session: str

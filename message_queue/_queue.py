@@ -1,4 +1,4 @@
-"""The session's FIFO of follow-up messages (SPEC.md section 2.2, MQ-1 to MQ-16).
+"""The session's FIFO of follow-up messages (MQ-1 to MQ-16, ``docs/message-queue.md``).
 
 Theory of operation
 -------------------

@@ -1,9 +1,10 @@
 """persistence: the durable records and the Store port.
 
-Owns the records turnkeeper commits at its durable boundaries (plain msgspec Structs), the
-``Store`` protocol and its SQLite and in-memory implementations, migrations and read-only
-inspection. It also holds the root of turnkeeper's error tree, because it is the one package
-every other package may import.
+Owns the records turnkeeper commits at its durable boundaries (plain msgspec Structs: history
+rows with their cut records, sessions, turn envelopes, operation receipts), the ``Store``
+protocol and its SQLite and in-memory implementations, migrations, and the read-only SQLite
+open that ``turnkeeper inspect`` and ``receipts`` use. It also holds the root of turnkeeper's
+error tree, because it is the one package every other package may import.
 
 Must never import: ``agent_session``, ``stream_manager``, ``message_queue`` (it is the bottom
 layer; the packages above convert their domain objects to and from its records).

@@ -21,7 +21,7 @@ class StoreError(TurnkeeperError):
 class CorruptRecord(TurnkeeperError):
     """A stored value failed validation when it was read back.
 
-    A corrupt value is never read as "absent" (SPEC R61), and nothing stored is deleted or
+    A corrupt value is never read as "absent" (R61), and nothing stored is deleted or
     rewritten because of it: the caller decides what to abandon.
 
     Attributes:

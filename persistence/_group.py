@@ -1,8 +1,8 @@
 """Group commit: writes that arrive while a commit is in flight share the next transaction.
 
-An aiosqlite call costs a thread hop that is several times the commit itself (DESIGN.md), so
-when many sessions write at once, one call that commits all their writes is much cheaper than
-one call each. The protocol is leader/follower, with no background task:
+An aiosqlite call costs a thread hop that is several times the commit itself
+(``docs/persistence.md``), so when many sessions write at once, one call that commits all their
+writes is much cheaper than one call each. The protocol is leader/follower, with no background task:
 
 * A writer adds its job to the *pending* batch. If no batch is being committed, it commits the
   pending batch itself (it is the leader), at once: a lone writer waits for nothing.

@@ -1,12 +1,12 @@
 """The SQLite store, on aiosqlite.
 
-Cost model (DESIGN.md): one aiosqlite call is a thread hop of about 180 µs while the commit
-itself is about 26 µs, so the number of calls sets the price of a durable write. Every write
-verb is one *job* (``_writes``) run on the connection's thread inside one transaction, one
-aiosqlite call; with group commit (the default) the jobs of concurrent writers share that call
-and its transaction (``_group``), and reads are jobs too, riding in the same calls. The
-connection runs in autocommit mode (``isolation_level=None``); only the migration opens a
-transaction of several calls.
+Cost model (``docs/persistence.md``): one aiosqlite call is a thread hop of about 180 µs while
+the commit itself is about 26 µs, so the number of calls sets the price of a durable write.
+Every write verb is one *job* (``_writes``) run on the connection's thread inside one
+transaction, one aiosqlite call; with group commit (the default) the jobs of concurrent writers
+share that call and its transaction (``_group``), and reads are jobs too, riding in the same
+calls. The connection runs in autocommit mode (``isolation_level=None``); only the migration
+opens a transaction of several calls.
 
 One lock serializes the store's calls, so no statement ever lands inside another transaction.
 Values read back are validated (typed msgspec decoders and column checks); a bad

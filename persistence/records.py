@@ -17,7 +17,7 @@ import msgspec
 
 
 class CutState(StrEnum):
-    """Where a durable cut record stands (SPEC PS-6)."""
+    """Where a durable cut record stands (PS-6)."""
 
     #: The cut owes a continuation: startup recovery resumes it.
     OWED = "owed"
@@ -60,7 +60,7 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class CutRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """The durable record of a cut, riding on the cut's assistant row (SPEC PS-6, R60).
+    """The durable record of a cut, riding on the cut's assistant row (PS-6, R60).
 
     It carries what startup recovery needs to rebuild the owed continuation: the remaining
     step budget, the fallback progress, the delegated-turn correlation and the goal attribution.
@@ -142,7 +142,7 @@ class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """What a stream was constructed with (SPEC PS-1, boundary B3).
+    """What a stream was constructed with (PS-1, boundary B3).
 
     Attributes:
         session: The session the stream runs in.
@@ -162,7 +162,7 @@ class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class OpState(StrEnum):
-    """Where an operation (a tool call) is (SPEC OP-8)."""
+    """Where an operation (a tool call) is (OP-8)."""
 
     REQUESTED = "requested"
     RUNNING = "running"
@@ -181,7 +181,7 @@ OPEN_OP_STATES: frozenset[OpState] = frozenset(
 
 
 class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """An operation's durable receipt (SPEC 4.1, OP-11): identifiers, times and outcome only.
+    """An operation's durable receipt (OP-11): identifiers, times and outcome only.
 
     It never holds tool arguments, outputs, credentials or file contents: the target is a
     privacy-minimised digest, and ``explanation`` is the engine's own fixed text.

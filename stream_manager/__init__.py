@@ -1,9 +1,12 @@
 """stream_manager: the model step loop.
 
-Owns the step loop, the step budget shared by every cut, resume and retry of one logical turn,
-the stop conditions, the fallback chain and its progress, soft and hard stops and their abort
-reasons, the launch probe, tool calls as operations (deadlines, cancellation, receipts), the
-``Model``, ``Tool`` and ``Clock`` ports and the ``ScriptedModel``.
+Owns the step loop, the step budget shared by every cut and resume of one logical turn, the
+stop conditions, the fallback chain and its progress, soft and hard stops and their abort
+reasons, the launch probe hook (``StreamRequest.refuse_stream_start``; the session supplies no
+probe yet), tool calls as operations (deadlines, cancellation, receipts), the ``Model``,
+``Tool`` and ``Clock`` ports, the clocks and the ``ScriptedModel``. The MCP tool adapter is
+``stream_manager.mcp`` (optional extra; not imported here). Auto-retry, which would spend the
+same budget, is not built.
 
 May import ``message_queue`` and ``persistence``. Must never import ``agent_session``. The
 decision modules (``_budget``, ``_fallback``, ``_stop``, ``_validate``) are pure: no I/O, no

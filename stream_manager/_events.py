@@ -1,4 +1,4 @@
-"""The events the stream manager reports, with CONTRACT.md section 3's names and fields.
+"""The events the stream manager reports, with the names and fields of ``docs/trace.md``.
 
 Events are past-tense facts, frozen msgspec Structs tagged by ``event``. They are handed to the
 observers synchronously, when the fact is recorded and before any reaction to it runs; the trace
@@ -18,7 +18,7 @@ from stream_manager._stop import StopWhy
 
 
 class AbortReason(StrEnum):
-    """Why a stream was stopped (SPEC.md section 1)."""
+    """Why a stream was stopped (``stream-abort.reason`` in ``docs/trace.md``)."""
 
     #: An explicit Stop, edit or send-now.
     USER = "user"
@@ -32,7 +32,7 @@ class AbortReason(StrEnum):
 
 
 class StartCause(StrEnum):
-    """What started a stream (CONTRACT.md ``stream-start.cause``)."""
+    """What started a stream (``stream-start.cause`` in ``docs/trace.md``)."""
 
     SEND = "send"
     QUEUE = "queue"

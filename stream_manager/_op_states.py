@@ -1,4 +1,4 @@
-"""The operation lifecycle: one enum, one table, receipts as values (SPEC section 4).
+"""The operation lifecycle: one enum, one table, receipts as values (``docs/operations.md``).
 
 Theory of operation
 -------------------
@@ -58,7 +58,7 @@ class OutcomeCode(StrEnum):
 
 
 class CancelWhy(StrEnum):
-    """Why cancellation was requested (CONTRACT ``op-cancel-requested.why``)."""
+    """Why cancellation was requested (``op-cancel-requested.why`` in ``docs/trace.md``)."""
 
     USER = "user"
     DEADLINE = "deadline"

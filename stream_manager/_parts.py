@@ -15,7 +15,7 @@ import msgspec
 
 
 class FinishReason(StrEnum):
-    """Why a step finished (CONTRACT.md ``stream-end.finish``)."""
+    """Why a step finished (``stream-end.finish`` in ``docs/trace.md``)."""
 
     STOP = "stop"
     TOOL_CALLS = "tool-calls"

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class StopWhy(StrEnum):
-    """Why a stream's loop ended (CONTRACT.md ``stop.why``)."""
+    """Why a stream's loop ended (``stop.why`` in ``docs/trace.md``)."""
 
     QUEUED_MESSAGE = "queued-message"
     STEP_CAP = "step-cap"

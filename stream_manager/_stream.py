@@ -1,6 +1,6 @@
 """One registered stream: its state machine and what it has spent.
 
-States (SPEC.md section 2.1): ``STARTING`` (registered, the envelope write and launch checks
+States (``docs/stream-manager.md``): ``STARTING`` (registered, the envelope write and launch checks
 still ahead), ``STREAMING`` (processing; ``stream-start`` emitted), ``STOPPING`` (a hard stop
 is tearing it down), then exactly one of ``COMPLETED`` (``stream-end`` emitted), ``ABORTED``
 (``stream-abort`` emitted, or withdrawn before processing) or ``ERROR``. One table holds every

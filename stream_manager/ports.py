@@ -55,7 +55,7 @@ class Model(Protocol):
 
 
 class ToolKind(StrEnum):
-    """How a tool runs (CONTRACT.md ``tools.kind``)."""
+    """How a tool runs (``[[tools]] kind`` in ``docs/scenarios.md``)."""
 
     #: Executed by the engine after the step finishes.
     CLIENT = "client"

@@ -1,6 +1,6 @@
 """The ScriptedModel: the fake-model harness's model.
 
-It plays a list of scripted steps (CONTRACT.md section 2, ``[scripts.MODEL] steps``), consumed
+It plays a list of scripted steps (``[scripts.MODEL] steps`` in ``docs/scenarios.md``), consumed
 in order across every stream that runs on that model, and records every request it receives so
 tests assert on what the model was really asked (model, step ceiling, messages, correlation,
 extra system context, thinking level). Delays run on the injected clock. Running out of steps

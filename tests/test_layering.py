@@ -1,4 +1,4 @@
-"""The direction of imports (DESIGN.md) and the purity of the message queue.
+"""The direction of imports (``docs/architecture.md``) and the purity of the message queue.
 
 ``agent_session`` -> ``stream_manager`` -> ``message_queue`` -> ``persistence``: a package may
 import those below it, never one above. ``message_queue`` is pure: nothing that does I/O, reads

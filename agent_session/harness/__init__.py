@@ -1,6 +1,6 @@
 """The scripted fake-model harness: scenario files in, deterministic runs out.
 
-A scenario file (CONTRACT.md section 2) declares models and their scripts, tools and their
+A scenario file (``docs/scenarios.md``) declares models and their scripts, tools and their
 behaviour, sessions, actions pinned to trace events or virtual times, limits and expectations.
 This package holds, for now, its validated boundary: the pydantic schema
 (:mod:`~agent_session.harness.scenario`) and the loader that reads TOML or JSON, reports every

@@ -1,6 +1,6 @@
 """``turnkeeper run`` and ``turnkeeper demo``: scenario files in, exit codes out.
 
-Exit codes (CONTRACT.md section 1): 0 every expectation held; 1 an expectation failed; 2 an
+Exit codes (``docs/cli.md``): 0 every expectation held; 1 an expectation failed; 2 an
 invalid scenario or usage (nothing ran); 3 the engine failed or did not reach quiescence.
 """
 

@@ -1,4 +1,4 @@
-"""Redaction of values that look like credentials (CONTRACT.md section 3).
+"""Redaction of values that look like credentials (``docs/trace.md``).
 
 Receipts hold no arguments or outputs by construction, and events carry ids, codes and short
 explanations; as a second line of defence every traced or printed string passes through

@@ -93,7 +93,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """CONTRACT.md: 0 passed, 1 an expectation failed, 3 the engine failed."""
+        """As ``docs/cli.md`` says: 0 passed, 1 an expectation failed, 3 the engine failed."""
         if self.error is not None:
             return 3
         return 1 if self.failures else 0

@@ -1,4 +1,4 @@
-"""The scenario file's schema (CONTRACT.md section 2) as frozen, strict pydantic models.
+"""The scenario file's schema (``docs/scenarios.md``) as frozen, strict pydantic models.
 
 Structural validation only: every model forbids unknown keys and never coerces a type (a string
 is not a number, a number is not a boolean). References between parts of the file, and turning
@@ -6,8 +6,8 @@ pydantic's errors into ``FILE: $.path: reason`` lines, are :mod:`agent_session.h
 Two shapes need care so that error paths stay readable: a trigger ``at`` (``"start"``, an event
 trigger whose extra keys are gathered into :attr:`EventTrigger.match`, or ``{time_ms}``) is
 picked by a callable discriminator, and ``do`` is a union discriminated on ``op``, one model per
-op with exactly CONTRACT.md's arguments. ``cancel_op`` names its operation ``op_id``, because
-``op`` is the discriminator. Nothing below the harness sees these models.
+op with exactly the arguments ``docs/scenarios.md`` gives it. ``cancel_op`` names its operation
+``op_id``, because ``op`` is the discriminator. Nothing below the harness sees these models.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
--- 0002: operation receipts (SPEC section 4). One row per operation, upserted as it moves;
--- the indexed columns serve "outstanding + recent" and the overlap guard's lookups.
+-- 0002: operation receipts (OP-1 to OP-12; docs/operations.md). One row per operation,
+-- upserted as it moves; the indexed columns serve "outstanding + recent" and the overlap
+-- guard's lookups.
 
 CREATE TABLE operations (
     op_id TEXT NOT NULL PRIMARY KEY,

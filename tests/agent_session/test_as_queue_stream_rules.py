@@ -1,4 +1,4 @@
-"""AgentSession rules AS-12 to AS-31 (SPEC.md 2.3.3 to 2.3.6): queue dispatch, stream events,
+"""AgentSession rules AS-12 to AS-31 (``docs/rules.md``): queue dispatch, stream events,
 the provider-executed tool soft stop, Stop, edit and dispose.
 
 Each test drives the engine through the session API with the rig of ``support.py`` and asserts
@@ -85,7 +85,8 @@ class PartsModel:
     """A model whose steps are explicit part lists; a :class:`Hold` in a list pauses the step.
 
     The ScriptedModel always streams a provider call and its result back to back and client
-    calls after the text; sibling and interleaving cases (SW-10, AS-20) need other orders.
+    calls after the text; sibling and interleaving cases (AS-20; a soft stop that waits for every
+    provider call of the step) need other orders.
     """
 
     def __init__(self, model_id: str, steps: Sequence[Sequence[Part | Hold]]) -> None:
@@ -156,7 +157,7 @@ def wake_at_provider_call(r_of: Callable[[], Rig], calls: Calls | None = None) -
 
 
 def report(text: str, calls: Calls | None = None) -> NewMessage:
-    """The catalogue's R(C): a same-turn report for correlation C."""
+    """A same-turn report for correlation ``C``: sealed, continuing the delegated turn."""
     return NewMessage(
         text=text,
         kind=EntryKind.REPORT,
@@ -168,7 +169,7 @@ def report(text: str, calls: Calls | None = None) -> NewMessage:
 
 
 def soft_cut_script(*after: ScriptStep) -> list[ScriptStep]:
-    """SW-09's S1: a client step, then a provider-tool step a queued wake soft-stops."""
+    """A client step, then a provider-tool step that a queued wake soft-stops."""
     return [T_("bash"), P("web_search"), *after]
 
 
@@ -646,7 +647,8 @@ async def test_as17_q02_restore_gives_back_only_user_text_and_cancels_the_rest()
 
 
 async def test_as17_q02_stop_gives_the_queued_user_text_back() -> None:
-    """Q-02: Stop restores the queue to the input; the user's queued text must come back."""
+    """Stop restores the queue to the input: the user's queued text comes back, hidden
+    synthetic entries do not."""
     calls = Calls()
     async with session_rig({"M": [ScriptStep(text="half", hang=True)]}) as r:
         await _q02_queue(r, calls)
@@ -1341,7 +1343,7 @@ async def test_as30_stop_withdraws_the_continuation_before_restoring_the_queue()
         (ended,) = r.of(ContinuationEnded)
         assert (ended.how, ended.why) == ("withdrawn", "user stop")
         assert causes(r) == ["send"]
-        # SW-12(a): the completed stream emits no abort.
+        # A hard stop on a stream that already ended emits no abort.
         assert r.of(StreamAborted) == []
 
 

@@ -1,4 +1,4 @@
-"""AgentSession rules AS-1 to AS-11 (SPEC.md 2.3.1, 2.3.2): turn phase and the send pipeline.
+"""AgentSession rules AS-1 to AS-11 (``docs/rules.md``): turn phase and the send pipeline.
 
 Each test drives the engine through the session API with the rig of ``support.py`` and asserts
 what would change if its rule were removed. Product features the port replaces or does not have
@@ -218,7 +218,7 @@ class BlockingGate:
 
 
 def wake_tool(r_of: Callable[[], Rig], name: str = "task_await", entry: str = "W") -> HookTool:
-    """A tool that queues a wake while it runs (the catalogue's "queue W during the tool")."""
+    """A tool that queues a background wake ``W`` while it runs."""
 
     def queue_wake(_: ToolCallPart) -> None:
         r_of().session().enqueue("monitors finished", kind=EntryKind.WAKE, entry=entry)
@@ -690,7 +690,7 @@ async def test_as8_a_withdraw_during_the_launch_is_ignored() -> None:
 
 
 async def test_as8_a_user_row_crossing_the_horizon_withdraws_the_owed_continuation() -> None:
-    """Q-07(b): the cutter is a user message: a new turn, the marker ends at its row (R35)."""
+    """A ``tool-end`` user message cuts the turn: a new turn, the marker ends at its row (R35)."""
     async with session_rig(
         {"M": [T_("bash"), X("answer to u")]},
         tools=[HookTool("bash", before=lambda _: r.session().send("u"))],

@@ -1,4 +1,4 @@
-"""ST-1 to ST-14: the stranded-turn continuation, driven through the session (SPEC.md 2.3.10).
+"""ST-1 to ST-14: the stranded-turn continuation, driven through the session.
 
 Also the helpers ``test_r_rules`` shares: a pre-stream gate and a store whose calls can be held
 or failed at an exact point, a background monitor that queues wakes from a tool and withdraws
@@ -65,7 +65,7 @@ from stream_manager import (
 )
 from tests.agent_session.support import T_, HookTool, P, Rig, X, session_rig
 
-#: A delegated turn's correlation (SCENARIOS: C) and an unrelated one.
+#: A delegated turn's correlation (``C``) and an unrelated one.
 C = Correlation(handle_id="h1", owner_session="ow", turn_id="t1")
 C2 = Correlation(handle_id="h2", owner_session="ow", turn_id="t2")
 
@@ -265,7 +265,7 @@ def both(*actions: Callable[[ToolCallPart], object]) -> Callable[[ToolCallPart],
 
 
 def incident(final: str = "final answer") -> dict[str, list[ScriptStep]]:
-    """SCENARIOS ST-01's script: the cut after step 2 leaves 6 of 8 steps."""
+    """The incident's script (a withdrawn wake): the cut after step 2 leaves 6 of 8 steps."""
     return {"M": [T_("bash"), T_("task_await"), X(final)]}
 
 

@@ -1,4 +1,4 @@
-"""The incident end to end through the Python API (SCENARIOS ST-01): the session's view."""
+"""The incident (a withdrawn wake) end to end through the Python API: the session's view."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Small builders for queue tests (the catalogue's W, u and R(C) of SCENARIOS.md)."""
+"""Small builders for queue tests: a background wake ``W``, a user message, a report ``R(C)``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """MessageQueue rules MQ-1 to MQ-16 and the queue side of R31, R62 and R63.
 
 Each test names the rule it protects and fails when that rule is removed. These are unit tests
-of the pure queue (no event loop) because the rules are the queue's own; the session-level
-scenarios (Q-*) that also involve dispatch live with the session.
+of the pure queue (no event loop) because the rules are the queue's own; the queue cases
+that also involve dispatch live with the session's tests.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Group commit: concurrent writers share one transaction, and nobody is told too early.
 
-DESIGN.md: "Commits of many sessions may share one transaction (group commit) as long as no
-session is told a boundary is durable before it is." Each test would fail if that sentence
-were broken: writes not shared (the gain gone), a writer returning before its commit (read
-back through a separate plain ``sqlite3`` connection at the moment it returns), or one
-writer's bad write taking the others' good writes down with it.
+The promise (``docs/persistence.md``): the writes of many sessions may ride in one
+transaction, yet no session hears that its boundary is durable before the commit. Each test
+would fail if that promise were broken: writes not shared (the gain gone), a writer returning
+before its commit (read back through a separate plain ``sqlite3`` connection at the moment it
+returns), or one writer's bad write taking the others' good writes down with it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A hypothesis state machine over the owed-continuation bookkeeping (SPEC.md 2.3.10).
+"""A hypothesis state machine over the owed-continuation bookkeeping (the ST rules).
 
 The machine drives the pure functions of ``agent_session._continuation`` the way the session
 shell (``_session_turns``) does, beside a small model of the session: its phase (moved through

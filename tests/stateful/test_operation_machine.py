@@ -3,7 +3,7 @@
 Operations are created ``requested``; rules move them the way the engine does (start, complete,
 fail, request cancellation, acknowledge within the grace interval, let the grace interval run
 out, acknowledge late, crash, block) or try a move the table forbids. The machine keeps its own
-model: the table as SPEC 4.1/OP-8 states it (written out here, not imported), each operation's
+model: the table as OP-8 states it (written out here, not imported), each operation's
 state, and every terminal or indeterminate state it entered, and checks:
 
 * exactly one authoritative ending per operation: an operation enters a terminal or
@@ -44,7 +44,7 @@ from stream_manager._op_states import (
 )
 
 S = OpState
-#: SPEC 4.1 and OP-4, OP-7, OP-8, OP-9, as this machine reads them.
+#: OP-4, OP-7, OP-8, OP-9 and ``docs/operations.md``, as this machine reads them.
 ALLOWED: frozenset[tuple[OpState, OpState]] = frozenset(
     {
         (S.REQUESTED, S.RUNNING),

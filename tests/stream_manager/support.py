@@ -72,7 +72,7 @@ class Recorder:
 
 
 def T_(*tools: str) -> ScriptStep:
-    """A step that calls client tools (the catalogue's T(a, b...))."""
+    """A step that calls client tools (``T_("a", "b")``)."""
     return ScriptStep(tool_calls=tuple(ScriptToolCall(tool=t) for t in tools))
 
 

@@ -493,7 +493,7 @@ async def test_r65_nothing_starts_with_zero_left(progress: ModelFallbackProgress
 
 
 async def test_st12_r65_the_budget_chain_example() -> None:
-    """SPEC ST-12's example: cut after 3 -> 5 left, cut after 2 -> 3 left, 3 more -> step cap."""
+    """ST-12, by example: cut after 3 -> 5 left, cut after 2 -> 3 left, 3 more -> step cap."""
     r = rig({"M": [T_("bash")] * 8}, max_stream_steps=8)
     reads = iter([False, False, True, False, True, False, False, True])
     budgets: list[int | None] = [None]

@@ -111,7 +111,7 @@ async def test_sm2_abort_before_registration_starts_nothing() -> None:
 
 
 async def test_sm2_abort_during_the_envelope_write_starts_nothing() -> None:
-    """SW-13: the signal fires while the envelope is awaited; no stream-start, deregistered."""
+    """Aborted while the envelope is awaited, before registration: no stream-start, deregistered."""
     token = CancelToken()
 
     async def envelope(info: StreamInfo) -> None:
@@ -170,7 +170,7 @@ async def test_sm4_probe_refuses_before_registration() -> None:
 
 
 async def test_sm4_probe_is_consulted_again_after_the_envelope_write() -> None:
-    """ST-17: a pause during the durable envelope write refuses the launch."""
+    """SM-4, ST-9: a pause during the durable envelope write refuses the launch."""
     paused = False
 
     async def envelope(info: StreamInfo) -> None:
@@ -218,7 +218,7 @@ async def test_sm11_hard_stop_emits_exactly_one_abort() -> None:
 
 
 async def test_sm11_hard_stop_of_a_completed_stream_emits_nothing() -> None:
-    """SW-12 (a): stream-end already emitted; the stop waits and emits nothing."""
+    """Hard stop on a completed stream (stream-end emitted): the stop waits and emits nothing."""
     r = rig({"M": [X()]})
     stop_results: list[object] = []
 
@@ -236,7 +236,7 @@ async def test_sm11_hard_stop_of_a_completed_stream_emits_nothing() -> None:
 
 
 async def test_sm12_stop_with_nothing_registered_is_a_synthetic_abort() -> None:
-    """SW-12 (b): empty stream id, default reason ``startup``."""
+    """A stop with nothing registered: empty stream id, default reason ``startup``."""
     r = rig({"M": []})
     await r.manager.stop_stream("s1")
     await r.manager.stop_stream("s1", reason=AbortReason.SYSTEM)
@@ -264,7 +264,7 @@ async def test_sm12_registered_stream_default_reason_is_system() -> None:
 
 
 async def test_sm13_hard_stop_during_a_pending_soft_stop_is_hard() -> None:
-    """SW-11 / R16: the abort carries the hard stop's reason, never queued-message."""
+    """Hard stop during a pending soft stop (R16): the hard stop's reason, never queued-message."""
     r = rig({"M": [T_("bash"), ScriptStep(text="x", hang=True)]})
     outcomes: list[object] = []
 

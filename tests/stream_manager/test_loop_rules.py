@@ -60,7 +60,7 @@ def call(tool: str, output: object) -> ScriptStep:
 
 
 async def test_sm5_stop_waits_for_every_sibling_result() -> None:
-    """SW-02: an entry queued after a's result does not cut b; the stop comes after the step."""
+    """Siblings: an entry queued after a's result does not cut b; the stop comes after the step."""
     q = Queue()
     a = FakeTool("a", before=q.queue)
     b = FakeTool("b")
@@ -125,7 +125,7 @@ async def test_sm7_a_live_queued_tool_end_entry_stops_after_the_step() -> None:
 
 
 async def test_sm7_required_tool_success_ends_the_turn() -> None:
-    """SW-04: a successful required tool ends the turn, even with an entry queued."""
+    """A successful required tool ends the turn, even with an entry queued."""
     q = Queue()
     report = FakeTool("agent_report", before=q.queue)
     r = rig(
@@ -148,7 +148,7 @@ async def test_sm7_required_tool_success_ends_the_turn() -> None:
 
 
 async def test_sm7_failed_required_tool_does_not_end_the_turn() -> None:
-    """SW-05: ``success: false`` means retry the tool; a queued entry then cuts with a report."""
+    """``success: false`` does not end the turn; a queued entry then cuts it, with a report."""
     q = Queue()
     report = FakeTool("agent_report", before=q.queue)
     r = rig(
@@ -194,7 +194,7 @@ async def test_sm7_completion_kind_tools_are_required() -> None:
     ],
 )
 def test_sm7_required_tool_matching_rules(name: str, output: object, stops: bool) -> None:
-    """SW-06: anchored full-name patterns (``^``/``$`` tolerated) and the success rules."""
+    """Required tools match anchored full names (``^``/``$`` tolerated); the success rules."""
     required = RequiredTools(["^agent_report$", "chrome_shot"])
     result = ToolResultPart(call_id="c", name=name, output=output)
     assert required.satisfied_by([result]) is stops
@@ -227,7 +227,7 @@ def test_sm7_decision_precedence() -> None:
 
 
 async def test_sm8_queued_stop_reported_before_stream_end() -> None:
-    """SW-01: reported once, synchronously, with the model and remainder, before stream-end."""
+    """A queued cut is reported once, synchronously, with model and remainder, before stream-end."""
     q = Queue()
     order: list[str] = []
     steps = 0
@@ -284,7 +284,8 @@ async def test_sm8_no_report_for_cap_required_or_natural_ends(ending: str) -> No
 
 
 async def test_r5_step_cap_coinciding_with_a_queued_entry_is_not_reported() -> None:
-    """SW-03 / scenario 05: the cap wins; resuming would run past the ceiling."""
+    """A step cap that coincides with a queued entry: the cap wins; resuming would run past
+    the ceiling (as in ``docs/scenarios/step-cap-is-not-a-cut.toml``)."""
     q = Queue()
     count = 0
 
@@ -341,7 +342,7 @@ async def test_r15_report_carries_the_model_that_ran_the_cut_step() -> None:
 
 
 async def test_sm9_a_step_cut_mid_flight_counts_as_spent() -> None:
-    """SW-09: the provider soft stop lands at text-end inside step 2; both steps count."""
+    """A provider-tool soft stop lands at text-end inside step 2; both steps count."""
     r = rig({"M": [T_("bash"), P("web_search"), X()]})
 
     def soft_stop_on_provider_result(event: object) -> None:
@@ -393,7 +394,7 @@ async def test_r46_abort_reports_a_required_tool_satisfied_in_the_cut_step() -> 
 
 
 async def test_r59_abort_metadata_names_the_effective_model() -> None:
-    """SW-14: after a hop to B, a soft-stop abort is accounted under B."""
+    """Usage under the effective model: after a hop to B, a soft-stop abort is accounted under B."""
     r = rig(
         {"A": [ScriptStep(refuse=True)], "B": [T_("bash"), P("web"), X()]},
         fallbacks={"A": ["B"]},

@@ -1,4 +1,4 @@
-"""In-stream restarts and errors: SM-16 to SM-20, R37 to R39 (catalogue FB-01 to FB-07)."""
+"""In-stream restarts and errors: SM-16 to SM-20, R37 to R39, the refusal fallback chain."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ CHAIN = {"A": ["B", "C"]}
 
 
 async def test_sm16_zero_output_refusal_hops_to_the_first_fallback() -> None:
-    """FB-01: no error; B's loop ceiling is the remainder (7); the fallback is recorded."""
+    """Zero-output refusal: no error; B's ceiling is the remainder (7); the hop is recorded."""
     r = rig({"A": [REFUSE], "B": [X("ok")], "C": []}, fallbacks=CHAIN)
     outcome = await r.manager.start_stream(r.request(model="A"))
     assert isinstance(outcome, Ended)
@@ -52,7 +52,7 @@ async def test_sm16_zero_output_refusal_hops_to_the_first_fallback() -> None:
 
 
 async def test_sm16_multi_hop_walks_the_chain_in_order() -> None:
-    """FB-02."""
+    """A refuses, B refuses, C answers: the hops go in chain order; C's ceiling is 6."""
     r = rig({"A": [REFUSE], "B": [REFUSE], "C": [X()]}, fallbacks=CHAIN)
     outcome = await r.manager.start_stream(r.request(model="A"))
     assert isinstance(outcome, Ended)
@@ -62,7 +62,7 @@ async def test_sm16_multi_hop_walks_the_chain_in_order() -> None:
 
 
 async def test_sm16_chain_exhaustion_is_a_terminal_refusal() -> None:
-    """FB-03."""
+    """Every model of the chain refuses: a terminal refusal, never retryable."""
     r = rig({"A": [REFUSE], "B": [REFUSE], "C": [REFUSE]}, fallbacks=CHAIN)
     outcome = await r.manager.start_stream(r.request(model="A"))
     assert isinstance(outcome, Failed)
@@ -81,7 +81,7 @@ async def test_sm16_no_chain_means_a_terminal_refusal() -> None:
 
 
 async def test_sm16_refusal_with_an_incomplete_tool_call_does_not_hop() -> None:
-    """FB-05."""
+    """A tool call without its result, then a refusal: no hop; B is never asked."""
     step = ScriptStep(tool_calls=(ScriptToolCall(tool="bash"),), refuse=True)
     r = rig({"A": [step], "B": [X()]}, fallbacks={"A": ["B"]})
     outcome = await r.manager.start_stream(r.request(model="A"))
@@ -92,7 +92,7 @@ async def test_sm16_refusal_with_an_incomplete_tool_call_does_not_hop() -> None:
 
 
 async def test_sm16_a_fallback_that_cannot_start_is_terminal() -> None:
-    """FB-07: the next model cannot be prepared (it is not registered)."""
+    """The next model cannot be prepared (it is not registered)."""
     r = rig({"A": [REFUSE]}, fallbacks={"A": ["ghost"]})
     outcome = await r.manager.start_stream(r.request(model="A"))
     assert isinstance(outcome, Failed)
@@ -112,7 +112,7 @@ async def test_sm16_refused_output_is_kept_as_the_streams_partial() -> None:
 
 
 async def test_r37_a_hop_runs_under_the_remainder() -> None:
-    """Scenario 06: alpha spends 2 (tool step + refusal), beta ends at 3 of 8."""
+    """A hop keeps the turn's budget: alpha spends 2 (tool step + refusal), beta ends at 3 of 8."""
     r = rig(
         {"alpha": [T_("bash"), REFUSE], "beta": [X("Done on beta.")], "gamma": []},
         fallbacks={"alpha": ["beta", "gamma"]},
