@@ -3,8 +3,9 @@
 Owns the records turnkeeper commits at its durable boundaries (plain msgspec Structs: history
 rows with their cut records, sessions, turn envelopes, operation receipts), the ``Store``
 protocol and its SQLite and in-memory implementations, migrations, and the read-only SQLite
-open that ``turnkeeper inspect`` and ``receipts`` use. It also holds the root of turnkeeper's
-error tree, because it is the one package every other package may import.
+open that ``turnkeeper inspect`` and ``receipts`` use, and the lock that gives a SQLite store
+one owning process. It also holds the root of turnkeeper's error tree, because it is the one
+package every other package may import.
 
 Must never import: ``agent_session``, ``stream_manager``, ``message_queue`` (it is the bottom
 layer; the packages above convert their domain objects to and from its records).
@@ -15,6 +16,7 @@ from persistence._errors import (
     MigrationRequired,
     NotATurnkeeperStore,
     StoreError,
+    StoreLocked,
     TurnkeeperError,
     UnsupportedSchemaVersion,
     UsageError,
@@ -56,6 +58,7 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreError",
+    "StoreLocked",
     "TurnEnvelope",
     "TurnkeeperError",
     "UnsupportedSchemaVersion",

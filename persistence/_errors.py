@@ -18,6 +18,46 @@ class StoreError(TurnkeeperError):
     """The store could not carry out an operation (I/O failure, a database locked too long)."""
 
 
+class StoreLocked(StoreError):
+    """A live owner holds the SQLite store: one process owns a store at a time.
+
+    Raised by a read-write open (``persistence._lock``); nothing was read or written, and the
+    owner goes on undisturbed. Read-only opens take no lock and still work.
+
+    Attributes:
+        path: The path that was opened.
+        pid: The holder's pid, as its lock file says (``None`` when it says nothing readable).
+        since: When the holder took the lock (ISO 8601, UTC), as its lock file says.
+        host: The holder's host when it is not this one (a shared file system), else ``None``.
+        this_process: The holder is another store in this very process.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        pid: int | None = None,
+        since: str | None = None,
+        host: str | None = None,
+        this_process: bool = False,
+    ) -> None:
+        who = "another store in this process" if this_process else "another process"
+        facts = "pid unknown" if pid is None else f"pid {pid}"
+        if host is not None:
+            facts += f" on {host}"
+        if since is not None:
+            facts += f" since {since}"
+        super().__init__(
+            f"{path} is in use by {who} ({facts}): one process owns a SQLite store at a time; "
+            "inspect and receipts can still read it"
+        )
+        self.path = path
+        self.pid = pid
+        self.since = since
+        self.host = host
+        self.this_process = this_process
+
+
 class CorruptRecord(TurnkeeperError):
     """A stored value failed validation when it was read back.
 

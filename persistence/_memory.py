@@ -8,6 +8,7 @@ reopened ``MemoryStore`` holds what it held, like a database file.
 
 from __future__ import annotations
 
+import secrets
 from typing import TYPE_CHECKING, Self
 
 import msgspec
@@ -50,6 +51,7 @@ class MemoryStore:
         self._sessions: dict[str, _SessionData] = {}
         self._operations: dict[str, OperationRecord] = {}
         self._open = False
+        self._owner: str | None = None
 
     def __repr__(self) -> str:
         rows = sum(len(data.by_id) for data in self._sessions.values())
@@ -65,10 +67,21 @@ class MemoryStore:
         if self._open:
             raise UsageError("the store is already open")
         self._open = True
+        self._owner = secrets.token_hex(16)
 
     async def close(self) -> None:
         """Close the store, keeping its contents. Closing a closed store does nothing."""
         self._open = False
+        self._owner = None
+
+    @property
+    def owner(self) -> str | None:
+        """This owner's token: random hex minted at open, ``None`` while closed.
+
+        As in ``SqliteStore.owner``: one object is one owner (a second open of an open store
+        is refused), and a reopen mints a new token.
+        """
+        return self._owner
 
     async def __aenter__(self) -> Self:
         """Open the store and return it."""

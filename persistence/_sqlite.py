@@ -23,7 +23,7 @@ import aiosqlite
 import anyio
 import msgspec
 
-from persistence import _checks, _writes
+from persistence import _checks, _lock, _writes
 from persistence._checkpoint import Checkpointer
 from persistence._connection import Translate, connect, file_facts, one, transaction
 from persistence._decode import (
@@ -57,6 +57,8 @@ from persistence.records import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import TracebackType
+
+    from persistence._lock import HeldLock
 
 Synchronous = Literal["NORMAL", "FULL"]
 T = TypeVar("T")
@@ -119,6 +121,23 @@ def schema_version() -> int:
     return migrations()[-1].version
 
 
+async def _take_lock(database: str) -> HeldLock:
+    """Take the store's lock on a worker thread; a cancellation waits for the outcome.
+
+    The shield makes sure a lock that was taken reaches the caller, who releases it on the
+    cancellation delivered at its next checkpoint.
+    """
+    with anyio.CancelScope(shield=True):
+        held = await anyio.to_thread.run_sync(_lock.acquire, database)
+    return held
+
+
+async def _give_up(held: HeldLock, *, discard: bool = False) -> None:
+    """Release the lock (removing the lock file when ``discard``), even when cancelled."""
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(lambda: held.release(discard=discard))
+
+
 # -- the store --------------------------------------------------------------------------------
 
 
@@ -130,13 +149,20 @@ class SqliteStore:
             only); an existing file must be a turnkeeper store.
         synchronous: ``NORMAL`` (the default: a power loss may undo the last commits but
             never corrupts the file) or ``FULL`` (every commit reaches the disk first).
-        readonly: Open with ``mode=ro`` (for inspection): never create, migrate or write the
-            database file; writes raise :class:`~persistence.UsageError`. Like any WAL reader,
-            SQLite may create the ``-wal`` and ``-shm`` files beside it when they are missing.
+        readonly: Open with ``mode=ro`` (for inspection): never create, migrate, lock or write
+            the database file; writes raise :class:`~persistence.UsageError`. Like any WAL
+            reader, SQLite may create the ``-wal`` and ``-shm`` files beside it when they are
+            missing.
         group_commit: Let writes that arrive while a commit is in flight share the next
             transaction (one aiosqlite call for all of them; see ``persistence._group``). No
             writer returns before the commit holding its write did, so a crash loses nothing
             a caller was told is durable. Off: one transaction per write.
+
+    One owner per file: a read-write open first takes an exclusive ``flock`` on
+    ``<path>.lock`` (``persistence._lock``) and holds it until :meth:`close`, so a second
+    read-write open of the file, from another process or this one, raises
+    :class:`~persistence.StoreLocked` instead of racing the owner. POSIX only: without
+    ``fcntl`` a read-write open raises :class:`~persistence.StoreError`.
     """
 
     def __init__(
@@ -154,6 +180,7 @@ class SqliteStore:
         self._readonly = readonly
         self._db: aiosqlite.Connection | None = None
         self._checkpointer: Checkpointer | None = None
+        self._held: HeldLock | None = None
         self._lock = anyio.Lock(fast_acquire=True)
         self._errors = Translate(self._path)
         self._group = GroupCommit(connection=self._writer, lock=self._lock, batching=group_commit)
@@ -168,38 +195,97 @@ class SqliteStore:
     async def open(self) -> None:
         """Open the store: create and migrate it if needed, then set the connection's PRAGMAs.
 
+        A read-write open takes the file's lock first, before it reads or writes anything.
+
         Raises:
+            StoreLocked: Read-write, and another store (another process, or another
+                ``SqliteStore`` in this one) holds the file. Nothing was read or written.
             NotATurnkeeperStore: The file is not SQLite, or SQLite without turnkeeper's
                 ``schema_version`` table (or, read-only, missing or empty). It is left as is.
             UnsupportedSchemaVersion: The store is newer than this code. It is left as is.
             MigrationRequired: Read-only, and the store is older than this code.
-            StoreError: SQLite failed (I/O error, locked too long).
+            StoreError: SQLite failed (I/O error, locked too long), or the lock could not be
+                taken (no ``fcntl`` on this platform, the lock file cannot be opened).
             UsageError: The store is already open.
         """
         async with self._lock:
             if self._db is not None:
                 raise UsageError(f"{self._path} is already open")
-            with self._errors:
-                if self._readonly:
+            if self._readonly:
+                with self._errors:
                     self._db = await self._open_readonly()
-                else:
-                    self._db = await self._open_readwrite()
-                    self._checkpointer = Checkpointer(self._path)
-                    self._checkpointer.start()
-                    self._group.on_commit = self._checkpointer.committed
+                return
+            held = await _take_lock(self._path)
+            try:
+                with self._errors:
+                    db = await self._open_readwrite()
+            except BaseException:
+                await _give_up(held, discard=held.created)
+                raise
+            self._db, self._held = db, held
+            self._checkpointer = Checkpointer(self._path)
+            self._checkpointer.start()
+            self._group.on_commit = self._checkpointer.committed
 
     async def close(self) -> None:
-        """Close the store, even in a cancelled scope. Closing a closed store does nothing."""
+        """Close the store, even in a cancelled scope. Closing a closed store does nothing.
+
+        The file's lock is released last, once the connection (and its last checkpoint) is
+        closed, so the next owner never meets this one's writes.
+        """
         with anyio.CancelScope(shield=True):
             async with self._lock:
                 db, self._db = self._db, None
                 checkpointer, self._checkpointer = self._checkpointer, None
+                held, self._held = self._held, None
                 self._group.on_commit = None
-                if checkpointer is not None:
-                    await checkpointer.stop()
-                if db is not None:
-                    with self._errors:
-                        await db.close()
+                try:
+                    if checkpointer is not None:
+                        await checkpointer.stop()
+                    if db is not None:
+                        with self._errors:
+                            await db.close()
+                finally:
+                    if held is not None:
+                        await _give_up(held)
+
+    @property
+    def owner(self) -> str | None:
+        """This owner's token: random hex minted when the open took the file's lock.
+
+        ``None`` while the store is closed, and always for a read-only store (it owns nothing).
+        A later reopen mints a new one. Today the lock is what fences a stale owner (the kernel
+        drops it with its holder); the token is there for a store shared by several processes,
+        which would record it and refuse the writes of an owner that is no longer current.
+        """
+        return None if self._held is None else self._held.owner
+
+    @classmethod
+    async def remove(cls, path: str | os.PathLike[str]) -> bool:
+        """Delete the store at ``path`` (the file, its ``-wal``, ``-shm`` and lock file).
+
+        It holds the file's lock while it checks and deletes, so a live owner's store is never
+        removed from under it. Returns ``False`` when there is no file (nothing is deleted).
+
+        Raises:
+            StoreLocked: An owner holds the store; nothing is deleted.
+            NotATurnkeeperStore: The file is not a turnkeeper store; it is left as is (so are
+                ``UnsupportedSchemaVersion`` and ``MigrationRequired``, from the read-only
+                check of what the file is).
+        """
+        database = os.fspath(path)
+        held = await _take_lock(database)
+        removed = False
+        try:
+            if await anyio.Path(database).exists():
+                async with cls(database, readonly=True):
+                    pass  # raises for anything that is not a turnkeeper store, touching nothing
+                for suffix in ("", "-wal", "-shm"):
+                    await anyio.Path(f"{database}{suffix}").unlink(missing_ok=True)
+                removed = True
+        finally:
+            await _give_up(held, discard=removed or held.created)
+        return removed
 
     async def __aenter__(self) -> Self:
         """Open the store and return it."""

@@ -1,7 +1,8 @@
 """``turnkeeper run`` and ``turnkeeper demo``: scenario files in, exit codes out.
 
 Exit codes (``docs/cli.md``): 0 every expectation held; 1 an expectation failed; 2 an
-invalid scenario or usage (nothing ran); 3 the engine failed or did not reach quiescence.
+invalid scenario or usage, or a ``--db`` store another process owns (nothing ran); 3 the
+engine failed or did not reach quiescence.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import tempfile
 from importlib.resources import as_file, files
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -22,7 +23,17 @@ from agent_session.harness.scenario import Scenario
 from agent_session.harness.support import unsupported_features
 from agent_session.harness.timeline import Timeline, verdict
 from agent_session.harness.trace import encode_line
-from persistence import MemoryStore, NotATurnkeeperStore, SqliteStore, Store, TurnkeeperError
+from persistence import (
+    MemoryStore,
+    NotATurnkeeperStore,
+    SqliteStore,
+    Store,
+    StoreLocked,
+    TurnkeeperError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
 
 _encoder = msgspec.json.Encoder()
 
@@ -59,7 +70,11 @@ async def run_command(
     traced: list[bytes] = []
     worst = 0
     for path, scenario in zip(paths, scenarios, strict=True):
-        result = await _run_one(scenario, db, memory)
+        try:
+            result = await _run_one(scenario, db, memory)
+        except StoreLocked as error:  # --db names a store a live process owns: nothing ran
+            print(f"turnkeeper run: {error}", file=sys.stderr)
+            return 2
         lines = [encode_line(line) + b"\n" for line in result.trace]
         if trace == "-":
             sys.stdout.buffer.writelines(lines)
@@ -84,9 +99,28 @@ async def _run_one(scenario: Scenario, db: str | None, memory: bool) -> RunResul
         else:
             store = SqliteStore(db if db is not None else Path(scratch) / "run.db")
         try:
-            return await run_scenario(scenario, store)
+            return await _locked_or(run_scenario(scenario, store))
+        except StoreLocked:
+            raise  # run_command reports it: nothing ran
         except TurnkeeperError as error:
             return RunResult(name=scenario.name, trace=[], error=f"{type(error).__name__}: {error}")
+
+
+async def _locked_or(run: Awaitable[RunResult]) -> RunResult:
+    """The run's result; :class:`StoreLocked` itself when the store's open was refused.
+
+    The engine opens the store inside the run's task group, which wraps what it raises.
+    """
+    try:
+        return await run
+    except BaseExceptionGroup as group:
+        locked, rest = group.split(StoreLocked)
+        if locked is None or rest is not None:
+            raise
+        first: BaseException = locked
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
 
 
 def _report(path: str, result: RunResult, as_json: bool, out: IO[str]) -> None:
@@ -116,15 +150,22 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     """``turnkeeper demo``: the built-in incident on a fresh SQLite file, with a timeline."""
     path = Path(db)
     try:
-        await _start_fresh(path)
+        await SqliteStore.remove(path)  # a previous demo store, never another file or a live one
     except NotATurnkeeperStore as error:
         print(f"turnkeeper demo: {error}; refusing to replace it", file=sys.stderr)
+        return 2
+    except StoreLocked as error:
+        print(f"turnkeeper demo: {error}", file=sys.stderr)
         return 2
     with as_file(files("agent_session.harness") / "incident.toml") as incident:
         scenario = load_scenario(incident, supported_ops=SUPPORTED_OPS)
     timeline = Timeline(plain=plain)
     timeline.header(scenario, path)
-    result = await run_scenario(scenario, SqliteStore(path), observers=(timeline,))
+    try:
+        result = await _locked_or(run_scenario(scenario, SqliteStore(path), observers=(timeline,)))
+    except StoreLocked as error:  # another process took it since the removal
+        print(f"turnkeeper demo: {error}", file=sys.stderr)
+        return 2
     if trace is not None:
         await anyio.Path(trace).write_bytes(
             b"".join(encode_line(line) + b"\n" for line in result.trace)
@@ -134,13 +175,3 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     if timeline.closed:
         raise BrokenPipeError(errno.EPIPE, "the reader of the timeline went away")
     return 0 if ok else (result.exit_code or 3)
-
-
-async def _start_fresh(path: Path) -> None:
-    """Remove a previous demo store, but never a file that is not a turnkeeper store."""
-    if not await anyio.Path(path).exists():
-        return
-    async with SqliteStore(path, readonly=True):
-        pass  # raises NotATurnkeeperStore for anything else, leaving it untouched
-    for suffix in ("", "-wal", "-shm"):
-        await anyio.Path(f"{path}{suffix}").unlink(missing_ok=True)
