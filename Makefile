@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest crash bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Every durable boundary of every library scenario: kill there, recover, check (docs/development.md).
+crash: $(STAMP)
+	$(BIN)/python -m agent_session.harness.crashpoints docs/scenarios/*.toml
 
 # The peers are installed for benchmarking only (the `bench` extra); `test` and `demo` never need them.
 bench: $(STAMP)
