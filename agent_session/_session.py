@@ -395,12 +395,33 @@ class SessionCore(ABC):
             cancel_token=token,
             workspace_turn_continuation=correlation is not None,
         )
+        self.enqueue_message(message, dedupe_key=dedupe_key)
+        return token
+
+    def enqueue_message(self, message: NewMessage, *, dedupe_key: str | None = None) -> Queued:
+        """Queue ``message`` as given: what ``enqueue`` does, for a host that needs more.
+
+        ``message`` may carry what ``enqueue`` does not: send options, a cancel state, the
+        ``on_accepted``, ``on_accepted_pre_stream_failure`` and ``on_canceled`` callbacks, or no
+        cancel token at all (then it may join the tail entry, MQ-2). As with ``enqueue``: an
+        ``EntryQueued`` event, an ``EntryWithdrawn`` event when its cancel token fires, and an
+        idle session drains it at once.
+
+        Returns:
+            The accepted add (its message and entry ids, the entry it joined).
+
+        Raises:
+            SessionDisposed: the session is disposed.
+            InvalidEntry: an unknown kind or mode, a duplicate entry id.
+            UsageError: the queue refused the add (blank text, a held dedupe key).
+        """
+        self._alive()
         outcome = self._queue(message, key=dedupe_key)
         if isinstance(outcome, Rejected):
             raise UsageError(f"session {self.id}: {outcome.detail}")
         if not self.busy:
             self._drain()
-        return token
+        return outcome
 
     def withdraw(self, entry: str, reason: str = "withdrawn") -> bool:
         """Fire the cancel token of ``entry``, queued or dequeued and not yet accepted.

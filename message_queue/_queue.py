@@ -50,7 +50,6 @@ from message_queue._views import (
     NewMessage,
     PrefixRemoval,
     Queued,
-    QueueStatistics,
     Rejected,
     RejectReason,
     Restored,
@@ -417,10 +416,6 @@ class MessageQueue:
         ]
         return self._remove_entries(doomed)
 
-    def drop_if_only_dedupe_key(self, key: str) -> list[EntryCallbacks] | None:
-        """Clear the queue when it holds exactly the one add keyed ``key``; else ``None``."""
-        return self.clear() if self.holds_only_dedupe_key(key) else None
-
     # ------------------------------------------------------------------ reordering
 
     def prioritize_next_user_entry(self) -> bool:
@@ -475,30 +470,13 @@ class MessageQueue:
 
     # ------------------------------------------------------------------ introspection
 
-    def statistics(self) -> QueueStatistics:
-        """A snapshot of the queue's shape (raw and live counts, modes, keys)."""
-        live = withdrawn = sealed = tool_end = 0
-        for entry in self._entries:
-            sealed += entry.sealed
-            if entry.withdrawn:
-                withdrawn += 1
-            else:
-                live += 1
-                tool_end += entry.mode is DispatchMode.TOOL_END
-        return QueueStatistics(
-            entries=len(self._entries),
-            live=live,
-            withdrawn=withdrawn,
-            sealed=sealed,
-            tool_end=tool_end,
-            turn_end=live - tool_end,
-            keys=len(self._keys),
-        )
-
     def __repr__(self) -> str:
-        s = self.statistics()
+        live = [entry for entry in self._entries if not entry.withdrawn]
+        sealed = sum(entry.sealed for entry in self._entries)
+        tool_end = sum(entry.mode is DispatchMode.TOOL_END for entry in live)
         return (
-            f"<MessageQueue [{s.entries} entries: {s.live} live, {s.withdrawn} withdrawn, "
-            f"{s.sealed} sealed | modes: {s.tool_end} tool-end, {s.turn_end} turn-end | "
-            f"keys: {s.keys}]>"
+            f"<MessageQueue [{len(self._entries)} entries: {len(live)} live, "
+            f"{len(self._entries) - len(live)} withdrawn, {sealed} sealed | "
+            f"modes: {tool_end} tool-end, {len(live) - tool_end} turn-end | "
+            f"keys: {len(self._keys)}]>"
         )

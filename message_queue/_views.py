@@ -1,7 +1,7 @@
 """Values that go into and come out of the queue.
 
 ``NewMessage`` is what a producer adds; ``Queued`` / ``Rejected`` is the answer; the snapshots,
-``Dequeued``, ``Restored`` and ``QueueStatistics`` are read-only views of what the queue holds.
+``Dequeued`` and ``Restored`` are read-only views of what the queue holds.
 They are frozen dataclasses rather than msgspec Structs because they carry callbacks and live
 cancel tokens, which are never serialized (the durable queue rows are persistence's records).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
 
 from message_queue._entries import (
     Attachment,
@@ -99,14 +98,11 @@ class EntrySnapshot:
     workspace_turn_continuation: bool
     withdrawn: bool
     texts: tuple[str, ...]
-    message_ids: tuple[str, ...]
     dedupe_keys: tuple[str, ...]
     attachments: tuple[Attachment, ...]
     metadata: MessageMetadata | None
     options: SendOptions | None
     adds: int
-    synthetic_adds: int
-    agent_initiated_adds: int
     has_on_canceled: bool
     has_on_accepted_pre_stream_failure: bool
 
@@ -167,19 +163,3 @@ class Restored:
     #: Every entry that left, in queue order; run their cancellations (synthetic ones are
     #: cancelled, never restored).
     removed: list[EntryCallbacks]
-
-
-class QueueStatistics(NamedTuple):
-    """A snapshot of the queue's shape; ``repr(queue)`` is built from it."""
-
-    #: Entries held, withdrawn ones included (raw size).
-    entries: int
-    #: Entries whose cancel token has not fired.
-    live: int
-    withdrawn: int
-    sealed: int
-    #: Live entries per dispatch mode.
-    tool_end: int
-    turn_end: int
-    #: Dedupe keys held.
-    keys: int

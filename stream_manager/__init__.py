@@ -4,9 +4,9 @@ Owns the step loop, the step budget shared by every cut and resume of one logica
 stop conditions, the fallback chain and its progress, soft and hard stops and their abort
 reasons, the launch probe hook (``StreamRequest.refuse_stream_start``; the session supplies no
 probe yet), tool calls as operations (deadlines, cancellation, receipts), the ``Model``,
-``Tool`` and ``Clock`` ports, the clocks and the ``ScriptedModel``. The MCP tool adapter is
-``stream_manager.mcp`` (optional extra; not imported here). Auto-retry, which would spend the
-same budget, is not built.
+``Tool`` and ``Clock`` ports, the clocks, the ``ScriptedModel`` and ``FunctionModel``. The MCP
+tool adapter is ``stream_manager.mcp`` (optional extra; not imported here). Auto-retry, which
+would spend the same budget, is not built.
 
 May import ``message_queue`` and ``persistence``. Must never import ``agent_session``. The
 decision modules (``_budget``, ``_fallback``, ``_stop``, ``_validate``) are pure: no I/O, no
@@ -75,12 +75,19 @@ from stream_manager.errors import (
     UnknownModel,
 )
 from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolContext, ToolKind
-from stream_manager.scripted import ScriptedModel, ScriptStep, ScriptToolCall
+from stream_manager.scripted import (
+    CallBehaviours,
+    FunctionModel,
+    ScriptedModel,
+    ScriptStep,
+    ScriptToolCall,
+)
 
 __all__ = [
     "AbortMetadata",
     "AbortReason",
     "Aborted",
+    "CallBehaviours",
     "CancelWhy",
     "ChatMessage",
     "Clock",
@@ -91,6 +98,7 @@ __all__ = [
     "FellBack",
     "Finish",
     "FinishReason",
+    "FunctionModel",
     "Hop",
     "LaunchRefused",
     "Ledger",

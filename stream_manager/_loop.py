@@ -103,10 +103,6 @@ class StreamManager(StreamProcessing):
         """Report every event to ``observer`` (synchronously, in order)."""
         self._observers.append(observer)
 
-    def remove_observer(self, observer: Observer) -> None:
-        """Stop reporting to ``observer``."""
-        self._observers.remove(observer)
-
     # ------------------------------------------------------------ queries
 
     def stream_state(self, session: str) -> StreamState | None:

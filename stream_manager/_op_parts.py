@@ -195,14 +195,12 @@ class Op:
     raised: bool = False
     unconfirmed: bool = False
     done: bool = False
-    deadline_hit: bool = False
     #: Cancellation was requested (a deadline, a stop, a person), and why.
     cancelling: bool = False
     why: CancelWhy = CancelWhy.USER
     timers: list[Timer] = field(default_factory=list)
 
     def on_deadline(self) -> None:
-        self.deadline_hit = True
         self.settled.set()
 
     def on_recorded(self, result: ToolResultPart) -> None:

@@ -165,11 +165,6 @@ def cancel_requested(record: OperationRecord, *, now: float, why: CancelWhy) -> 
     return msgspec.structs.replace(record, cancel_requested_at=now, cancel_reason=why.value)
 
 
-def is_open(state: OpState) -> bool:
-    """Whether the operation may still move (requested, running, indeterminate)."""
-    return state in (OpState.REQUESTED, OpState.RUNNING, OpState.INDETERMINATE)
-
-
 _encoder = msgspec.json.Encoder(order="sorted")
 
 

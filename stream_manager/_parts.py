@@ -46,8 +46,6 @@ class ToolCallPart(msgspec.Struct, frozen=True, kw_only=True, tag="tool-call", t
     name: str
     args: Mapping[str, object] = msgspec.field(default_factory=dict)
     provider_executed: bool = False
-    #: Harness-only hints for a scripted tool (never sent back to a model).
-    behaviour: Mapping[str, object] = msgspec.field(default_factory=dict)
 
 
 class ToolResultPart(

@@ -125,8 +125,3 @@ class VirtualClock:
             elif sleeper.event is not None:
                 sleeper.event.set()
             self._drop_gone()
-
-    @property
-    def sleepers(self) -> int:
-        """How many live sleepers wait."""
-        return sum(not sleeper.gone for _, _, sleeper in self._sleepers)

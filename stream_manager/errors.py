@@ -90,7 +90,3 @@ class TerminationUnconfirmed(TurnkeeperError):
 
 class UnknownModel(UsageError):
     """A request or chain named a model the stream manager does not have."""
-
-
-class StreamBusy(UsageError):
-    """An operation needs a registered stream state it does not have."""

@@ -6,7 +6,7 @@ the engine never imports a provider SDK.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -111,6 +111,3 @@ class Clock(Protocol):
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         """Run ``callback`` (synchronously, on the loop) once ``now() >= when``."""
         ...
-
-
-ToolRegistry = Mapping[str, Tool]

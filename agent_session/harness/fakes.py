@@ -4,7 +4,7 @@
 ``duration_ms``, then returns ``result`` or fails with ``fail``; ``hang`` never returns on its
 own; cancelled, it acknowledges after ``ack_delay_ms`` or (``on_cancel = "ignore"``) never;
 ``lose_completion`` records its result with the tool layer but never returns it. A script's
-tool call may override any of these for that call.
+tool call may override any of these for that call (read from the run's ``CallBehaviours``).
 
 ``Faults`` counts ``fail_next`` requests: it is the engine's ``PreStreamGate``, and
 ``FaultyStore`` wraps the store so that the next N writes fail (and, after a ``crash``, every
@@ -34,6 +34,7 @@ from persistence import (
     TurnkeeperError,
 )
 from stream_manager import (
+    CallBehaviours,
     Clock,
     TerminationUnconfirmed,
     ToolCallPart,
@@ -50,7 +51,8 @@ class ScenarioTool:
     ``fail``; ``hang`` never returns on its own. Cancelled, it acknowledges after
     ``ack_delay_ms`` (``on_cancel = "ack"``) or never stops nor acknowledges (``"ignore"``).
     ``lose_completion`` finishes and records its result, but its completion never reaches the
-    engine. A script's call may override any of these for that call.
+    engine. A script's call may override any of these for that call: the scripted model records
+    the overrides in ``behaviours`` under the call's id.
 
     When its engine goes away (the run's end, a ``restart``, a ``crash``), the harness
     :meth:`abandon`\ s what still runs here: like a process exiting under it, the call ends
@@ -58,9 +60,12 @@ class ScenarioTool:
     stays ``indeterminate``.
     """
 
-    def __init__(self, spec: ToolSpec, clock: Clock) -> None:
+    def __init__(
+        self, spec: ToolSpec, clock: Clock, behaviours: CallBehaviours | None = None
+    ) -> None:
         self._spec = spec
         self._clock = clock
+        self._behaviours = behaviours if behaviours is not None else CallBehaviours()
         self._abandoned = anyio.Event()
         #: Cancelled calls still waiting to acknowledge; abandoning wakes them.
         self._acknowledging: list[anyio.Event] = []
@@ -78,7 +83,7 @@ class ScenarioTool:
 
     def deadline_for(self, call: ToolCallPart) -> float | None:
         """This call's own deadline in seconds (``deadline_ms``), else the engine's."""
-        value = call.behaviour.get("deadline_ms", self._spec.deadline_ms)
+        value = self._behaviours.of(call.call_id).get("deadline_ms", self._spec.deadline_ms)
         return value / 1000 if isinstance(value, int) and value > 0 else None
 
     def abandon(self) -> None:
@@ -90,7 +95,7 @@ class ScenarioTool:
     async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
         """Take the scripted time, then answer, fail or hang; react to a cancel as scripted."""
         self.calls += 1
-        behaviour = {**self._defaults(), **call.behaviour}
+        behaviour = {**self._defaults(), **self._behaviours.of(call.call_id)}
         try:
             return await self._work(call, context, behaviour)
         except anyio.get_cancelled_exc_class():

@@ -53,7 +53,7 @@ from agent_session.harness.trace import Crash, Recorded, TraceLine, TraceRecorde
 from agent_session.ports import EngineConfig
 from message_queue import DispatchMode
 from persistence import Store
-from stream_manager import ScriptedModel, VirtualClock
+from stream_manager import CallBehaviours, ScriptedModel, VirtualClock
 
 #: The action ops the runtime carries out today; the loader refuses the others.
 SUPPORTED_OPS: frozenset[str] = frozenset(
@@ -310,11 +310,14 @@ class _ScenarioRun:
         self.observers = observers
         self.clock = VirtualClock()
         self.faults = Faults()
+        behaviours = CallBehaviours()  # the scripts' per-call overrides, for the tools
         self.models = {
-            m.id: ScriptedModel(m.id, script_steps(scenario, m.id), clock=self.clock)
+            m.id: ScriptedModel(
+                m.id, script_steps(scenario, m.id), clock=self.clock, behaviours=behaviours
+            )
             for m in scenario.models
         }
-        self.tools = {t.name: ScenarioTool(t, self.clock) for t in scenario.tools}
+        self.tools = {t.name: ScenarioTool(t, self.clock, behaviours) for t in scenario.tools}
         self.recorder = TraceRecorder(self.clock)
         self.config = EngineConfig(
             max_stream_steps=scenario.engine.max_stream_steps,

@@ -44,7 +44,6 @@ class Timeline:
         )
         #: The reader of the output went away (``| head``): the demo runs on, silently.
         self.closed = False
-        self._clock_ms = 0
         self.seen: list[str] = []
 
     def _print(self, text: Text) -> None:

@@ -1,9 +1,10 @@
 """A rig for session tests: an Engine over ScriptedModels, fake tools we own, a MemoryStore
 and a virtual clock, with every engine event recorded in order.
 
-Tests drive it with ``await r.settle()``: virtual time moves to the next sleeper whenever every
-task is blocked, until nothing sleeps (quiescence). Hooks on tools and on events let a test act
-at an exact point of the turn, the way a scenario action runs inside its trigger's emission.
+Tests drive it with ``await r.settle()`` (``tests/kit.py``): virtual time moves to the next
+sleeper whenever every task is blocked, until nothing sleeps (quiescence), and then every
+session must be idle. Hooks on tools and on events let a test act at an exact point of the
+turn, the way a scenario action runs inside its trigger's emission.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import TypeVar
 import anyio
 
 from agent_session import AgentSession, Engine, EngineConfig, EngineEvent, PreStreamGate
+from agent_session.harness.fakes import Faults, FaultyStore
 from agent_session.harness.trace import event_name as tag
-from persistence import HistoryRow, MemoryStore, RowKind, Store
+from persistence import HistoryRow, MemoryStore, RowKind, SqliteStore, Store
 from stream_manager import (
+    Model,
     ScriptedModel,
     ScriptStep,
     ScriptToolCall,
@@ -28,6 +31,7 @@ from stream_manager import (
     ToolResultPart,
     VirtualClock,
 )
+from tests.kit import VirtualTime
 
 T = TypeVar("T")
 
@@ -86,6 +90,7 @@ class Rig:
     store: Store
     events: list[EngineEvent]
     hooks: list[Callable[[EngineEvent], None]]
+    time: VirtualTime
 
     def session(self, name: str = "s1") -> AgentSession:
         return self.engine.session(name)
@@ -101,14 +106,8 @@ class Rig:
         self.hooks.append(hook)
 
     async def settle(self) -> None:
-        """Move virtual time until the engine is quiescent."""
-        while True:
-            await anyio.wait_all_tasks_blocked()
-            deadline = self.clock.next_deadline()
-            if deadline is None:
-                break
-            self.clock.advance_to(deadline)
-        await self.engine.wait_idle()
+        """Move virtual time until the engine is quiescent (every session idle)."""
+        await self.time.settle(self.engine)
 
     async def history(self, session: str = "s1") -> list[HistoryRow]:
         return await self.store.history(session)
@@ -122,15 +121,19 @@ async def session_rig(
     scripts: Mapping[str, Sequence[ScriptStep]],
     *,
     tools: Sequence[HookTool] = (),
+    models: Sequence[Model] = (),
     fallbacks: Mapping[str, Sequence[str]] | None = None,
     config: EngineConfig | None = None,
     gate: PreStreamGate | None = None,
     store: Store | None = None,
     sessions: Sequence[tuple[str, str]] = (("s1", "M"),),
 ) -> AsyncIterator[Rig]:
-    """An engine with one session per ``sessions`` entry, running, with events recorded."""
+    """An engine with one session per ``sessions`` entry, running, with events recorded.
+
+    ``models`` are models of the test's own (by id) beside the scripted ones, which they replace.
+    """
     clock = VirtualClock()
-    models = {name: ScriptedModel(name, steps, clock=clock) for name, steps in scripts.items()}
+    scripted = {name: ScriptedModel(name, steps, clock=clock) for name, steps in scripts.items()}
     tool_map = {t.name: t for t in tools}
     for name in ("bash", "task_await", "a", "b"):
         tool_map.setdefault(name, HookTool(name))
@@ -145,9 +148,14 @@ async def session_rig(
             hook(event)
 
     the_store = store if store is not None else MemoryStore()
+    # A SQLite call runs on a thread: counted in flight, the driver waits for it (a FaultyStore,
+    # such as the operation tests' LedgerStore, counts its own calls).
+    tracked: Store = (
+        FaultyStore(the_store, Faults()) if isinstance(the_store, SqliteStore) else the_store
+    )
     engine = Engine(
-        store=the_store,
-        models=models,
+        store=tracked,
+        models={**scripted, **{model.id: model for model in models}},
         tools=tool_map,
         fallbacks=fallbacks,
         clock=clock,
@@ -158,7 +166,8 @@ async def session_rig(
     async with engine:
         for session, model in sessions:
             await engine.open_session(session, model=model)
-        yield Rig(engine, clock, models, tool_map, the_store, events, hooks)
+        time = VirtualTime(clock, store=tracked if isinstance(tracked, FaultyStore) else None)
+        yield Rig(engine, clock, scripted, tool_map, the_store, events, hooks, time)
 
 
 class FailingGate:

@@ -71,7 +71,6 @@ from tests.agent_session.test_as_send_rules import (
     HookStore,
     causes,
     phases,
-    put,
     texts,
     wake,
     wake_tool,
@@ -110,11 +109,6 @@ class PartsModel:
                 yield item
 
 
-def install(r: Rig, model: PartsModel) -> None:
-    """Replace the rig's scripted model of the same name (the session already knows the name)."""
-    r.engine.manager._models[model.id] = model
-
-
 def text_step(text: str) -> list[Part | Hold]:
     return [TextPart(text=text), Finish(reason=FinishReason.STOP)]
 
@@ -151,7 +145,7 @@ def wake_at_provider_call(r_of: Callable[[], Rig], calls: Calls | None = None) -
 
     def hook(event: EngineEvent) -> None:
         if isinstance(event, ToolCallStarted) and event.provider and not queued(r, "W"):
-            put(r.session(), wake("W", calls))
+            r.session().enqueue_message(wake("W", calls))
 
     r.on(hook)
 
@@ -217,7 +211,7 @@ async def test_as13_q16_a_failing_queued_send_does_not_block_the_next() -> None:
     calls = Calls()
     async with session_rig({"M": [X("for B")]}) as r:
         session = r.session()
-        put(session, wake("A", calls, options=SendOptions(model="bad")))
+        session.enqueue_message(wake("A", calls, options=SendOptions(model="bad")))
         session.send("B")
         await r.settle()
         assert calls.names() == ["failed"]
@@ -235,7 +229,7 @@ async def test_as13_q10_a_withdrawn_head_is_canceled_then_the_next_entry_dispatc
 
     def queue_then_withdraw(_: ToolCallPart) -> None:
         session = r.session()
-        put(session, wake("W", calls))
+        session.enqueue_message(wake("W", calls))
         session.send("u", entry="u", mode="turn-end")
         session.withdraw("W", "consumed")
         queue = session.queue
@@ -286,7 +280,7 @@ async def test_as13_q01_plain_user_messages_batch_into_one_send() -> None:
 
 async def test_as13_q03_each_drain_dispatches_one_sealed_entry() -> None:
     def queue_report_then_user(_: ToolCallPart) -> None:
-        put(r.session(), report("the report"))
+        r.session().enqueue_message(report("the report"))
         r.session().send("x")
 
     async with session_rig(
@@ -324,7 +318,7 @@ async def test_as13_an_exception_in_one_dispatch_does_not_stop_the_drain() -> No
     store.before_append = io_error_for_a
     async with session_rig({"M": [X("for B")]}, store=store) as r:
         session = r.session()
-        put(session, NewMessage(text="A", kind=EntryKind.SYSTEM, id="A", sealed=True))
+        session.enqueue_message(NewMessage(text="A", kind=EntryKind.SYSTEM, id="A", sealed=True))
         session.send("B")
         await r.settle()
         assert causes(r) == ["queue"]
@@ -443,8 +437,7 @@ async def test_as16_q14_clear_notifies_every_callback_in_order() -> None:
         session.send("go")
         await anyio.wait_all_tasks_blocked()
         session.send("u")
-        put(
-            session,
+        session.enqueue_message(
             NewMessage(
                 text="report",
                 kind=EntryKind.REPORT,
@@ -454,8 +447,7 @@ async def test_as16_q14_clear_notifies_every_callback_in_order() -> None:
                 on_canceled=r_canceled,
             ),
         )
-        put(
-            session,
+        session.enqueue_message(
             NewMessage(
                 text="heartbeat",
                 kind=EntryKind.SYSTEM,
@@ -463,8 +455,7 @@ async def test_as16_q14_clear_notifies_every_callback_in_order() -> None:
                 on_accepted_pre_stream_failure=s_failed,
             ),
         )
-        put(
-            session,
+        session.enqueue_message(
             NewMessage(
                 text="wake",
                 kind=EntryKind.WAKE,
@@ -497,8 +488,7 @@ async def test_as16_a_hard_stop_clear_forfeits_before_callbacks_run() -> None:
             r.session().clear_queue("task stopped", hard_stop=True)
 
     def queue_wake(_: ToolCallPart) -> None:
-        put(
-            r.session(),
+        r.session().enqueue_message(
             NewMessage(
                 text="wake",
                 kind=EntryKind.WAKE,
@@ -526,8 +516,7 @@ async def test_as16_a_plain_clear_keeps_the_continuation_and_sweeps_after_callba
             r.session().clear_queue("user cleared")
 
     def queue_wake(_: ToolCallPart) -> None:
-        put(
-            r.session(),
+        r.session().enqueue_message(
             NewMessage(
                 text="wake",
                 kind=EntryKind.WAKE,
@@ -556,8 +545,7 @@ async def test_as16_removing_the_owed_turns_queued_continuation_forfeits_first()
             r.session().clear_queue("user cleared")
 
     def queue_wake(_: ToolCallPart) -> None:
-        put(
-            r.session(),
+        r.session().enqueue_message(
             NewMessage(
                 text="wake",
                 kind=EntryKind.WAKE,
@@ -584,7 +572,7 @@ async def test_as16_q09_remove_by_dedupe_prefix_keeps_unrelated_messages() -> No
         session.send("go")
         await anyio.wait_all_tasks_blocked()
         for text, key in (("p1", "prog:1"), ("p2", "prog:2")):
-            session._queue(NewMessage(text=text, kind=EntryKind.SYSTEM), key=key)
+            session.enqueue_message(NewMessage(text=text, kind=EntryKind.SYSTEM), dedupe_key=key)
         assert len(session.queue) == 1
         assert session.remove_dedupe("prog:1") == 1
         (entry,) = list(session.queue)
@@ -602,7 +590,7 @@ async def test_as16_an_emptied_keyed_entry_is_notified_and_the_sweep_resumes() -
             assert r.session().remove_dedupe("wake:", "no longer needed") == 1
 
     def queue_keyed_wake(_: ToolCallPart) -> None:
-        r.session()._queue(wake("W", calls), key="wake:1")
+        r.session().enqueue_message(wake("W", calls), dedupe_key="wake:1")
 
     async with session_rig(
         {"M": CUT_SCRIPT}, tools=[HookTool("task_await", before=queue_keyed_wake)]
@@ -622,8 +610,7 @@ async def _q02_queue(r: Rig, calls: Calls) -> None:
     session.send("go")
     await anyio.wait_all_tasks_blocked()
     session.send("a")
-    put(
-        session,
+    session.enqueue_message(
         NewMessage(text="heartbeat", kind=EntryKind.SYSTEM, id="s", on_canceled=calls.canceled),
     )
     session.send("b")
@@ -670,7 +657,7 @@ async def test_as18_q18_send_now_prioritizes_the_users_entry_over_hidden_work() 
         session = r.session()
         session.send("go")
         await anyio.wait_all_tasks_blocked()
-        put(session, NewMessage(text="heartbeat", kind=EntryKind.SYSTEM, id="s"))
+        session.enqueue_message(NewMessage(text="heartbeat", kind=EntryKind.SYSTEM, id="s"))
         session.send("u", entry="u")
         assert session.send_now()
         await r.settle()
@@ -685,7 +672,7 @@ async def test_as18_send_now_without_a_user_entry_changes_nothing() -> None:
         session = r.session()
         session.send("go")
         await anyio.wait_all_tasks_blocked()
-        put(session, NewMessage(text="heartbeat", kind=EntryKind.SYSTEM, id="s"))
+        session.enqueue_message(NewMessage(text="heartbeat", kind=EntryKind.SYSTEM, id="s"))
         assert not session.send_now()
         await anyio.wait_all_tasks_blocked()
         assert session.phase is Phase.STREAMING
@@ -755,8 +742,7 @@ async def test_as20_a_client_call_in_flight_blocks_the_provider_soft_stop() -> N
         TextPart(text="searched"),
         Finish(reason=FinishReason.TOOL_CALLS),
     ]
-    async with session_rig({"M": []}) as r:
-        install(r, PartsModel("M", [step, text_step("after W")]))
+    async with session_rig({}, models=[PartsModel("M", [step, text_step("after W")])]) as r:
         wake_at_provider_call(lambda: r)
         r.session().send("start")
         await r.settle()
@@ -777,8 +763,7 @@ async def test_as27_sw10_the_provider_soft_stop_waits_for_known_siblings(
         TextPart(text="tail"),
         Finish(reason=FinishReason.STOP),
     ]
-    async with session_rig({"M": []}) as r:
-        install(r, PartsModel("M", [step, text_step("after W")]))
+    async with session_rig({}, models=[PartsModel("M", [step, text_step("after W")])]) as r:
         stops = spy_stops(r, monkeypatch)
         wake_at_provider_call(lambda: r)
         r.session().send("start")
@@ -1185,8 +1170,7 @@ async def test_as28_sw11_a_hard_stop_during_a_pending_soft_stop_is_a_hard_stop(
         TextPart(text="late text"),
         Finish(reason=FinishReason.STOP),
     ]
-    async with session_rig({"M": []}) as r:
-        install(r, PartsModel("M", [step]))
+    async with session_rig({}, models=[PartsModel("M", [step])]) as r:
         stops = spy_stops(r, monkeypatch)
         wake_at_provider_call(lambda: r, calls)
         r.session().send("start")
@@ -1323,8 +1307,7 @@ async def test_as30_stop_withdraws_the_continuation_before_restoring_the_queue()
             r.session().stop()
 
     def queue_wake(_: ToolCallPart) -> None:
-        put(
-            r.session(),
+        r.session().enqueue_message(
             NewMessage(
                 text="wake",
                 kind=EntryKind.WAKE,
@@ -1386,7 +1369,7 @@ async def test_as30_stop_while_streaming_aborts_with_reason_user() -> None:
         session = r.session()
         session.send("go")
         await anyio.wait_all_tasks_blocked()
-        put(session, wake("W", calls))
+        session.enqueue_message(wake("W", calls))
         session.stop()
         await r.settle()
         (abort,) = r.of(StreamAborted)

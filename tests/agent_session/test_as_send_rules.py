@@ -19,7 +19,6 @@ import anyio
 import pytest
 
 from agent_session import (
-    AgentSession,
     ContinuationEnded,
     ContinuationOwed,
     EngineEvent,
@@ -40,7 +39,6 @@ from message_queue import (
     MessageMetadata,
     MetadataType,
     NewMessage,
-    Rejected,
     SendFailure,
     SendOptions,
 )
@@ -81,17 +79,6 @@ class Calls:
 
     def names(self) -> list[str]:
         return [name for name, _ in self.log]
-
-
-def put(session: AgentSession, message: NewMessage) -> None:
-    """Queue ``message`` the way ``enqueue`` does (event, withdraw listener), then drain if idle.
-
-    ``enqueue`` exposes no callbacks, cancel state or options; this is its body with them.
-    """
-    outcome = session._queue(message)
-    assert not isinstance(outcome, Rejected), outcome
-    if not session.busy:
-        session._drain()
 
 
 def wake(
@@ -296,7 +283,7 @@ async def test_as2_an_idle_transition_after_a_refused_cutter_resumes_the_turn() 
     calls = Calls()
 
     def queue_wake(_: ToolCallPart) -> None:
-        put(r.session(), wake("W", calls))
+        r.session().enqueue_message(wake("W", calls))
 
     gate = FailingGate()
 
@@ -359,7 +346,7 @@ async def test_as3_q11_a_withdraw_while_the_row_persists_rolls_it_back() -> None
 
     store.before_append = withdraw_during_append
     async with session_rig({"M": [X("never")]}, store=store) as r:
-        put(r.session(), wake("W", calls, token=token, state=state))
+        r.session().enqueue_message(wake("W", calls, token=token, state=state))
         await r.settle()
         assert await r.history() == []
         assert calls.log == [("canceled", "consumed")]
@@ -382,7 +369,7 @@ async def test_as3_q12_a_failed_rollback_whose_row_remains_accepts_the_entry() -
 
     store.before_append = withdraw_during_append
     async with session_rig({"M": [X("ok")]}, store=store) as r:
-        put(r.session(), wake("W", calls, token=token, state=state))
+        r.session().enqueue_message(wake("W", calls, token=token, state=state))
         await r.settle()
         assert calls.log == [("accepted", "")]
         assert not state.canceled_before_acceptance
@@ -403,7 +390,7 @@ async def test_as3_a_failed_rollback_whose_row_is_gone_still_cancels() -> None:
 
     store.before_append = withdraw_during_append
     async with session_rig({"M": [X("never")]}, store=store) as r:
-        put(r.session(), wake("W", calls, token=token))
+        r.session().enqueue_message(wake("W", calls, token=token))
         await r.settle()
         assert calls.log == [("canceled", "consumed")]
         assert await r.history() == []
@@ -421,7 +408,7 @@ async def test_as3_a_withdraw_during_the_pre_stream_gate_writes_nothing() -> Non
             token.cancel()  # no reason given: the default reason applies
 
     async with session_rig({"M": [X("never")]}, gate=WithdrawingGate()) as r:
-        put(r.session(), wake("W", calls, token=token, state=state))
+        r.session().enqueue_message(wake("W", calls, token=token, state=state))
         await r.settle()
         assert calls.log == [("canceled", CancelToken.DEFAULT_REASON)]
         assert state.canceled_before_acceptance
@@ -450,7 +437,7 @@ async def test_as4_a_refused_manual_send_keeps_its_row_and_surfaces_a_stream_err
 async def test_as4_a_refused_synthetic_send_only_reports_the_pre_stream_failure() -> None:
     calls = Calls()
     async with session_rig({"M": [X("never")]}, gate=FailingGate(1, "send")) as r:
-        put(r.session(), wake("W", calls))
+        r.session().enqueue_message(wake("W", calls))
         await r.settle()
         assert calls.names() == ["failed"]
         assert calls.failures[0].type == "pre_stream"
@@ -470,7 +457,7 @@ async def test_as5_an_invalid_model_is_refused_before_any_row_is_written() -> No
         session = r.session()
         session.send("hello", options=SendOptions(model="bad"))
         await r.settle()
-        put(session, wake("W", calls, options=SendOptions(model="not:known")))
+        session.enqueue_message(wake("W", calls, options=SendOptions(model="not:known")))
         await r.settle()
         assert await r.history() == []
         assert r.of(Persisted) == []
@@ -642,7 +629,7 @@ async def test_as7_a_rollback_deletes_only_the_canceled_sends_row() -> None:
         r.session().send("first")
         await r.settle()
         before = await r.history()
-        put(r.session(), wake("W", calls, token=token))
+        r.session().enqueue_message(wake("W", calls, token=token))
         await r.settle()
         assert await r.history() == before
         assert calls.log == [("canceled", "consumed")]
@@ -662,7 +649,7 @@ async def test_as8_q13_a_withdraw_at_acceptance_is_ignored() -> None:
         token.cancel("too late")
 
     async with session_rig({"M": [X("ok")]}) as r:
-        put(r.session(), wake("W", calls, token=token, on_accepted=accept_then_withdraw))
+        r.session().enqueue_message(wake("W", calls, token=token, on_accepted=accept_then_withdraw))
         await r.settle()
         assert calls.log == [("accepted", "")]
         assert causes(r) == ["queue"]
@@ -681,7 +668,7 @@ async def test_as8_a_withdraw_during_the_launch_is_ignored() -> None:
 
     store.before_history = withdraw_once_the_row_is_read
     async with session_rig({"M": [X("ok")]}, store=store) as r:
-        put(r.session(), wake("W", calls, token=token))
+        r.session().enqueue_message(wake("W", calls, token=token))
         await r.settle()
         assert token.cancelled
         assert calls.log == [("accepted", "")]
@@ -747,7 +734,7 @@ async def test_as9_on_accepted_runs_once_before_the_stream_starts() -> None:
         starts_at_acceptance.append(len(r.of(StreamStarted)))
 
     async with session_rig({"M": [X("ok")]}) as r:
-        put(r.session(), wake("W", on_accepted=accepted))
+        r.session().enqueue_message(wake("W", on_accepted=accepted))
         await r.settle()
         assert starts_at_acceptance == [0]
         assert causes(r) == ["queue"]
@@ -776,7 +763,7 @@ async def test_as9_a_failing_on_accepted_is_an_error_result() -> None:
 
     async with session_rig({"M": [X("for B")]}) as r:
         session = r.session()
-        put(session, wake("A", calls, on_accepted=broken_on_accepted))
+        session.enqueue_message(wake("A", calls, on_accepted=broken_on_accepted))
         session.send("B")
         await r.settle()
         assert calls.names() == ["failed"]
@@ -813,7 +800,7 @@ async def test_as10_a_launch_failure_after_acceptance_is_reported_and_the_queue_
     store.before_envelope = fail_the_wakes_envelope
     async with session_rig({"M": [X("for B")]}, store=store) as r:
         session = r.session()
-        put(session, wake("A", calls))
+        session.enqueue_message(wake("A", calls))
         session.send("B")
         await r.settle()
         assert calls.names()[0] == "accepted"

@@ -8,9 +8,9 @@ The rig wraps the store (a ``MemoryStore`` or a ``SqliteStore`` in ``tmp_path``)
   opening the same file runs startup recovery (the ``crash`` op of ``docs/scenarios.md``).
 
 ``OpTool`` is a client tool whose behaviour each test (or each call, through the scripted
-call's ``behaviour``) chooses: duration, result, capability error, raise, hang, lost
-completion, and how it reacts to cancellation (acknowledge, ignore, finish anyway, or report
-termination unconfirmed).
+call's ``behaviour``, which the rig's models record in its ``CallBehaviours``) chooses:
+duration, result, capability error, raise, hang, lost completion, and how it reacts to
+cancellation (acknowledge, ignore, finish anyway, or report termination unconfirmed).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from persistence import (
     TurnEnvelope,
 )
 from stream_manager import (
+    CallBehaviours,
     ChatMessage,
     ErrorType,
     Finish,
@@ -56,6 +57,7 @@ from stream_manager import (
     ToolResultPart,
     VirtualClock,
 )
+from tests.kit import VirtualTime
 
 T = TypeVar("T")
 
@@ -63,7 +65,6 @@ DEADLINE_S = 10.0  # the tool deadline of these tests: 10 s (fake clock)
 GRACE_S = 2.0  # ... acknowledgement interval 2 s
 CONFIG = EngineConfig(max_stream_steps=8, tool_deadline_s=DEADLINE_S, cancel_grace_s=GRACE_S)
 
-_YIELDS = 20
 ToolHook = Callable[[ToolCallPart, ToolContext], Awaitable[None]]
 
 
@@ -175,7 +176,8 @@ def provider_result(call_id: str, name: str = "web_search", output: object = "r"
 class OpTool:
     """A client tool on the virtual clock whose behaviour the test scripts.
 
-    Per call, ``behaviour`` keys override the fields of the same name. ``on_cancel``:
+    Per call, the keys of the scripted call's ``behaviour`` (looked up in ``behaviours``, which
+    the rig shares with its models) override the fields of the same name. ``on_cancel``:
 
     * ``ack``: stop after ``ack_delay_s`` (the cancellation propagates: acknowledged);
     * ``ignore``: never stop nor answer until ``release()`` (the end of the test);
@@ -201,6 +203,7 @@ class OpTool:
     on_start: ToolHook | None = None
     on_cancelled: ToolHook | None = None
     clock: VirtualClock = field(default_factory=VirtualClock)
+    behaviours: CallBehaviours = field(default_factory=CallBehaviours)
     calls: list[ToolCallPart] = field(default_factory=list)
     contexts: list[ToolContext] = field(default_factory=list)
     cancels: list[float] = field(default_factory=list)
@@ -221,7 +224,7 @@ class OpTool:
         self._event().set()
 
     def _get(self, call: ToolCallPart, key: str) -> object:
-        return call.behaviour.get(key, getattr(self, key))
+        return self.behaviours.of(call.call_id).get(key, getattr(self, key))
 
     async def _sleep(self, seconds: object) -> None:
         assert isinstance(seconds, int | float)
@@ -361,6 +364,7 @@ class OpRig:
     store: LedgerStore
     events: list[EngineEvent]
     hooks: list[Callable[[EngineEvent], None]]
+    time: VirtualTime
 
     def session(self, name: str = "s1") -> AgentSession:
         return self.engine.session(name)
@@ -377,41 +381,13 @@ class OpRig:
         assert isinstance(model, ScriptedModel)
         return model
 
-    async def _quiet(self) -> None:
-        while True:
-            # Let ready tasks run first: ``wait_all_tasks_blocked`` sleeps 0.1 s of real time
-            # whenever it finds one that is not blocked.
-            for _ in range(_YIELDS):
-                await anyio.lowlevel.checkpoint()
-            await anyio.wait_all_tasks_blocked()
-            if not self.store.in_flight:
-                return
-            await self.store.settled()  # blocked on the database thread is not idle
-
     async def settle(self) -> None:
-        """Move virtual time until nothing sleeps, then wait for the engine to be idle."""
-        while True:
-            await self._quiet()
-            deadline = self.clock.next_deadline()
-            if deadline is None:
-                break
-            self.clock.advance_to(deadline)
-        await self._quiet()
-        # Every task blocked and nothing sleeping: a session still busy now is wedged.
-        busy = [s.describe() for s in self.engine.sessions.values() if not s.idle]
-        assert not busy, f"the engine did not reach quiescence: {busy}"
-        await self.engine.wait_idle()
+        """Move virtual time until nothing sleeps; every session must then be idle."""
+        await self.time.settle(self.engine)
 
     async def run_until(self, when: float) -> None:
         """Move virtual time to ``when`` (every sleeper due on the way runs), then quiesce."""
-        while True:
-            await self._quiet()
-            deadline = self.clock.next_deadline()
-            if deadline is None or deadline > when:
-                break
-            self.clock.advance_to(deadline)
-        self.clock.advance_to(when)
-        await self._quiet()
+        await self.time.run_until(when)
 
     async def receipt(self, op: str) -> OperationRecord:
         record = await self.store.operation(op)
@@ -440,13 +416,16 @@ async def op_rig(
 ) -> AsyncIterator[OpRig]:
     """A running engine with one session per ``sessions`` entry; tools released on exit."""
     the_clock = clock if clock is not None else VirtualClock()
+    behaviours = CallBehaviours()
     all_models: dict[str, Model] = {
-        name: ScriptedModel(name, steps, clock=the_clock) for name, steps in (scripts or {}).items()
+        name: ScriptedModel(name, steps, clock=the_clock, behaviours=behaviours)
+        for name, steps in (scripts or {}).items()
     }
     all_models.update({m.id: m for m in models})
     tool_map = {t.name: t for t in tools}
     for tool in tool_map.values():
         tool.clock = the_clock
+        tool.behaviours = behaviours
     engine_tools: dict[str, Tool] = {**tool_map, **(extra_tools or {})}
     events: list[EngineEvent] = []
     hooks: list[Callable[[EngineEvent], None]] = []
@@ -465,7 +444,8 @@ async def op_rig(
         config=config,
         observers=[observe],
     )
-    rig = OpRig(engine, the_clock, all_models, tool_map, ledger, events, hooks)
+    time = VirtualTime(the_clock, store=ledger)
+    rig = OpRig(engine, the_clock, all_models, tool_map, ledger, events, hooks, time)
     try:
         async with engine:
             for session, model in sessions:

@@ -35,6 +35,7 @@ from stream_manager import (
     VirtualClock,
 )
 from stream_manager._op_states import UNCONFIRMED
+from tests.kit import VirtualTime
 from tests.operations.conftest import Backend
 from tests.operations.support import (
     CONFIG,
@@ -632,21 +633,14 @@ async def test_op8_an_engine_shutdown_writes_no_acknowledgement_it_did_not_recei
             await stop.wait()
         gone.set()
 
-    async def drive(until: float) -> None:
-        while True:
-            await anyio.wait_all_tasks_blocked()
-            deadline = clock.next_deadline()
-            if deadline is None or deadline > until:
-                return
-            clock.advance_to(deadline)
-
+    time = VirtualTime(clock)
     async with anyio.create_task_group() as group:
         group.start_soon(host)
-        await drive(1.0)
+        await time.run_until(1.0)
         assert a.calls
         assert not a.cancels
         stop.set()  # the engine shuts down: the stream stops, the call is asked to stop
-        await drive(DEADLINE_S)  # the grace interval passes on the clock
+        await time.run_until(DEADLINE_S)  # the grace interval passes on the clock
         assert not gone.is_set()  # the engine still waits for the call's own task ...
         a.release()  # ... which ends only now, the engine having given up on it
         await gone.wait()

@@ -255,7 +255,6 @@ class QueueMachine(RuleBasedStateMachine):
         assert held == set(self.keys)
         for key in KEYS:
             assert self.queue.holds_dedupe_key(key) == (key in self.keys)
-        assert self.queue.statistics().keys == len(self.keys)
 
     @invariant()
     def exactly_one_cancellation_per_unaccepted_departure(self) -> None:

@@ -1,4 +1,4 @@
-"""Fakes and drivers for step-loop tests: tools we own, an event recorder, a virtual-time driver."""
+"""Fakes for step-loop tests: tools we own, an event recorder (the driver is ``tests/kit.py``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from stream_manager import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 T = TypeVar("T")
 
@@ -137,28 +137,6 @@ def rig(
         observers=[recorder],
     )
     return Rig(manager, models, tool_map, clock, recorder)
-
-
-async def drive(clock: VirtualClock, main: Callable[[], Awaitable[T]]) -> T:
-    """Run ``main`` while moving virtual time to the next sleeper whenever all tasks block."""
-    result: list[T] = []
-
-    async def run_main(scope: anyio.CancelScope) -> None:
-        result.append(await main())
-        scope.cancel()
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(run_main, group.cancel_scope)
-        while True:
-            await anyio.wait_all_tasks_blocked()
-            deadline = clock.next_deadline()
-            if deadline is None:
-                group.cancel_scope.cancel()  # main is blocked with no timer pending: a hang
-                break
-            clock.advance_to(deadline)
-    if not result:
-        raise AssertionError("main blocked forever with no timer pending (a hang)")
-    return result[0]
 
 
 def _tool_protocol_check(tool: FakeTool) -> Tool:

@@ -9,7 +9,7 @@ and the loop goes on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 
 import anyio
 import pytest
@@ -21,6 +21,7 @@ from stream_manager import (
     Failed,
     Finish,
     FinishReason,
+    FunctionModel,
     ModelRequest,
     OperationStarted,
     Part,
@@ -33,8 +34,10 @@ from stream_manager import (
     ToolCallPart,
     ToolContext,
     ToolResultPart,
+    VirtualClock,
 )
 from stream_manager import Ended as EndedOutcome
+from tests.kit import VirtualTime
 from tests.stream_manager.support import T_, FakeTool, Rig, X, rig
 
 if TYPE_CHECKING:
@@ -91,41 +94,16 @@ class PartsModel:
             self.closed += 1
 
 
-class RaisingModel:
-    """A model whose call raises before it returns an iterator."""
-
-    def __init__(self, error: Exception) -> None:
-        self._error = error
-        self.requests: list[ModelRequest] = []
-
-    @property
-    def id(self) -> str:
-        return "bad"
-
-    def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
-        self.requests.append(request)
-        raise self._error
-
-
 def bad_rig(model: object, tools: Sequence[FakeTool] = ()) -> Rig:
     return rig({}, tools=tools, extra_models={"bad": model})
 
 
 async def without_hang(main: Callable[[], Awaitable[T]]) -> T:
-    """Run ``main``; fail instead of hanging when every task blocks with nothing to wake it."""
-    result: list[T] = []
-    async with anyio.create_task_group() as group:
+    """Run ``main``; fail instead of hanging when every task blocks with nothing to wake it.
 
-        async def run() -> None:
-            result.append(await main())
-            group.cancel_scope.cancel()
-
-        group.start_soon(run)
-        await anyio.wait_all_tasks_blocked()
-        group.cancel_scope.cancel()
-    if not result:
-        raise AssertionError("the stream hung: every task blocked and nothing can wake it")
-    return result[0]
+    The driver's clock is one nobody sleeps on, so the first time every task blocks is a hang.
+    """
+    return await VirtualTime(VirtualClock()).drive(main)
 
 
 def assert_stream_error(r: Rig, outcome: StreamOutcome, error_type: ErrorType) -> Failed:
@@ -296,8 +274,11 @@ async def test_model_raising_a_plain_exception_is_a_typed_retryable_error(
 
 async def test_model_whose_call_raises_before_streaming_is_a_typed_retryable_error() -> None:
     """A model may fail in ``stream_step`` itself, before it hands back an iterator."""
-    model = RaisingModel(RuntimeError("no route to host"))
-    r = bad_rig(model)
+
+    def unreachable(request: ModelRequest) -> NoReturn:
+        raise RuntimeError("no route to host")
+
+    r = bad_rig(FunctionModel("bad", unreachable))  # its function runs inside ``stream_step``
     outcome = await without_hang(lambda: r.manager.start_stream(r.request(model="bad")))
     failed = assert_stream_error(r, outcome, ErrorType.UNKNOWN)
     assert failed.kind is ErrorKind.RETRYABLE

@@ -8,6 +8,7 @@ session's queue would change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
@@ -16,8 +17,12 @@ from stream_manager import (
     Aborted,
     AbortReason,
     Ended,
+    Finish,
     FinishReason,
+    FunctionModel,
     LoopStopped,
+    ModelRequest,
+    Part,
     QueuedStopReport,
     RequiredTools,
     ScriptedModel,
@@ -28,6 +33,7 @@ from stream_manager import (
     StreamEnded,
     StreamManager,
     StreamRequest,
+    TextPart,
     ToolCallEnded,
     ToolCallPart,
     ToolResultPart,
@@ -36,6 +42,9 @@ from stream_manager import (
     is_success,
 )
 from tests.stream_manager.support import T_, FakeTool, P, X, rig
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 
 @dataclass
@@ -458,3 +467,51 @@ async def test_a_scripted_model_without_recording_keeps_no_request() -> None:
     assert isinstance(outcome, Ended)
     assert model.steps_played == 1
     assert model.requests == []
+
+
+async def _parts(stream: AsyncIterator[Part]) -> list[Part]:
+    return [part async for part in stream]
+
+
+async def test_a_function_model_plays_a_step_as_the_scripted_model_does() -> None:
+    """The same step gives the same parts; a call's overrides go to the registry, not the call."""
+    step = ScriptStep(
+        reasoning="hm",
+        text="t",
+        tool_calls=(
+            ScriptToolCall(tool="a", behaviour={"hang": True}),
+            ScriptToolCall(tool="web", provider_executed=True, result="r"),
+        ),
+    )
+    request = ModelRequest(model="M", stream="s1/1", step=1, step_ceiling=8, messages=())
+    scripted = ScriptedModel("M", [step])
+    function = FunctionModel("M", lambda _: step)
+    parts = await _parts(function.stream_step(request))
+    assert parts == await _parts(scripted.stream_step(request))
+    assert [type(p).__name__ for p in parts] == [
+        "ReasoningPart",
+        "ToolCallPart",
+        "ToolResultPart",
+        "TextPart",
+        "ToolCallPart",
+        "Finish",
+    ]
+    assert function.behaviours.of("s1/1/1/c0") == {"hang": True}
+    assert function.behaviours.of("s1/1/1/c1") == {}
+    assert function.requests == [request]
+
+
+async def test_a_function_model_decides_each_step_from_the_request() -> None:
+    """Call a tool, then answer with what the tool returned (the last tool result it was sent)."""
+
+    def decide(request: ModelRequest) -> ScriptStep | list[Part]:
+        if request.step == 1:
+            return call("bash", "42")
+        (result,) = request.messages[-1].tool_results
+        return [TextPart(text=f"it said {result.output}"), Finish(reason=FinishReason.STOP)]
+
+    r = rig({}, extra_models={"F": FunctionModel("F", decide)})
+    outcome = await r.manager.start_stream(r.request(model="F"))
+    assert isinstance(outcome, Ended)
+    assert [type(p).__name__ for p in outcome.parts][-2:] == ["TextPart", "Finish"]
+    assert TextPart(text="it said 42") in outcome.parts

@@ -12,12 +12,9 @@ from stream_manager import (
     ErrorType,
     Failed,
     FellBack,
-    Finish,
-    FinishReason,
+    FunctionModel,
     ModelError,
     ModelFallbackProgress,
-    ModelRequest,
-    Part,
     ScriptStep,
     ScriptToolCall,
     StreamFailed,
@@ -28,7 +25,7 @@ from stream_manager.errors import NON_RETRYABLE, is_retryable
 from tests.stream_manager.support import EMPTY, REFUSE, T_, X, rig
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from stream_manager import ModelRequest
 
 CHAIN = {"A": ["B", "C"]}
 
@@ -184,29 +181,14 @@ async def test_sm17_a_second_empty_output_is_a_retryable_error() -> None:
 # ---------------------------------------------------------------- SM-18
 
 
-class StaleResponseModel:
-    """Fails its first call with "previous response not found", then answers."""
-
-    def __init__(self) -> None:
-        self.requests: list[ModelRequest] = []
-
-    @property
-    def id(self) -> str:
-        return "S"
-
-    def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
-        self.requests.append(request)
-        return self._play(len(self.requests))
-
-    async def _play(self, call: int) -> AsyncIterator[Part]:
-        if call <= 2:
-            raise ModelError(ErrorType.PREVIOUS_RESPONSE_NOT_FOUND, "previous response gone")
-        yield TextPart(text="ok")
-        yield Finish(reason=FinishReason.STOP)
-
-
 async def test_sm18_previous_response_retry_happens_once_under_the_remainder() -> None:
-    model = StaleResponseModel()
+    def stale(request: ModelRequest) -> ScriptStep:
+        """Fails its first two calls with "previous response not found", then answers."""
+        if len(model.requests) <= 2:
+            raise ModelError(ErrorType.PREVIOUS_RESPONSE_NOT_FOUND, "previous response gone")
+        return ScriptStep(text="ok")
+
+    model = FunctionModel("S", stale)
     r = rig({}, extra_models={"S": model})
     outcome = await r.manager.start_stream(r.request(model="S", step_budget=4))
     assert isinstance(outcome, Failed)  # the second failure is not retried again
@@ -270,18 +252,8 @@ async def test_r38_a_failed_attempt_hands_on_the_model_and_progress_it_reached()
 
 
 async def test_sm15_truncated_step_is_a_retryable_error() -> None:
-    class Truncating:
-        @property
-        def id(self) -> str:
-            return "T"
-
-        def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
-            return self._play()
-
-        async def _play(self) -> AsyncIterator[Part]:
-            yield TextPart(text="half a thought")
-
-    r = rig({}, extra_models={"T": Truncating()})
+    truncating = FunctionModel("T", lambda request: [TextPart(text="half a thought")])
+    r = rig({}, extra_models={"T": truncating})
     outcome = await r.manager.start_stream(r.request(model="T"))
     assert isinstance(outcome, Failed)
     assert outcome.type is ErrorType.STREAM_TRUNCATED
