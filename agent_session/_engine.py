@@ -200,7 +200,7 @@ class Engine:
             log.error("recovery of session %s abandoned: %s", session_id, problem)
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
         resumed: list[AgentSession] = []
-        voids: list[tuple[str, str]] = []
+        voids: list[tuple[str, str, CutState]] = []
         for found in scan.cuts:
             sid = found.session.id
             if sid in self._sessions:
@@ -209,9 +209,12 @@ class Engine:
             if isinstance(plan, Abandon):
                 log.warning("recovery of session %s abandoned: %s", sid, plan.why)
                 self._emit(Recovered(session=sid, action="abandon", why=plan.why))
-                voids.extend((sid, row_id) for row_id in plan.void)
+                voids.extend(
+                    (sid, rid, plan.state if rid == found.row.row_id else CutState.VOIDED)
+                    for rid in plan.void
+                )
                 continue
-            voids.extend((sid, row_id) for row_id in plan.stale)
+            voids.extend((sid, rid, CutState.VOIDED) for rid in plan.stale)
             session = self._make_session(
                 found.session,
                 next_seq=found.last_seq + 1,
@@ -221,8 +224,8 @@ class Engine:
             self._emit(Recovered(session=sid, action="resume", why=why))
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
-        for sid, row_id in voids:
-            await self.store.set_cut_state(sid, row_id, CutState.VOIDED)
+        for sid, row_id, state in voids:
+            await self.store.set_cut_state(sid, row_id, state)
             self._emit(Persisted(session=sid, what="cut-void", id=row_id))
         if resumed:
             self._spawn(lambda: self._start_recovered(resumed))

@@ -10,8 +10,12 @@ once (:meth:`persistence.Store.recoverable`) and, for each such session, decides
 * the record says zero steps remain (R65), or an answer follows it (the turn moved on and a
   void was lost): nothing is owed; void the record (``recovered`` ``abandon``);
 * a user row follows it and nothing answered it (the crash came between a dispatched entry's
-  row and its stream): whether that row continued the turn or superseded it is the startup
-  retry's question (PS-4, not built): the record stays owed (``recovered`` ``abandon``);
+  durable row and its stream): that row passed its send's point of no return, so it decided
+  the turn's fate as it would have live (AS-8, R35). A row that continues the cut turn (a
+  wake, or an entry of the cut's correlation) gets its stream from the resume, under the cut's
+  budget, the row being the request's last word; any other row superseded the cut: the record
+  is withdrawn (``recovered`` ``abandon``) and answering that row is the startup retry's
+  (PS-4, not built);
 * the cut's model is not one this engine runs: nothing can resume it here; the record stays
   owed, untouched, for an engine that can (``recovered`` ``abandon``).
 
@@ -25,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_session._continuation import Marker
-from message_queue import Correlation, SendOptions
-from persistence import CutRecord, RecoverableCut, RowKind
+from agent_session._rows import decode_body
+from message_queue import Correlation, EntryKind, SendOptions
+from persistence import CorruptRecord, CutRecord, CutState, HistoryRow, RecoverableCut, RowKind
 from stream_manager import ModelFallbackProgress
 
 #: Rows that may follow the owed row while the cut is still at the tail (PS-6).
@@ -44,10 +49,15 @@ class Resume:
 
 @dataclass(frozen=True, slots=True)
 class Abandon:
-    """Resume nothing; void the listed rows' records (none when the record must stay)."""
+    """Resume nothing; end the listed rows' records (none when the record must stay).
+
+    The latest record ends ``state`` (``voided`` unless a later row superseded it: then
+    ``withdrawn``, R35); stale ones are always voided.
+    """
 
     why: str
     void: tuple[str, ...]
+    state: CutState = CutState.VOIDED
 
 
 RecoveryPlan = Resume | Abandon
@@ -90,11 +100,18 @@ def plan_recovery(found: RecoverableCut, models: frozenset[str]) -> RecoveryPlan
             f"the cut on {row.row_id} is not the tail: a {answer.value} row follows it",
             everything,
         )
-    if moved_on:
+    follower = found.follower
+    try:
+        superseded = moved_on and follower is not None and not continues(follower, cut)
+    except CorruptRecord as error:  # R61: never read as "nothing follows"; nothing written
+        return Abandon(f"the row after the cut on {row.row_id} is unreadable: {error}", ())
+    if superseded:
+        assert follower is not None
         return Abandon(
-            f"the cut on {row.row_id} is followed by a user row no stream answered; restarting "
-            "from it is startup retry's (PS-4), which this engine does not do: left owed",
-            found.stale,
+            f"the cut on {row.row_id} was superseded by {follower.row_id} (R35); answering "
+            "that row is startup retry's (PS-4), which this engine does not do",
+            everything,
+            CutState.WITHDRAWN,
         )
     if cut.remaining <= 0:
         return Abandon(f"the cut on {row.row_id} has no steps left (R65)", everything)
@@ -105,3 +122,17 @@ def plan_recovery(found: RecoverableCut, models: frozenset[str]) -> RecoveryPlan
             found.stale,
         )
     return Resume(marker=marker_from(cut, row.stream), row_id=row.row_id, stale=found.stale)
+
+
+def continues(follower: HistoryRow, cut: CutRecord) -> bool:
+    """AS-8: a wake row, or a row with the cut's correlation, continues the cut turn."""
+    body = decode_body(follower)
+    if body.entry_kind == EntryKind.WAKE.value:
+        return True
+    correlation = body.correlation
+    return (
+        correlation is not None
+        and cut.handle_id is not None
+        and (correlation.handle_id, correlation.owner_session, correlation.turn_id)
+        == (cut.handle_id, cut.owner_session, cut.turn_id)
+    )

@@ -160,9 +160,9 @@ def recovery_scan(
             records[str(values[0])] = decode_session(values)
         except CorruptRecord as error:
             corrupt.setdefault(str(values[0]), str(error))
-    after: dict[str, list[tuple[int, str]]] = {}
-    for name, seq, kind in trailing:
-        after.setdefault(str(name), []).append((int(seq), str(kind)))
+    after: dict[str, list[Sequence[Any]]] = {}
+    for values in trailing:
+        after.setdefault(str(values[0]), []).append(values)
     stream_ids: dict[str, list[str]] = {}
     for name, stream in streams:
         stream_ids.setdefault(str(name), []).append(str(stream))
@@ -172,24 +172,47 @@ def recovery_scan(
             continue
         last = rows[-1]
         tail = after.get(name, [])
-        kinds: list[RowKind] = []
-        for seq, kind in tail:
-            try:
-                kinds.append(RowKind(kind))
-            except ValueError:
-                key = _checks.row_key(name, f"seq {seq}")
-                corrupt[name] = str(CorruptRecord("history_rows", key, f"$.kind: {kind!r}"))
-                break
-        if name in corrupt:
+        try:
+            moved_on = _trailing(name, tail)
+        except CorruptRecord as error:
+            corrupt[name] = str(error)
             continue
+        kinds, follower = moved_on
         cuts.append(
             RecoverableCut(
                 session=records[name],
                 row=last,
-                trailing=tuple(kinds),
+                trailing=kinds,
+                follower=follower,
                 stale=tuple(r.row_id for r in rows[:-1]),
-                last_seq=max([last.seq, *(seq for seq, _ in tail)]),
+                last_seq=max([last.seq, *(int(values[1]) for values in tail)]),
                 streams=tuple(stream_ids.get(name, ())),
             )
         )
     return RecoveryScan(cuts=tuple(cuts), corrupt=tuple(sorted(corrupt.items())))
+
+
+#: Rows that leave a cut at its session's tail (see ``RecoverableCut``).
+_TAIL_KINDS = frozenset({RowKind.SENTINEL, RowKind.SYSTEM})
+
+
+def _trailing(
+    session: str, tail: Sequence[Sequence[Any]]
+) -> tuple[tuple[RowKind, ...], HistoryRow | None]:
+    """The kinds of the rows after a cut, and the first of them that moved the turn on.
+
+    Raises:
+        CorruptRecord: A row's kind is not a kind, or the follower fails validation.
+    """
+    kinds: list[RowKind] = []
+    follower: HistoryRow | None = None
+    for values in tail:
+        try:
+            kind = RowKind(values[3])
+        except ValueError:
+            key = _checks.row_key(session, f"seq {values[1]}")
+            raise CorruptRecord("history_rows", key, f"$.kind: {values[3]!r}") from None
+        kinds.append(kind)
+        if follower is None and kind not in _TAIL_KINDS:
+            follower = decode_row(values)
+    return tuple(kinds), follower

@@ -23,6 +23,7 @@ from persistence.records import (
     ReceiptQuery,
     RecoverableCut,
     RecoveryScan,
+    RowKind,
     SessionRecord,
     TurnEnvelope,
 )
@@ -207,11 +208,16 @@ class MemoryStore:
                 continue
             last = owed[-1]
             data = self._sessions[name]
+            after = [r for r in rows if r.seq > last.seq]
             cuts.append(
                 RecoverableCut(
                     session=data.record,
                     row=last,
-                    trailing=tuple(r.kind for r in rows if r.seq > last.seq),
+                    trailing=tuple(r.kind for r in after),
+                    follower=next(
+                        (r for r in after if r.kind not in (RowKind.SENTINEL, RowKind.SYSTEM)),
+                        None,
+                    ),
                     stale=tuple(r.row_id for r in owed[:-1]),
                     last_seq=rows[-1].seq,
                     streams=tuple(data.envelopes),

@@ -240,7 +240,8 @@ SCAN_OWED = (
     "FROM history_rows WHERE cut_state = 'owed' ORDER BY session, seq"
 )
 SCAN_TRAILING = (
-    "SELECT h.session, h.seq, h.kind FROM history_rows h JOIN "
+    "SELECT h.session, h.seq, h.row_id, h.kind, h.stream, h.cut_state, h.cut, h.body "
+    "FROM history_rows h JOIN "
     "(SELECT session, MAX(seq) AS seq FROM history_rows WHERE cut_state = 'owed' "
     "GROUP BY session) o ON h.session = o.session AND h.seq > o.seq ORDER BY h.session, h.seq"
 )

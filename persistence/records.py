@@ -120,12 +120,15 @@ class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     ``row`` is the session's last row with an owed cut record; ``trailing`` the kinds of the
     rows after it, in order (a tail of sentinels and system rows still leaves the cut at the
-    tail); ``stale`` the ids of earlier rows of the session whose record is still owed.
+    tail); ``follower`` the first of those rows that is neither a sentinel nor a system row
+    (what moved the conversation on, if anything did); ``stale`` the ids of earlier rows of
+    the session whose record is still owed.
     """
 
     session: SessionRecord
     row: HistoryRow
     trailing: tuple[RowKind, ...] = ()
+    follower: HistoryRow | None = None
     stale: tuple[str, ...] = ()
     last_seq: int
     #: The session's turn envelopes' stream ids (to number the next stream).

@@ -139,15 +139,80 @@ async def test_ps6_a_cut_that_is_no_longer_the_tail_is_voided_not_resumed(store:
         assert [e.id for e in r.of(Persisted) if e.what == "cut-void"] == ["s1:r2"]
 
 
-async def test_ps6_a_cut_followed_by_an_unanswered_user_row_is_left_owed(store: Store) -> None:
-    await seed(store, after=(RowKind.USER,))
+HANDLE = b'"correlation":{"handle_id":"h1","owner_session":"ow","turn_id":"t1"}'
+OTHER = b'"correlation":{"handle_id":"h2","owner_session":"ow","turn_id":"t2"}'
+
+
+def correlated(remaining: int) -> CutRecord:
+    return CutRecord(
+        remaining=remaining,
+        model="M",
+        requested_model="M",
+        refused_models=(),
+        chain=(),
+        handle_id="h1",
+        owner_session="ow",
+        turn_id="t1",
+    )
+
+
+async def follow(store: Store, body: bytes) -> None:
+    """The row a crashed process made durable after the cut, and then streamed nothing for."""
+    async with store:
+        await store.append(
+            [HistoryRow(session="s1", seq=3, row_id="s1:r3", kind=RowKind.USER, body=body)]
+        )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"text":"monitors finished","entry_kind":"wake"}',
+        b'{"text":"monitors finished","entry_kind":"report",' + HANDLE + b"}",
+    ],
+    ids=["wake", "same-turn-report"],
+)
+async def test_ps6_a_cut_followed_by_a_row_that_continues_it_resumes_after_that_row(
+    store: Store, body: bytes
+) -> None:
+    # AS-8: the durable row continues the cut turn; its stream never started, so the resume
+    # starts it, under the cut's budget, with that row as the last word (no sentinel).
+    await seed(store, record=correlated(remaining=4))
+    await follow(store, body)
+    async with session_rig({"M": [X("read the monitors")]}, store=store, sessions=()) as r:
+        await r.settle()
+        assert [e.action for e in r.of(Recovered)] == ["resume"]
+        (start,) = r.of(StreamStarted)
+        assert (start.cause, start.budget, start.handle) == ("resume", 4, "h1")
+        assert r.models["M"].requests[0].messages[-1].text == "monitors finished"
+        assert RowKind.SENTINEL not in await r.kinds()
+        assert await r.store.owed_cuts() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"text":"actually, stop"}', b'{"text":"other turn","entry_kind":"report",' + OTHER + b"}"],
+    ids=["user", "other-turn-report"],
+)
+async def test_ps6_r35_a_cut_superseded_by_a_durable_row_is_withdrawn_not_resumed(
+    store: Store, body: bytes
+) -> None:
+    # R35: the durable row did not continue the cut turn, so it superseded it; answering that
+    # row is the startup retry's (PS-4, not built), never the cut turn's resume.
+    await seed(store, record=correlated(remaining=4))
+    await follow(store, body)
     async with session_rig({"M": []}, store=store, sessions=()) as r:
         await r.settle()
         (event,) = r.of(Recovered)
         assert event.action == "abandon"
-        assert "PS-4" in event.why
+        assert "R35" in event.why
+        assert "s1:r3" in event.why
         assert r.of(StreamStarted) == []
-        assert [h.row_id for h in await r.store.owed_cuts()] == ["s1:r2"]
+        assert await r.store.owed_cuts() == []
+        (stored,) = [h for h in await r.history() if h.cut is not None]
+        assert stored.cut is not None
+        assert stored.cut.state is CutState.WITHDRAWN
+        assert [e.id for e in r.of(Persisted) if e.what == "cut-void"] == ["s1:r2"]
 
 
 async def test_ps6_a_record_with_no_steps_left_owes_nothing_and_is_voided(store: Store) -> None:
