@@ -113,6 +113,7 @@ class SessionCore(ABC):
         "_defer_drain",
         "_dispatching",
         "_emit",
+        "_ended_unwritten",
         "_gate",
         "_idle",
         "_known_models",
@@ -181,6 +182,9 @@ class SessionCore(ABC):
         self._sweep_scheduled = False
         self._cut_rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
         self._pending_voids: list[tuple[str, CutState]] = []
+        #: Cuts whose continuation ended while their row was still being written: the row's
+        #: record is ended as soon as it is durable (it must never stay owed).
+        self._ended_unwritten: dict[str, CutState] = {}
         self._send_now = False  # AS-18: the interrupted stream's abort drains instead of idling
         self._defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
@@ -314,6 +318,21 @@ class SessionCore(ABC):
         row_id = self._cut_rows.pop(cut, None)
         if row_id is not None:
             self._pending_voids.append((row_id, state))
+        else:
+            self._ended_unwritten[cut] = state  # its row is being written: see ``_cut_written``
+
+    def _cut_written(self, cut: str, row_id: str) -> bool:
+        """The row carrying ``cut``'s record is durable; ``True`` if its end must follow now.
+
+        A continuation that ended while the row was being written (a Stop, a clear) left no
+        row to void: the record is queued for its end here, so it never stays owed.
+        """
+        state = self._ended_unwritten.pop(cut, None)
+        if state is None:
+            self._cut_rows[cut] = row_id
+            return False
+        self._pending_voids.append((row_id, state))
+        return True
 
     async def _flush_voids(self) -> None:
         """Make every queued cut-record state change durable, in order."""

@@ -254,6 +254,7 @@ class SessionOutcomes(SessionCore):
         row = self._partial_rows.pop(aborted.stream, None)
         marker = self.continuation.marker
         if row is None or marker is None or marker.cut != aborted.stream:
+            self._ended_unwritten.pop(aborted.stream, None)  # ended before a record was written
             return
         meta = aborted.metadata
         record = cut_record(
@@ -263,8 +264,10 @@ class SessionOutcomes(SessionCore):
             self._stream_context.correlation,
         )
         await self._store.update_row(msgspec.structs.replace(row, cut=record))
-        self._cut_rows[aborted.stream] = row.row_id
+        ended_meanwhile = self._cut_written(aborted.stream, row.row_id)
         self._emit(Persisted(session=self.id, what="cut", id=row.row_id))
+        if ended_meanwhile:
+            await self._flush_voids()
 
     def _classify_cutter(self) -> None:
         """AS-28 step 4: the next live entry continues the cut turn, or supersedes it.

@@ -386,6 +386,8 @@ class SessionTurns(SessionOutcomes):
             cut=record,
         )
         await self._store.append([row])
-        if record is not None:
-            self._cut_rows[ended.stream] = row.row_id
+        ended_meanwhile = record is not None and self._cut_written(ended.stream, row.row_id)
+        self._ended_unwritten.pop(ended.stream, None)  # ended before a record was attached
         self._emit(Persisted(session=self.id, what="cut" if record else "assistant", id=row.row_id))
+        if ended_meanwhile:
+            await self._flush_voids()

@@ -7,7 +7,7 @@ the rest, and second angles on some of those. Helpers come from ``test_st_rules`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 import pytest
@@ -24,7 +24,7 @@ from agent_session import (
     QueueCleared,
 )
 from message_queue import Correlation, EntryKind
-from persistence import RowKind
+from persistence import CutState, HistoryRow, RowKind
 from stream_manager import (
     AbortReason,
     ScriptStep,
@@ -37,6 +37,7 @@ from stream_manager import (
     ToolKind,
 )
 from tests.agent_session.support import T_, HookTool, P, X, session_rig
+from tests.agent_session.test_as_send_rules import HookStore
 from tests.agent_session.test_st_rules import (
     C2,
     REFUSE,
@@ -581,3 +582,38 @@ async def test_r65_a_soft_stop_with_nothing_left_owes_nothing() -> None:
     assert r.of(ContinuationOwed) == []
     assert starts(r) == [("send", 1), ("queue", 1)]
     assert outcomes(r) == []
+
+
+# ---------------------------------------------------------------- R60 with ST-5
+
+
+async def test_r60_st5_a_stop_while_the_cut_row_commits_leaves_no_owed_record() -> None:
+    # The user stops the turn at the moment its cut row is being written. The continuation is
+    # withdrawn in memory; the durable record must follow it, or a restart would resume the
+    # turn the user stopped.
+    store = HookStore()
+
+    async def stop_during_the_cut_row(rows: Sequence[HistoryRow]) -> None:
+        if any(row.cut is not None for row in rows):
+            r.session().stop()
+
+    store.before_append = stop_during_the_cut_row
+    async with session_rig(
+        {"M": [T_("bash"), T_("task_await"), X("never said")]},
+        tools=[
+            HookTool(
+                "task_await",
+                before=lambda _: r.session().enqueue("done", kind=EntryKind.WAKE, entry="w"),
+            )
+        ],
+        store=store,
+    ) as r:
+        r.session().send("start and wait")
+        await r.settle()
+        assert [e.remaining for e in r.of(ContinuationOwed)] == [6]
+        assert hows(r) == ["withdrawn"]
+        assert outcomes(r) == []
+        assert await r.store.owed_cuts() == []  # a restart resumes nothing
+        (cut_row,) = [row for row in await r.history() if row.cut is not None]
+        assert cut_row.cut is not None
+        assert cut_row.cut.state is CutState.WITHDRAWN
