@@ -597,15 +597,13 @@ async def test_r60_st5_a_stop_while_the_cut_row_commits_leaves_no_owed_record() 
         if any(row.cut is not None for row in rows):
             r.session().stop()
 
+    def queue_wake(_: ToolCallPart) -> None:
+        r.session().enqueue("done", kind=EntryKind.WAKE, entry="w")
+
     store.before_append = stop_during_the_cut_row
     async with session_rig(
         {"M": [T_("bash"), T_("task_await"), X("never said")]},
-        tools=[
-            HookTool(
-                "task_await",
-                before=lambda _: r.session().enqueue("done", kind=EntryKind.WAKE, entry="w"),
-            )
-        ],
+        tools=[HookTool("task_await", before=queue_wake)],
         store=store,
     ) as r:
         r.session().send("start and wait")
