@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from agent_session import EngineConfig, Recovered
+from agent_session import ContinuationOwed, EngineConfig, Recovered
+from message_queue import Correlation
 from persistence import (
     CutRecord,
     CutState,
@@ -27,12 +28,15 @@ from persistence import (
     Store,
     TurnEnvelope,
 )
-from stream_manager import Persisted, StreamStarted
+from stream_manager import FellBack, Persisted, ScriptStep, StreamStarted
 from tests.agent_session.support import T_, HookTool, X, session_rig
 from tests.operations.support import LedgerStore
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+
+DELEGATED = Correlation(handle_id="h1", owner_session="owner", turn_id="t1")
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -112,6 +116,36 @@ async def test_ps6_an_owed_normal_cut_is_resumed_at_startup_under_its_remaining_
         await again.settle()
         assert again.of(Recovered) == []
         assert again.of(StreamStarted) == []
+
+
+async def test_ps6_r60_every_field_of_the_durable_record_reaches_the_resumed_stream(
+    store: Store,
+) -> None:
+    # None of these is a default: the cut ran on beta after alpha refused, with gamma next in
+    # the chain, five steps left, for delegated turn h9. Dropping any field when the record is
+    # written or read changes what the resumed stream does.
+    record = CutRecord(
+        remaining=5,
+        model="beta",
+        requested_model="alpha",
+        refused_models=("alpha",),
+        chain=("beta", "gamma"),
+        handle_id="h9",
+        owner_session="owner",
+        turn_id="t9",
+    )
+    await seed(store, record=record)
+    scripts = {"alpha": [], "beta": [ScriptStep(refuse=True)], "gamma": [X("from gamma")]}
+    async with session_rig(
+        scripts, store=store, sessions=(), fallbacks={"alpha": ["beta", "gamma"]}
+    ) as r:
+        await r.settle()
+        (start,) = r.of(StreamStarted)
+        assert (start.model, start.budget, start.handle) == ("beta", 5, "h9")
+        (hop,) = r.of(FellBack)
+        assert (hop.from_, hop.to, hop.refused) == ("beta", "gamma", ("alpha", "beta"))
+        assert not r.models["alpha"].requests  # the requested model is not asked again
+        assert await r.store.owed_cuts() == []
 
 
 async def test_ps6_a_cut_followed_only_by_its_sentinel_gets_no_second_sentinel(
@@ -324,6 +358,49 @@ async def test_r60_a_crash_right_after_a_real_cut_is_resumed_by_the_next_engine(
         assert (start.cause, start.budget) == ("resume", 6)
         assert again.models["M"].requests, "the resumed stream called the model"
         assert await again.store.owed_cuts() == []
+
+
+async def test_r60_a_real_cut_after_a_hop_survives_a_crash_with_its_chain_and_correlation(
+    tmp_path: Path,
+) -> None:
+    """A delegated turn (h1) refused by alpha runs on beta and is cut; the process dies as
+    the cut row commits. The next engine resumes on beta, for h1, and when beta refuses too it
+    hops to gamma with both refusals: the durable record kept the model, the chain, the
+    refusals and the correlation (any one dropped on the write fails this)."""
+    path = tmp_path / "tk.db"
+    dying = LedgerStore(SqliteStore(path))
+    chain = {"alpha": ["beta", "gamma"]}
+    owed: list[int] = []
+    with anyio.CancelScope() as crash:
+        async with session_rig(
+            {"alpha": [ScriptStep(refuse=True)], "beta": [T_("bash"), T_("task_await")]},
+            tools=[HookTool("task_await", before=lambda _call: queue_wake())],
+            store=dying,
+            fallbacks=chain,
+            sessions=(("s1", "alpha"),),
+        ) as r:
+
+            def queue_wake() -> None:
+                r.session().enqueue("monitors finished", kind="wake", mode="tool-end")
+
+            def die_at_the_cut(event: object) -> None:
+                if isinstance(event, ContinuationOwed):
+                    owed.append(event.remaining)
+                if isinstance(event, Persisted) and event.what == "cut":
+                    dying.crash()
+                    crash.cancel()
+
+            r.on(die_at_the_cut)
+            r.session().enqueue("delegated task", kind="system", correlation=DELEGATED)
+            await r.settle()
+    scripts = {"alpha": [], "beta": [ScriptStep(refuse=True)], "gamma": [X("from gamma")]}
+    async with session_rig(scripts, store=SqliteStore(path), sessions=(), fallbacks=chain) as a:
+        await a.settle()
+        (start,) = a.of(StreamStarted)
+        assert (start.model, start.budget, start.handle) == ("beta", owed[0], "h1")
+        (hop,) = a.of(FellBack)
+        assert (hop.from_, hop.to, hop.refused) == ("beta", "gamma", ("alpha", "beta"))
+        assert await a.store.owed_cuts() == []
 
 
 class CountingGate:
