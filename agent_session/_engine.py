@@ -190,7 +190,8 @@ class Engine:
 
         One scan of the store finds each session whose latest cut record is still owed; each
         is planned by :func:`~agent_session._recovery.plan_recovery` and reported as a
-        ``recovered`` event (``resume`` or ``abandon``, with why). A resumed session is opened
+        ``recovered`` event (``resume`` or ``abandon``, with why), told once the records the
+        plans end are durable. A resumed session is opened
         and its turn resumes through the normal idle sweep, concurrently. A session whose
         record fails validation is abandoned with the store's message and nothing is written
         (R61). Runs at start unless ``EngineConfig.recover_at_start`` is off.
@@ -201,6 +202,7 @@ class Engine:
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
         resumed: list[AgentSession] = []
         voids: list[tuple[str, str, CutState]] = []
+        told: list[Recovered] = []  # told once the voids they decided are durable
         for found in scan.cuts:
             sid = found.session.id
             if sid in self._sessions:
@@ -208,7 +210,7 @@ class Engine:
             plan = plan_recovery(found, frozenset(self._models))
             if isinstance(plan, Abandon):
                 log.warning("recovery of session %s abandoned: %s", sid, plan.why)
-                self._emit(Recovered(session=sid, action="abandon", why=plan.why))
+                told.append(Recovered(session=sid, action="abandon", why=plan.why))
                 voids.extend(
                     (sid, rid, plan.state if rid == found.row.row_id else CutState.VOIDED)
                     for rid in plan.void
@@ -221,12 +223,14 @@ class Engine:
                 next_stream=1 + max(map(_stream_number, (*found.streams, plan.marker.cut))),
             )
             why = f"cut {plan.marker.cut} owed with {plan.marker.step_budget} steps left"
-            self._emit(Recovered(session=sid, action="resume", why=why))
+            told.append(Recovered(session=sid, action="resume", why=why))
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
         for sid, row_id, state in voids:
             await self.store.set_cut_state(sid, row_id, state)
             self._emit(Persisted(session=sid, what="cut-void", id=row_id))
+        for event in told:
+            self._emit(event)
         if resumed:
             self._spawn(lambda: self._start_recovered(resumed))
         return len(resumed)

@@ -36,6 +36,7 @@ import anyio
 from agent_session._continuation import Continuation, EndedHow, drop
 from agent_session._events import (
     ContinuationEnded,
+    ContinuationOwed,
     EngineEvent,
     EntryCanceled,
     EntryQueued,
@@ -43,6 +44,7 @@ from agent_session._events import (
     Persisted,
     PhaseChanged,
     QueueCleared,
+    ResumeAttempted,
 )
 from agent_session._phases import Phase, next_phase
 from agent_session._turn import StreamContext
@@ -62,7 +64,7 @@ from message_queue import (
     SendOptions,
     notify_all_canceled,
 )
-from persistence import CutState, HistoryRow, Store, UsageError
+from persistence import CutState, Store, UsageError
 from stream_manager import AbortReason, StartCause, StreamManager
 
 if TYPE_CHECKING:
@@ -119,7 +121,6 @@ class SessionCore(ABC):
         "_known_models",
         "_manager",
         "_manual_preflight",
-        "_partial_rows",
         "_pending_voids",
         "_prepared_abort",
         "_resume_abort",
@@ -134,6 +135,8 @@ class SessionCore(ABC):
         "_sweep_scheduled",
         "_tasks",
         "_thinking",
+        "_untold_owed",
+        "_untold_resume",
         "continuation",
         "disposed",
         "id",
@@ -181,17 +184,22 @@ class SessionCore(ABC):
         self._resume_abort: CancelToken | None = None
         self._sweep_scheduled = False
         self._cut_rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
-        self._pending_voids: list[tuple[str, CutState]] = []
+        #: Cut-record state changes to commit, each with the event that tells it (told only
+        #: once committed; ``None``: nothing to tell, the cut was never told owed).
+        self._pending_voids: list[tuple[str, CutState, ContinuationEnded | None]] = []
+        #: A normal cut's ``owed``, told once the row carrying its record commits (R60).
+        self._untold_owed: ContinuationOwed | None = None
+        #: A resume's ``started``, told once the consumed cut's record commits.
+        self._untold_resume: ResumeAttempted | None = None
         #: Cuts whose continuation ended while their row was still being written: the row's
         #: record is ended as soon as it is durable (it must never stay owed).
-        self._ended_unwritten: dict[str, CutState] = {}
+        self._ended_unwritten: dict[str, tuple[CutState, ContinuationEnded]] = {}
         self._send_now = False  # AS-18: the interrupted stream's abort drains instead of idling
         self._defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
         self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
         #: AS-3: the entry dequeued and not yet accepted, with its cancel token (if it has one).
         self._dispatching: tuple[str, CancelToken] | None = None
-        self._partial_rows: dict[str, HistoryRow] = {}
         self._stream_context = StreamContext(model=model, cause=StartCause.SEND)
         #: ``None`` while idle (made only when someone could wait: events are not free).
         self._idle: anyio.Event | None = None
@@ -293,23 +301,28 @@ class SessionCore(ABC):
     # ------------------------------------------------------------ continuation endings
 
     def _end_marker(self, how: EndedHow, why: str) -> None:
-        """Withdraw, forfeit or void the owed continuation, and abort an in-flight resume."""
+        """Withdraw, forfeit or void the owed continuation, and abort an in-flight resume.
+
+        The marker goes at once (nothing acts on it any more); its durable record follows and
+        ``continuation-ended`` is told only once that write has committed (``_flush_voids``):
+        a crash in between loses the telling, never the fact.
+        """
         self.continuation, marker = drop(self.continuation)
         if self._resume_abort is not None:
             self._resume_abort.cancel("withdrawn")
         if marker is None:
             return
-        self._emit(ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why))
+        event = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
         state = {
             EndedHow.WITHDRAWN: CutState.WITHDRAWN,
             EndedHow.FORFEITED: CutState.FORFEITED,
             EndedHow.VOIDED: CutState.VOIDED,
             EndedHow.CONSUMED: CutState.CONSUMED,
         }[how]
-        self._void_cut_record(marker.cut, state)
+        self._void_cut_record(marker.cut, state, event)
 
-    def _void_cut_record(self, cut: str, state: CutState) -> None:
-        """PS-6: the durable cut record follows the in-memory marker.
+    def _void_cut_record(self, cut: str, state: CutState, event: ContinuationEnded) -> None:
+        """PS-6: the durable cut record follows the in-memory marker; ``event`` tells it after.
 
         The write is queued here and made by ``_flush_voids``: awaited in line by the async
         paths (a send crossing the point of no return, a stream's start, a failure), started
@@ -317,9 +330,9 @@ class SessionCore(ABC):
         """
         row_id = self._cut_rows.pop(cut, None)
         if row_id is not None:
-            self._pending_voids.append((row_id, state))
+            self._pending_voids.append((row_id, state, event))
         else:
-            self._ended_unwritten[cut] = state  # its row is being written: see ``_cut_written``
+            self._ended_unwritten[cut] = (state, event)  # its row is being written
 
     def _cut_written(self, cut: str, row_id: str) -> bool:
         """The row carrying ``cut``'s record is durable; ``True`` if its end must follow now.
@@ -327,19 +340,35 @@ class SessionCore(ABC):
         A continuation that ended while the row was being written (a Stop, a clear) left no
         row to void: the record is queued for its end here, so it never stays owed.
         """
-        state = self._ended_unwritten.pop(cut, None)
-        if state is None:
+        ended = self._ended_unwritten.pop(cut, None)
+        if ended is None:
             self._cut_rows[cut] = row_id
             return False
-        self._pending_voids.append((row_id, state))
+        self._pending_voids.append((row_id, *ended))
         return True
 
+    def _tell_unwritten(self) -> None:
+        """A turn's outcome came and no row took the cut's record: tell what stayed untold.
+
+        Only the in-memory marker ever existed (its row's write failed or never came), so
+        there is nothing durable to wait for.
+        """
+        owed, self._untold_owed = self._untold_owed, None
+        if owed is not None:
+            self._emit(owed)
+        ended = list(self._ended_unwritten.values())
+        self._ended_unwritten.clear()
+        for _, event in ended:
+            self._emit(event)
+
     async def _flush_voids(self) -> None:
-        """Make every queued cut-record state change durable, in order."""
+        """Make every queued cut-record state change durable, in order; then tell each."""
         while self._pending_voids:
-            row_id, state = self._pending_voids.pop(0)
+            row_id, state, event = self._pending_voids.pop(0)
             await self._store.set_cut_state(self.id, row_id, state)
             self._emit(Persisted(session=self.id, what="cut-void", id=row_id))
+            if event is not None:
+                self._emit(event)
 
     def _flush_voids_soon(self) -> None:
         if self._pending_voids:

@@ -72,9 +72,17 @@ class SessionOutcomes(SessionCore):
         """AS-13: run one send's pipeline; whatever goes wrong in it, the session goes on."""
 
     def _on_queued_stop(self, report: QueuedStopReport) -> None:
-        """ST-2, R1: the cut is owed a continuation, recorded synchronously in the report."""
+        """ST-2, R1: the cut is owed a continuation, recorded synchronously in the report.
+
+        ``owed`` is told once the row carrying the durable cut record commits
+        (``_persist_final``), never before (R60).
+        """
+        self._untold_owed = self._owe(report)
+
+    def _owe(self, report: QueuedStopReport) -> ContinuationOwed | None:
+        """Owe the cut's continuation; return the ``owed`` event that will tell it."""
         if report.steps_remaining <= 0:
-            return  # R65
+            return None  # R65
         context = self._stream_context
         marker = Marker(
             cut=report.stream,
@@ -91,14 +99,12 @@ class SessionOutcomes(SessionCore):
         )
         self.continuation, _ = owe(self.continuation, marker)
         handle = marker.correlation.handle_id if marker.correlation else None
-        self._emit(
-            ContinuationOwed(
-                session=self.id,
-                cut=marker.cut,
-                remaining=marker.step_budget,
-                model=marker.model,
-                handle=handle,
-            )
+        return ContinuationOwed(
+            session=self.id,
+            cut=marker.cut,
+            remaining=marker.step_budget,
+            model=marker.model,
+            handle=handle,
         )
 
     # ------------------------------------------------------------ stream events
@@ -123,23 +129,29 @@ class SessionOutcomes(SessionCore):
         self._set_phase(Phase.STREAMING)
         self.continuation, marker = consume(self.continuation)
         if marker is not None:
-            self._emit(
-                ContinuationEnded(
-                    session=self.id,
-                    cut=marker.cut,
-                    how=EndedHow.CONSUMED,
-                    why=f"stream {event.stream} started",
-                )
+            ended = ContinuationEnded(
+                session=self.id,
+                cut=marker.cut,
+                how=EndedHow.CONSUMED,
+                why=f"stream {event.stream} started",
             )
-            self._void_cut_record(marker.cut, CutState.CONSUMED)  # written by on_started
+            self._void_cut_record(marker.cut, CutState.CONSUMED, ended)  # see _on_started
         resume = self._stream_context.resume_of
         if resume is not None and event.cause is StartCause.RESUME:
-            self._emit(
-                ResumeAttempted(
-                    session=self.id, cut=resume[0], attempt=resume[1], outcome="started"
-                )
+            self._untold_resume = ResumeAttempted(
+                session=self.id, cut=resume[0], attempt=resume[1], outcome="started"
             )
             self._resume_abort = None
+
+    async def _on_started(self) -> None:
+        """The stream started: commit the consumed cut's record, then tell it (and the resume).
+
+        The stream manager awaits this before the stream's first step.
+        """
+        await self._flush_voids()
+        started, self._untold_resume = self._untold_resume, None
+        if started is not None:
+            self._emit(started)
 
     def _maybe_soft_stop(self) -> None:
         """AS-27: after a provider tool's result, soft-stop for a live queued tool-end entry."""
@@ -167,6 +179,7 @@ class SessionOutcomes(SessionCore):
     # ------------------------------------------------------------ outcomes
 
     async def _on_outcome(self, outcome: StreamOutcome, context: StreamContext) -> None:
+        self._tell_unwritten()
         if self.disposed:
             return
         if isinstance(outcome, Ended):
@@ -201,41 +214,67 @@ class SessionOutcomes(SessionCore):
         self._drain_if_idle()
 
     async def _on_abort(self, aborted: Aborted) -> None:
-        """AS-23, AS-28: commit the partial; a queued-message soft stop may owe a continuation."""
+        """AS-23, AS-28: commit the partial; a queued-message soft stop may owe a continuation.
+
+        A soft-stop cut is one write: the partial row carries the durable cut record (R47,
+        R58), and ``owed`` is told after it commits (R60).
+        """
         if self.phase is Phase.STREAMING:
             self._set_phase(Phase.COMPLETING)
-        await self._commit_partial(aborted)
-        # R16, R22: read the soft-stop flag only now, after the awaits: a hard stop that landed
+        meta = aborted.metadata
+        report = QueuedStopReport(
+            stream=aborted.stream,
+            model=meta.model,
+            steps_remaining=meta.steps_remaining,
+            fallback_progress=meta.fallback_progress,
+        )
+        owes = (
+            self._soft_stop_in_flight
+            and aborted.reason is AbortReason.QUEUED_MESSAGE
+            and not meta.required_tool_satisfied
+            and meta.steps_remaining > 0
+        )
+        row = await self._commit_partial(aborted, cut=owes)
+        # R16, R22: read the soft-stop flag again after the write: a hard stop that landed
         # meanwhile cleared it, and only the queued-message reason may owe a continuation.
         soft_stop = self._soft_stop_in_flight and aborted.reason is AbortReason.QUEUED_MESSAGE
         self._soft_stop_in_flight = False
-        meta = aborted.metadata
-        if soft_stop and not meta.required_tool_satisfied and meta.steps_remaining > 0:
-            self._on_queued_stop(
-                QueuedStopReport(
-                    stream=aborted.stream,
-                    model=meta.model,
-                    steps_remaining=meta.steps_remaining,
-                    fallback_progress=meta.fallback_progress,
-                )
-            )
-            await self._stamp_partial(aborted)
+        if owes and soft_stop:
+            owed = self._owe(report)
+            if row is not None:
+                self._cut_rows[aborted.stream] = row.row_id
+            if owed is not None:
+                self._emit(owed)
+        elif owes and row is not None:  # written for a cut that the hard stop took back
+            self._pending_voids.append((row.row_id, CutState.VOIDED, None))
         if soft_stop:
             self._classify_cutter()
             await self._flush_voids()
             self._drain()  # AS-28: dispatch the cutter, or cancel withdrawn entries and sweep
-        elif self._send_now:
-            self._send_now = False
-            self._drain()  # AS-18: the user's prioritized entry goes next
+        else:
+            await self._flush_voids()
+            if self._send_now:
+                self._send_now = False
+                self._drain()  # AS-18: the user's prioritized entry goes next
         self._to_idle_from(Phase.COMPLETING)
 
-    async def _commit_partial(self, aborted: Aborted) -> None:
-        """B6: the aborted stream's partial row (dropped when an edit abandons it, AS-6)."""
-        self._partial_rows.pop(aborted.stream, None)
+    async def _commit_partial(self, aborted: Aborted, *, cut: bool) -> HistoryRow | None:
+        """B6: the aborted stream's partial row, with the cut record when it owes (``cut``).
+
+        Nothing is written when the stream said nothing, or an edit abandons it (AS-6).
+        """
         abandon, self._abandon_partial = self._abandon_partial, False
         if not aborted.parts or abandon:
-            return
+            return None
         meta = aborted.metadata
+        record = None
+        if cut:
+            record = cut_record(
+                meta.steps_remaining,
+                meta.model,
+                meta.fallback_progress,
+                self._stream_context.correlation,
+            )
         seq = self._next_seq()
         row = HistoryRow(
             session=self.id,
@@ -244,30 +283,11 @@ class SessionOutcomes(SessionCore):
             kind=RowKind.PARTIAL,
             body=encode_body(body_from_parts(aborted.parts, finish=None, model=meta.model)),
             stream=aborted.stream,
+            cut=record,
         )
         await self._store.append([row])
-        self._partial_rows[aborted.stream] = row
-        self._emit(Persisted(session=self.id, what="partial", id=row.row_id))
-
-    async def _stamp_partial(self, aborted: Aborted) -> None:
-        """R47, R58: a queued-message cut's partial carries its remainder and progress."""
-        row = self._partial_rows.pop(aborted.stream, None)
-        marker = self.continuation.marker
-        if row is None or marker is None or marker.cut != aborted.stream:
-            self._ended_unwritten.pop(aborted.stream, None)  # ended before a record was written
-            return
-        meta = aborted.metadata
-        record = cut_record(
-            meta.steps_remaining,
-            meta.model,
-            meta.fallback_progress,
-            self._stream_context.correlation,
-        )
-        await self._store.update_row(msgspec.structs.replace(row, cut=record))
-        ended_meanwhile = self._cut_written(aborted.stream, row.row_id)
-        self._emit(Persisted(session=self.id, what="cut", id=row.row_id))
-        if ended_meanwhile:
-            await self._flush_voids()
+        self._emit(Persisted(session=self.id, what="cut" if cut else "partial", id=row.row_id))
+        return row
 
     def _classify_cutter(self) -> None:
         """AS-28 step 4: the next live entry continues the cut turn, or supersedes it.

@@ -322,7 +322,7 @@ class SessionTurns(SessionOutcomes):
             has_queued_tool_end=self._has_queued_tool_end,
             on_queued_message_stop=self._on_queued_stop,
             on_stream_constructed=self._write_envelope,
-            on_started=self._flush_voids,
+            on_started=self._on_started,
             on_complete=self._persist_final,
             abort=abort,
         )
@@ -366,12 +366,16 @@ class SessionTurns(SessionOutcomes):
         self._emit(Persisted(session=self.id, what="envelope", id=info.stream))
 
     async def _persist_final(self, ended: Ended) -> None:
-        """B5: the final assistant row; a cut's row carries the durable cut record (R60)."""
+        """B5: the final assistant row; a cut's row carries the durable cut record (R60).
+
+        The cut's ``owed`` is told once that row commits; if the continuation ended while the
+        row was being written, its end follows at once (written, then told).
+        """
         context = self._stream_context
         seq = self._next_seq()
         record = None
-        marker = self.continuation.marker
-        if ended.queued_stop is not None and marker is not None and marker.cut == ended.stream:
+        owed = self._untold_owed
+        if ended.queued_stop is not None and owed is not None and owed.cut == ended.stream:
             stop = ended.queued_stop
             record = cut_record(
                 stop.steps_remaining, stop.model, stop.fallback_progress, context.correlation
@@ -386,8 +390,11 @@ class SessionTurns(SessionOutcomes):
             cut=record,
         )
         await self._store.append([row])
-        ended_meanwhile = record is not None and self._cut_written(ended.stream, row.row_id)
-        self._ended_unwritten.pop(ended.stream, None)  # ended before a record was attached
         self._emit(Persisted(session=self.id, what="cut" if record else "assistant", id=row.row_id))
-        if ended_meanwhile:
+        if record is None:
+            return
+        self._untold_owed = None
+        assert owed is not None
+        self._emit(owed)
+        if self._cut_written(ended.stream, row.row_id):
             await self._flush_voids()

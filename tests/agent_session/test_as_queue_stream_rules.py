@@ -23,6 +23,7 @@ from agent_session import (
     EntryCanceled,
     EntryDequeued,
     EntryQueued,
+    Persisted,
     Phase,
     PhaseChanged,
     QueueCleared,
@@ -724,7 +725,10 @@ async def test_as19_stream_start_moves_to_streaming_and_consumes_the_owed_contin
         after = r.events[r.events.index(wake_start) + 1 :]
         assert isinstance(after[0], PhaseChanged)
         assert after[0].to is Phase.STREAMING
-        assert consumed is after[1]
+        # The consumed record commits first; then the consumption is told (durable, then told).
+        assert isinstance(after[1], Persisted)
+        assert (after[1].what, after[1].id) == ("cut-void", "s1:r2")
+        assert consumed is after[2]
         assert (consumed.how, consumed.cut) == ("consumed", r.of(StreamStarted)[0].stream)
         assert wake_start.stream in consumed.why
         assert r.of(ResumeAttempted) == []

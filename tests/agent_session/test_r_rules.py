@@ -18,6 +18,7 @@ from agent_session import (
     EngineConfig,
     EngineEvent,
     EntryCanceled,
+    EntryDequeued,
     Persisted,
     Phase,
     PreStreamFailure,
@@ -105,7 +106,9 @@ async def test_r6_r11_stop_withdraws_before_restoring_the_queue_and_aborts_the_r
     assert owed_at_restore[0] is False
     (ended,) = r.of(ContinuationEnded)
     assert ended.how.value == "withdrawn"
-    assert r.events.index(ended) < r.events.index(r.of(QueueCleared)[0])
+    # Withdrawn before the restore (above); told once its record's withdrawal committed.
+    (void,) = [e for e in r.of(Persisted) if e.what == "cut-void"]
+    assert r.events.index(void) == r.events.index(ended) - 1
     assert outcomes(r) == ["withdrawn"]
     assert starts(r) == [("send", 8)]  # nothing registered after the Stop
     assert RowKind.SENTINEL not in kinds
@@ -128,6 +131,61 @@ async def test_r6_a_stop_during_a_tool_owes_nothing_and_cancels_the_queued_wake(
     assert [(e.entry, e.reason) for e in r.of(EntryCanceled)] == [("w1", "restored to input")]
     assert starts(r) == [("send", 8)]
     assert outcomes(r) == []
+
+
+async def test_as18_r6_send_now_on_a_resumed_stream_runs_the_user_entry_resumes_nothing() -> None:
+    """Send-now while the *resumed* stream runs: the user's entry goes next (ahead of a hidden
+    wake queued before it), the resumed stream is stopped with reason ``user``, and that user
+    interrupt leaves nothing owed (the resume had consumed the cut at its start; the interrupt
+    must not owe it again), so no further resume follows."""
+    wakes = Wakes()  # w1 cuts the first stream and is withdrawn at its end: the incident
+    running = anyio.Event()
+
+    def in_the_resumed_stream(_: ToolCallPart) -> None:
+        s = r.session()
+        s.enqueue("monitor output", kind=EntryKind.WAKE, entry="w2")  # hidden, queued first
+        s.send("u", entry="u")
+        running.set()
+
+    slow = HookTool("slow", before=in_the_resumed_stream, gate=anyio.Event())  # never returns
+    async with session_rig(
+        {"M": [T_("bash"), T_("task_await"), T_("slow"), X("answer to u"), X("answer to w2")]},
+        tools=[HookTool("task_await", before=wakes.queue), slow],
+    ) as r:
+        wakes.attach(r)
+        s = r.session()
+        s.send("start")
+        await reach(running)
+        resumed = resume_stream(r)
+        assert (resumed.stream, resumed.budget, s.phase, s.owes()) == (
+            "s1/2",
+            6,
+            Phase.STREAMING,
+            False,
+        )
+        assert s.send_now()
+        assert not s.owes()
+        await r.settle()
+        assert not s.owes()
+        assert await r.store.owed_cuts() == []
+        kinds = await r.kinds()
+    assert [(e.stream, e.reason.value) for e in r.of(StreamAborted)] == [("s1/2", "user")]
+    assert [e.entry for e in r.of(EntryDequeued)] == ["w1", "u", "w2"]
+    assert starts(r) == [("send", 8), ("resume", 6), ("queue", 8), ("queue", 8)]
+    assert [q.messages[-1].text for q in requests(r, "s1/3")] == ["u"]
+    assert [e.cut for e in r.of(ContinuationOwed)] == ["s1/1"]  # the resumed turn: never owed
+    assert hows(r) == ["consumed"]
+    assert outcomes(r) == ["started"]  # one resume, none after the interrupt
+    assert kinds == [
+        RowKind.USER,
+        RowKind.ASSISTANT,
+        RowKind.SENTINEL,
+        RowKind.PARTIAL,  # the resumed stream's partial, kept, with no cut record
+        RowKind.USER,
+        RowKind.ASSISTANT,
+        RowKind.USER,
+        RowKind.ASSISTANT,
+    ]
 
 
 async def test_r11_stop_during_the_resumes_history_read_registers_nothing() -> None:
@@ -274,12 +332,14 @@ async def test_r22_a_hard_stop_during_the_abort_handlers_awaits_owes_nothing() -
         r.on(wakes.queue_on_provider_call)
         hook = Once(
             r,
-            lambda e: isinstance(e, Persisted) and e.what == "partial",
+            # the partial, written with its cut record in one write (R60)
+            lambda e: isinstance(e, Persisted) and e.what == "cut",
             lambda: r.session().hard_stop(),  # lands after the partial's write was awaited
         )
         r.session().send("search")
         await r.settle()
         hook.check()
+        assert await r.store.owed_cuts() == []  # the record written for it is voided
         assert not r.session().owes()
     assert [e.reason.value for e in r.of(StreamAborted) if e.stream] == ["queued-message"]
     assert r.of(ContinuationOwed) == []

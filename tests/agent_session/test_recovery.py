@@ -166,6 +166,8 @@ async def test_ps6_a_cut_that_is_no_longer_the_tail_is_voided_not_resumed(store:
         (event,) = r.of(Recovered)
         assert event.action == "abandon"
         assert "not the tail" in event.why
+        (void,) = [e for e in r.of(Persisted) if e.what == "cut-void"]
+        assert r.events.index(void) < r.events.index(event)  # durable, then told
         assert r.of(StreamStarted) == []
         (stored,) = [h for h in await r.history() if h.cut is not None]
         assert stored.cut is not None

@@ -54,7 +54,6 @@ owed = { s1 = false }
 unanswered = { s1 = 0 }
 events = [
   { event = "stop", why = "queued-message" },
-  { event = "owed", remaining = 6 },
   { event = "persisted", what = "cut" },
   { event = "crash" },
   { event = "recovered", action = "resume" },
