@@ -2,12 +2,15 @@
 
 A scenario file (``docs/scenarios.md``) declares models and their scripts, tools and their
 behaviour, sessions, actions pinned to trace events or virtual times, limits and expectations.
-This package holds, for now, its validated boundary: the pydantic schema
-(:mod:`~agent_session.harness.scenario`) and the loader that reads TOML or JSON, reports every
-problem as ``FILE: $.path.to.field: reason`` and converts scripts into the ``stream_manager``
-Structs the ``ScriptedModel`` plays (:mod:`~agent_session.harness.loader`). The runtime that
-wires a scenario to an engine, the virtual-time driver and the trace observer come next; like
-the loader, they keep pydantic at this edge and hand the engine plain Structs.
+The package holds its validated boundary (the pydantic schema in
+:mod:`~agent_session.harness.scenario`; the loader, :mod:`~agent_session.harness.loader`, which
+reads TOML or JSON, reports every problem as ``FILE: $.path.to.field: reason`` and converts
+scripts into the ``stream_manager`` Structs the ``ScriptedModel`` plays), the runtime
+(:mod:`~agent_session.harness.runner`: an engine per generation, the scripted tools and fault
+injection of :mod:`~agent_session.harness.fakes`, expectations), the one virtual-time driver
+(:mod:`~agent_session.harness.virtual_time`), the trace (:mod:`~agent_session.harness.trace`),
+the crash-point sweep (:mod:`~agent_session.harness.crashpoints`) and the commands behind
+``turnkeeper``. Pydantic stays at this edge: the engine gets plain Structs.
 """
 
 from agent_session.harness.loader import (

@@ -68,6 +68,7 @@ from agent_session.harness.crashcheck import (
 from agent_session.harness.fakes import Faults, FaultyStore, ScenarioTool
 from agent_session.harness.runner import run_scenario
 from agent_session.harness.scenario import Scenario
+from agent_session.harness.virtual_time import VirtualTime, busy_sessions
 from agent_session.ports import EngineConfig
 from persistence import (
     HistoryRow,
@@ -398,25 +399,34 @@ async def _quiesce(
     clock: VirtualClock,
     events: Sequence[EventData],
 ) -> str | None:
-    """Move virtual time only when every task is blocked, as the harness's driver does."""
+    """Move virtual time with the harness's driver, within the scenario's limits."""
     limits = scenario.limits
-    while True:
-        await anyio.wait_all_tasks_blocked()
-        if store.in_flight:
-            await store.settled()  # blocked on the database thread is not idle
-            continue
+
+    def too_many_events() -> bool:
         if len(events) > limits.max_events:
-            return f"recovery emitted more than {limits.max_events} events (limits.max_events)"
-        deadline = clock.next_deadline()
-        if deadline is None:
-            break
+            raise _OverLimit(
+                f"recovery emitted more than {limits.max_events} events (limits.max_events)"
+            )
+        return False
+
+    def within_limits(deadline: float) -> None:
         if deadline * 1000 > limits.max_virtual_ms:
-            return f"recovery found no quiescence within {limits.max_virtual_ms} virtual ms"
-        clock.advance_to(deadline)
-    busy = [session.describe() for session in engine.sessions.values() if not session.idle]
+            raise _OverLimit(
+                f"recovery found no quiescence within {limits.max_virtual_ms} virtual ms"
+            )
+
+    try:
+        await VirtualTime(clock, store=store).advance(stop=too_many_events, check=within_limits)
+    except _OverLimit as over:
+        return str(over)
+    busy = busy_sessions(engine)
     if busy:
         return "the recovery engine did not reach quiescence: " + "; ".join(busy)
     return None
+
+
+class _OverLimit(Exception):
+    """The recovery went past the scenario's ``[limits]``."""
 
 
 # ------------------------------------------------------------------ trials

@@ -9,9 +9,11 @@ store wrapper. The trace recorder is the engine's first observer; the action run
 it, so an action runs synchronously inside the emission of its trigger event, after the event
 is recorded and before the engine takes its next step.
 
-Virtual time moves only when every task is blocked: the driver then advances the clock to the
-next sleeper's deadline. When every task is blocked and nobody sleeps, the run is quiescent.
-The limits bound a run: ``max_events`` trace lines and ``max_virtual_ms`` of virtual time.
+Virtual time moves only when every task is blocked and no store call is in flight: the driver
+(:class:`~agent_session.harness.virtual_time.VirtualTime`) then advances the clock to the next
+deadline, a sleeper's or a timed action's. When every task is blocked and nobody sleeps, the
+run is quiescent. The limits bound a run: ``max_events`` trace lines and ``max_virtual_ms`` of
+virtual time.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from agent_session.harness.scenario import (
     WithdrawAction,
 )
 from agent_session.harness.trace import Crash, Recorded, TraceLine, TraceRecorder
+from agent_session.harness.virtual_time import VirtualTime, busy_sessions
 from agent_session.ports import EngineConfig
 from message_queue import DispatchMode
 from persistence import Store
@@ -145,8 +148,9 @@ class _Actions:
         self.generation = generation
         self._record = record
         #: Timed actions not yet run, earliest first (ties in file order). The driver runs
-        #: them, outside any engine: they outlive a crash, and an engine's shutdown never
-        #: moves the clock past one.
+        #: them, outside any engine, so they outlive a crash. A restart's shutdown runs only
+        #: the engine's own timers: an action falling due meanwhile runs, late, on the next
+        #: engine, never on the one going away.
         self._timed: list[tuple[float, int, ActionSpec]] = []
         self._started = False
         self._event_actions: list[tuple[int, ActionSpec, EventTrigger]] = [
@@ -435,18 +439,14 @@ class _ScenarioRun:
         unacknowledged, so its receipt stays ``indeterminate`` (OP-8: nothing resolves it).
         """
         generation.stop.set()
-        timers_run = generation.ending == "restart"
-        while not generation.finished.is_set():
-            await anyio.wait_all_tasks_blocked()
-            if generation.finished.is_set():
-                break
-            if generation.store.in_flight:
-                await generation.store.settled()
-                continue
-            deadline = self.clock.next_deadline()
-            if timers_run and deadline is not None:
-                self.clock.advance_to(deadline)
-                continue
+        finished = generation.finished.is_set
+        if not finished():
+            time = VirtualTime(self.clock, store=generation.store)
+            if generation.ending == "restart":
+                await time.advance(stop=finished)  # the engine's own timers run
+            else:
+                await time.quiet()
+        if not finished():  # it waits only for what runs in a tool
             for tool in self.tools.values():
                 tool.abandon()
             await generation.finished.wait()
@@ -464,35 +464,36 @@ async def _drive(
     clock: VirtualClock,
     recorder: TraceRecorder,
 ) -> None:
-    """Move virtual time until the run is quiescent or its engine's generation ends."""
+    """Move virtual time until the run is quiescent or its engine's generation ends.
+
+    The driver (``VirtualTime.advance``) moves the clock; the run adds its rules: the timed
+    actions are deadlines of their own (run once the clock reaches them), a ``crash`` or
+    ``restart`` stops the driving at the next quiet point, and the limits fail the run.
+    """
     limits = scenario.limits
     generation = actions.generation
     actions.start_all()
-    while not generation.ended():
-        await anyio.wait_all_tasks_blocked()
+    if generation.ended():
+        return
+
+    def stop() -> bool:
         if generation.ended():
-            return
-        if generation.store.in_flight:
-            await generation.store.settled()  # blocked on the database thread is not idle
-            continue
+            return True
         if len(recorder.lines) > limits.max_events:
             raise RunFailed(f"more than {limits.max_events} events (limits.max_events)")
-        deadline = clock.next_deadline()
-        due = actions.next_timed()
-        timed = due is not None and (deadline is None or due <= deadline)
-        if timed:
-            deadline = due
-        if deadline is None:
-            break
+        return False
+
+    def within_limits(deadline: float) -> None:
         if deadline * 1000 > limits.max_virtual_ms:
             raise RunFailed(
                 f"no quiescence within {limits.max_virtual_ms} virtual ms (limits.max_virtual_ms)"
             )
-        clock.advance_to(deadline)
-        if timed:
-            actions.run_due(clock.now())
-    if generation.ended():
+
+    time = VirtualTime(clock, store=generation.store)
+    if await time.advance(
+        stop=stop, due=actions.next_timed, check=within_limits, then=actions.run_due
+    ):
         return
-    busy = [s.describe() for s in generation.engine.sessions.values() if not s.idle]
+    busy = busy_sessions(generation.engine)
     if busy:
         raise RunFailed("the engine did not reach quiescence: " + "; ".join(busy))

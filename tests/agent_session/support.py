@@ -1,10 +1,10 @@
 """A rig for session tests: an Engine over ScriptedModels, fake tools we own, a MemoryStore
 and a virtual clock, with every engine event recorded in order.
 
-Tests drive it with ``await r.settle()`` (``tests/kit.py``): virtual time moves to the next
-sleeper whenever every task is blocked, until nothing sleeps (quiescence), and then every
-session must be idle. Hooks on tools and on events let a test act at an exact point of the
-turn, the way a scenario action runs inside its trigger's emission.
+Tests drive it with ``await r.settle()`` (``agent_session/harness/virtual_time.py``): virtual
+time moves to the next sleeper whenever every task is blocked, until nothing sleeps
+(quiescence), and then every session must be idle. Hooks on tools and on events let a test
+act at an exact point of the turn, the way a scenario action runs inside its trigger's emission.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import anyio
 from agent_session import AgentSession, Engine, EngineConfig, EngineEvent, PreStreamGate
 from agent_session.harness.fakes import Faults, FaultyStore
 from agent_session.harness.trace import event_name as tag
+from agent_session.harness.virtual_time import VirtualTime
 from persistence import HistoryRow, MemoryStore, RowKind, SqliteStore, Store
 from stream_manager import (
     Model,
@@ -31,7 +32,6 @@ from stream_manager import (
     ToolResultPart,
     VirtualClock,
 )
-from tests.kit import VirtualTime
 
 T = TypeVar("T")
 

@@ -25,6 +25,7 @@ import msgspec
 
 from agent_session import AgentSession, Engine, EngineConfig, EngineEvent
 from agent_session.harness.fakes import Faults, FaultyStore
+from agent_session.harness.virtual_time import VirtualTime
 from persistence import (
     CutState,
     HistoryRow,
@@ -57,7 +58,6 @@ from stream_manager import (
     ToolResultPart,
     VirtualClock,
 )
-from tests.kit import VirtualTime
 
 T = TypeVar("T")
 

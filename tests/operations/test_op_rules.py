@@ -18,6 +18,7 @@ import pytest
 
 from agent_session import Engine, EngineConfig
 from agent_session.harness.trace import event_name as tag
+from agent_session.harness.virtual_time import VirtualTime
 from persistence import MemoryStore, OperationRecord, OpState
 from stream_manager import (
     OpBlocked,
@@ -35,7 +36,6 @@ from stream_manager import (
     VirtualClock,
 )
 from stream_manager._op_states import UNCONFIRMED
-from tests.kit import VirtualTime
 from tests.operations.conftest import Backend
 from tests.operations.support import (
     CONFIG,

@@ -1,4 +1,7 @@
-"""Fakes for step-loop tests: tools we own, an event recorder (the driver is ``tests/kit.py``)."""
+"""Fakes for step-loop tests: tools we own, an event recorder.
+
+The driver of virtual time is ``agent_session/harness/virtual_time.py``.
+"""
 
 from __future__ import annotations
 

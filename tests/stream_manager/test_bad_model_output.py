@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 import anyio
 import pytest
 
+from agent_session.harness.virtual_time import VirtualTime
 from stream_manager import (
     ChatMessage,
     ErrorKind,
@@ -37,7 +38,6 @@ from stream_manager import (
     VirtualClock,
 )
 from stream_manager import Ended as EndedOutcome
-from tests.kit import VirtualTime
 from tests.stream_manager.support import T_, FakeTool, Rig, X, rig
 
 if TYPE_CHECKING:
