@@ -12,7 +12,7 @@ where a crash may strike. For a scenario, the sweep first runs it unkilled (SQLi
 2. A process that never opened that file recovers it: ``PRAGMA integrity_check``, a read-only
    look at the store as the kill left it, then an :class:`~agent_session.Engine` with startup
    recovery on, the scenario's tools and ``[engine]`` table, a ``VirtualClock`` and every model
-   id answering any request with text (:class:`RecoveredModel`), driven to quiescence the way
+   id answering any request with text, driven to quiescence the way
    the harness drives a run; then a second look at the store.
 3. :func:`~agent_session.harness.crashcheck.check_trial` judges the child's events and what the
    recovery saw (the invariants and their classes are listed there).
@@ -37,7 +37,6 @@ import os
 import selectors
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -45,8 +44,7 @@ import threading
 import time
 import traceback
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -54,31 +52,20 @@ from typing import Any, NoReturn
 import anyio
 import msgspec
 
-from agent_session._engine import Engine
 from agent_session._events import EngineEvent
 from agent_session.harness.commands import load_all
 from agent_session.harness.crashcheck import (
     CLASSES,
     EventData,
     Finding,
-    OwedCut,
-    RecoveryFacts,
     check_trial,
 )
-from agent_session.harness.fakes import Faults, FaultyStore, ScenarioTool
+from agent_session.harness.crashrecovery import recover
 from agent_session.harness.runner import run_scenario
 from agent_session.harness.scenario import Scenario
-from agent_session.harness.virtual_time import VirtualTime, busy_sessions
-from agent_session.ports import EngineConfig
 from persistence import (
-    HistoryRow,
-    OpState,
-    RowKind,
     SqliteStore,
-    TurnkeeperError,
-    UsageError,
 )
-from stream_manager import Finish, FinishReason, ModelRequest, Part, TextPart, VirtualClock
 
 #: A killed child that reached fewer than k boundaries ends with this status.
 EXIT_FEWER = 10
@@ -238,195 +225,6 @@ def _describe_exit(code: int, k: int) -> str:
     if code < 0:
         return f"the child died by {signal.Signals(-code).name}, not SIGKILL"
     return f"the child exited with status {code}"
-
-
-# ------------------------------------------------------------------ recovery
-
-
-class RecoveredModel:
-    """A model that answers any request with the text ``recovered`` and stops."""
-
-    def __init__(self, model_id: str) -> None:
-        self._id = model_id
-
-    @property
-    def id(self) -> str:
-        """The model's id."""
-        return self._id
-
-    async def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
-        """One step: a text block, then ``stop``."""
-        del request
-        yield TextPart(text="recovered")
-        yield Finish(reason=FinishReason.STOP)
-
-
-def engine_config(scenario: Scenario) -> EngineConfig:
-    """The engine settings of the scenario's ``[engine]`` table (as the runner builds them)."""
-    return EngineConfig(
-        max_stream_steps=scenario.engine.max_stream_steps,
-        resume_attempt_cap=scenario.engine.resume_attempt_cap,
-        tool_deadline_s=scenario.engine.tool_deadline_ms / 1000,
-        cancel_grace_s=scenario.engine.cancel_grace_ms / 1000,
-        recover_at_start=True,
-    )
-
-
-async def recover(scenario: Scenario, db: Path) -> RecoveryFacts:
-    """Look at ``db`` as the kill left it, recover it with a new engine, look again."""
-    facts = RecoveryFacts(integrity=integrity(db))
-    try:
-        await _look_after_kill(db, facts)
-    except TurnkeeperError as error:
-        facts.open_error = f"{type(error).__name__}: {error}"
-        return facts
-    with _quiet_logs():
-        await _recover(scenario, db, facts)
-    facts.integrity_after_recovery = integrity(db)
-    try:
-        await _look_after_recovery(db, facts)
-    except TurnkeeperError as error:
-        facts.reopen_error = f"{type(error).__name__}: {error}"
-    return facts
-
-
-@contextmanager
-def _quiet_logs() -> Iterator[None]:
-    """The recovery engine's warnings (an abandoned recovery, ...) are the findings' business."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
-
-
-def integrity(db: Path) -> str:
-    """``PRAGMA integrity_check`` on a read-only connection: ``ok``, or what it found."""
-    try:
-        uri = f"{db.resolve().as_uri()}?mode=ro"
-        with closing(sqlite3.connect(uri, uri=True)) as connection:
-            rows = connection.execute("PRAGMA integrity_check").fetchall()
-    except sqlite3.Error as error:
-        return f"{type(error).__name__}: {error}"
-    return "; ".join(str(row[0]) for row in rows)
-
-
-async def _user_rows(store: SqliteStore) -> dict[str, bytes]:
-    rows: dict[str, bytes] = {}
-    for session in await store.sessions():
-        for row in await store.history(session.id):
-            if row.kind is RowKind.USER:
-                rows[row.row_id] = row.body
-    return rows
-
-
-async def _corrupt(store: SqliteStore, when: str) -> list[tuple[str, str]]:
-    found = [(f"receipt {op} ({when})", detail) for op, detail in (await store.receipts()).corrupt]
-    scan = await store.recoverable()
-    found.extend((f"cut of session {sid} ({when})", detail) for sid, detail in scan.corrupt)
-    return found
-
-
-async def _look_after_kill(db: Path, facts: RecoveryFacts) -> None:
-    async with SqliteStore(db, readonly=True) as store:
-        facts.user_rows_after_kill = await _user_rows(store)
-        facts.corrupt.extend(await _corrupt(store, "after the kill"))
-
-
-async def _look_after_recovery(db: Path, facts: RecoveryFacts) -> None:
-    async with SqliteStore(db, readonly=True) as store:
-        facts.user_rows_after_recovery = await _user_rows(store)
-        facts.corrupt.extend(await _corrupt(store, "after recovery"))
-        for row in await store.owed_cuts():
-            history = await store.history(row.session)
-            facts.owed_after_recovery.append(
-                OwedCut(
-                    session=row.session,
-                    row_id=row.row_id,
-                    stream=row.stream,
-                    unanswered_user=_unanswered_user(row, history),
-                )
-            )
-        still_open = await store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
-        facts.open_ops_after_recovery = [(r.op_id, r.state.value) for r in still_open.records]
-
-
-def _unanswered_user(owed: HistoryRow, history: Sequence[HistoryRow]) -> bool:
-    """Only user rows follow the owed row (besides sentinels and system rows)."""
-    after = [
-        row.kind
-        for row in history
-        if row.seq > owed.seq and row.kind not in (RowKind.SENTINEL, RowKind.SYSTEM)
-    ]
-    return bool(after) and all(kind is RowKind.USER for kind in after)
-
-
-async def _recover(scenario: Scenario, db: Path, facts: RecoveryFacts) -> None:
-    """Startup recovery by a new engine, driven to quiescence on virtual time."""
-    clock = VirtualClock()
-    store = FaultyStore(SqliteStore(db), Faults())
-    tools = {t.name: ScenarioTool(t, clock) for t in scenario.tools}
-    events = facts.recovery_events
-    engine = Engine(
-        store=store,
-        models={m.id: RecoveredModel(m.id) for m in scenario.models},
-        tools={name: tool for name, tool in tools.items() if tool.kind.value != "provider"},
-        fallbacks={m.id: m.fallbacks for m in scenario.models},
-        clock=clock,
-        config=engine_config(scenario),
-        observers=(lambda event: events.append(msgspec.to_builtins(event)),),
-    )
-    started = False
-    try:
-        async with engine:
-            started = True
-            facts.recovery_error = await _quiesce(scenario, engine, store, clock, events)
-            for tool in tools.values():  # nothing of the dead process may hold the exit
-                tool.abandon()
-    except Exception as error:
-        what = f"{type(error).__name__}: {error}"
-        if not started and isinstance(error, TurnkeeperError) and not isinstance(error, UsageError):
-            facts.engine_open_error = what  # opening the store, or reading it at start, failed
-        else:
-            facts.recovery_error = f"the recovery engine raised {what}"
-
-
-async def _quiesce(
-    scenario: Scenario,
-    engine: Engine,
-    store: FaultyStore,
-    clock: VirtualClock,
-    events: Sequence[EventData],
-) -> str | None:
-    """Move virtual time with the harness's driver, within the scenario's limits."""
-    limits = scenario.limits
-
-    def too_many_events() -> bool:
-        if len(events) > limits.max_events:
-            raise _OverLimit(
-                f"recovery emitted more than {limits.max_events} events (limits.max_events)"
-            )
-        return False
-
-    def within_limits(deadline: float) -> None:
-        if deadline * 1000 > limits.max_virtual_ms:
-            raise _OverLimit(
-                f"recovery found no quiescence within {limits.max_virtual_ms} virtual ms"
-            )
-
-    try:
-        await VirtualTime(clock, store=store).advance(stop=too_many_events, check=within_limits)
-    except _OverLimit as over:
-        return str(over)
-    busy = busy_sessions(engine)
-    if busy:
-        return "the recovery engine did not reach quiescence: " + "; ".join(busy)
-    return None
-
-
-class _OverLimit(Exception):
-    """The recovery went past the scenario's ``[limits]``."""
 
 
 # ------------------------------------------------------------------ trials

@@ -285,6 +285,16 @@ _HANDLERS: dict[type, _Handler] = {
 }
 
 
+def engine_config(scenario: Scenario) -> EngineConfig:
+    """The engine settings of a scenario's ``[engine]`` table."""
+    return EngineConfig(
+        max_stream_steps=scenario.engine.max_stream_steps,
+        resume_attempt_cap=scenario.engine.resume_attempt_cap,
+        tool_deadline_s=scenario.engine.tool_deadline_ms / 1000,
+        cancel_grace_s=scenario.engine.cancel_grace_ms / 1000,
+    )
+
+
 async def run_scenario(
     scenario: Scenario,
     store: Store,
@@ -323,12 +333,7 @@ class _ScenarioRun:
         }
         self.tools = {t.name: ScenarioTool(t, self.clock, behaviours) for t in scenario.tools}
         self.recorder = TraceRecorder(self.clock)
-        self.config = EngineConfig(
-            max_stream_steps=scenario.engine.max_stream_steps,
-            resume_attempt_cap=scenario.engine.resume_attempt_cap,
-            tool_deadline_s=scenario.engine.tool_deadline_ms / 1000,
-            cancel_grace_s=scenario.engine.cancel_grace_ms / 1000,
-        )
+        self.config = engine_config(scenario)
         self.actions: _Actions | None = None
         self.group: anyio.abc.TaskGroup | None = None
 

@@ -26,12 +26,8 @@ from agent_session.harness.crashcheck import (
     check_trial,
     traced_user_rows,
 )
-from agent_session.harness.crashpoints import (
-    EXIT_FEWER,
-    integrity,
-    read_events,
-    select_boundaries,
-)
+from agent_session.harness.crashpoints import EXIT_FEWER, read_events, select_boundaries
+from agent_session.harness.crashrecovery import integrity
 
 LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 SAMPLE = ["crash-mid-turn.toml", "overlap-guard.toml", "user-message-during-tool.toml"]
