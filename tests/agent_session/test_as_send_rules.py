@@ -447,6 +447,77 @@ async def test_as4_a_refused_synthetic_send_only_reports_the_pre_stream_failure(
         assert r.session().phase is Phase.IDLE
 
 
+def delegated(kind: EntryKind, entry: str, correlation: Correlation, calls: Calls) -> NewMessage:
+    """A synthetic entry of a delegated turn (a ``report`` or ``system`` message) that hears of
+    everything: accepted, a pre-stream failure, a cancellation."""
+    return NewMessage(
+        text=f"{kind} {entry}",
+        kind=kind,
+        id=entry,
+        metadata=MessageMetadata(type=MetadataType.WORKSPACE_TURN, correlation=correlation),
+        workspace_turn_continuation=True,
+        cancel_token=CancelToken(),
+        on_accepted=calls.accepted,
+        on_accepted_pre_stream_failure=calls.failed,
+        on_canceled=calls.canceled,
+    )
+
+
+@pytest.mark.parametrize("kind", [EntryKind.REPORT, EntryKind.SYSTEM])
+async def test_as4_a_refused_report_or_system_entry_only_fails(kind: EntryKind) -> None:
+    calls = Calls()
+    gate = FailingGate(1, "send")
+    async with session_rig({"M": [X("for u")]}, gate=gate) as r:
+        session = r.session()
+        session.enqueue_message(delegated(kind, "E", C2, calls))  # idle: dispatched at once
+        session.send("u", entry="u")  # busy: queued behind it, drained once E is refused
+        await r.settle()
+        assert calls.log == [("failed", "pre_stream")]  # not accepted, not cancelled
+        assert calls.failures[0].message == "gate refused the send"
+        assert await texts(r) == [(RowKind.USER, "u"), (RowKind.ASSISTANT, "for u")]
+        assert r.of(StreamFailed) == []
+        assert r.of(EntryCanceled) == []
+        assert [e.entry for e in r.of(EntryDequeued)] == ["E", "u"]
+        assert [(str(s.cause), s.handle) for s in r.of(StreamStarted)] == [("queue", None)]
+        assert gate.checks == ["send", "send"]
+        assert session.phase is Phase.IDLE
+
+
+@pytest.mark.parametrize("kind", [EntryKind.REPORT, EntryKind.SYSTEM])
+async def test_as4_a_refused_synthetic_entry_leaves_the_owed_continuation_alone(
+    kind: EntryKind,
+) -> None:
+    # Delegated turn C is cut by an entry of another delegated turn (C2), which the gate then
+    # refuses. A refused synthetic send keeps no row, so it supersedes nothing (R35): the cut
+    # turn is still owed and is resumed, under its own correlation and remainder.
+    calls = Calls()
+    gate = FailingGate(0, "send")
+
+    def queue_other_turn(_: ToolCallPart) -> None:
+        gate.count = 1  # refuse the next send: this entry's
+        r.session().enqueue_message(delegated(kind, "E", C2, calls))
+
+    async with session_rig(
+        {"M": [T_("bash"), X("resumed answer")]},
+        tools=[HookTool("bash", before=queue_other_turn)],
+        gate=gate,
+    ) as r:
+        r.session().enqueue("delegated task", kind=EntryKind.SYSTEM, correlation=C)
+        await r.settle()
+        kinds = await r.kinds()
+        assert not r.session().owes()
+    assert calls.log == [("failed", "pre_stream")]
+    assert r.of(StreamFailed) == []
+    assert [(e.cut, e.remaining, e.handle) for e in r.of(ContinuationOwed)] == [("s1/1", 7, "h1")]
+    assert [e.how for e in r.of(ContinuationEnded)] == ["consumed"]
+    assert [(str(s.cause), s.budget, s.handle) for s in r.of(StreamStarted)] == [
+        ("queue", 8, "h1"),
+        ("resume", 7, "h1"),
+    ]
+    assert gate.checks == ["send", "send", "resume"]
+    assert kinds == [RowKind.USER, RowKind.ASSISTANT, RowKind.SENTINEL, RowKind.ASSISTANT]
+
+
 # ---------------------------------------------------------------- AS-5
 # PDF support and size checks do not apply (no PDF handling in the port).
 

@@ -48,8 +48,18 @@ from agent_session._continuation import (
     resume_failed,
 )
 from message_queue import CancelToken, Correlation, EntryKind, SendOptions
-from persistence import HistoryRow, MemoryStore, RowKind, StoreError, TurnEnvelope
+from persistence import (
+    CutRecord,
+    CutState,
+    HistoryRow,
+    MemoryStore,
+    RowKind,
+    SessionRecord,
+    StoreError,
+    TurnEnvelope,
+)
 from stream_manager import (
+    AbortReason,
     FellBack,
     LoopStopped,
     ModelFallbackProgress,
@@ -59,6 +69,7 @@ from stream_manager import (
     StepCompleted,
     StreamAborted,
     StreamEnded,
+    StreamFailed,
     StreamStarted,
     ToolCallPart,
     ToolCallStarted,
@@ -701,6 +712,214 @@ async def test_st5_an_edit_withdraws_and_aborts_the_resume() -> None:
     assert starts(r) == [("send", 8), ("send", 8)]
     assert [row.kind for row in rows] == [RowKind.USER, RowKind.ASSISTANT]
     assert text_of(rows[0]) == "start, but differently"
+
+
+# Each withdrawal path, with its ``why``, and the durable cut record following the marker: a
+# record left ``owed`` would make a restart resume a turn the live engine had withdrawn.
+
+
+async def assert_withdrawn_durably(r: Rig, why: str, cut: str = "s1/1") -> None:
+    """ST-5, PS-6: exactly one ending, a withdrawal for ``why``; the record says withdrawn."""
+    assert [(e.cut, e.how.value, e.why) for e in r.of(ContinuationEnded)] == [
+        (cut, "withdrawn", why)
+    ]
+    assert await r.store.owed_cuts() == []
+    (row,) = [row for row in await r.history() if row.cut is not None]
+    assert row.stream == cut
+    assert row.cut is not None
+    assert row.cut.state is CutState.WITHDRAWN
+    assert [e.id for e in r.of(Persisted) if e.what == "cut-void"] == [row.row_id]
+
+
+async def test_st5_r6_a_user_stop_withdraws_and_the_cut_record_follows() -> None:
+    gate = Gate()
+    held = gate.hold("resume", 1)
+    wakes = Wakes()
+    async with session_rig(
+        incident(), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
+    ) as r:
+        wakes.attach(r)
+        s = r.session()
+        s.send("start")
+        await reach(held.reached)
+        s.send("u", entry="u")  # busy: queued behind the resume, given back by the Stop
+        assert s.stop() == "u"
+        assert not s.owes()
+        held.release()
+        await r.settle()
+        await assert_withdrawn_durably(r, "user stop")
+    assert outcomes(r) == ["withdrawn"]
+    assert starts(r) == [("send", 8)]
+
+
+async def test_st5_r6_send_now_withdraws_and_the_cut_record_follows() -> None:
+    gate = Gate()
+    held = gate.hold("resume", 1)
+    wakes = Wakes()
+    async with session_rig(
+        incident("answer to u"), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
+    ) as r:
+        wakes.attach(r)
+        s = r.session()
+        s.send("start")
+        await reach(held.reached)
+        s.send("u", entry="u")
+        assert s.send_now()
+        assert not s.owes()
+        held.release()
+        await r.settle()
+        await assert_withdrawn_durably(r, "send now")
+        rows = await r.history()
+    assert outcomes(r) == ["withdrawn"]
+    assert starts(r) == [("send", 8), ("queue", 8)]
+    assert [(row.kind, text_of(row)) for row in rows] == [
+        (RowKind.USER, "start"),
+        (RowKind.ASSISTANT, ""),
+        (RowKind.USER, "u"),
+        (RowKind.ASSISTANT, "answer to u"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("refused", "why"),
+    [(False, "superseded by a send (R35)"), (True, "superseded by a refused send's row (R35)")],
+)
+async def test_st5_r35_a_superseding_send_withdraws_and_the_cut_record_follows(
+    refused: bool, why: str
+) -> None:
+    gate = Gate(fail={"send": (2,)} if refused else None)  # the second send is u's
+    async with session_rig(
+        {"M": [T_("bash"), X("answer to u")]},
+        tools=[HookTool("bash", before=lambda _: r.session().send("u", entry="u"))],
+        gate=gate,
+    ) as r:
+        r.session().send("start")
+        await r.settle()
+        await assert_withdrawn_durably(r, why)
+        rows = await r.history()
+    assert [e.remaining for e in r.of(ContinuationOwed)] == [7]
+    assert outcomes(r) == []  # nothing resumed the superseded turn
+    assert starts(r) == ([("send", 8)] if refused else [("send", 8), ("queue", 8)])
+    assert [e.type for e in r.of(StreamFailed)] == (["pre_stream_rejected"] if refused else [])
+    assert [text_of(row) for row in rows if row.kind is RowKind.USER] == ["start", "u"]
+
+
+async def test_st5_r25_a_stream_error_withdraws_and_the_cut_record_follows() -> None:
+    """R25 through the store.
+
+    Not reachable through the session's own flows today: every stream that can fail has
+    reached STREAMING, which consumed any owed continuation first (ST-4). So the test owes one
+    mid-stream the way startup recovery does (``adopt_owed`` on a durable owed record, a cut
+    after a fallback hop), and the stream then fails: the error path must withdraw it, void
+    its record, and nothing may resume it.
+    """
+    progress = ModelFallbackProgress(requested_model="M", refused_models=("M",), chain=("B",))
+    record = CutRecord(
+        remaining=3, model="B", requested_model="M", refused_models=("M",), chain=("B",)
+    )
+    store = MemoryStore()
+    async with store:  # what an earlier process left: a cut owed on s1:r2
+        await store.create_session(SessionRecord(id="s1", model="M"))
+        await store.append(
+            [
+                HistoryRow(
+                    session="s1",
+                    seq=1,
+                    row_id="s1:r1",
+                    kind=RowKind.USER,
+                    body=b'{"text":"earlier"}',
+                ),
+                HistoryRow(
+                    session="s1",
+                    seq=2,
+                    row_id="s1:r2",
+                    kind=RowKind.ASSISTANT,
+                    body=b'{"text":"cut"}',
+                    stream="s1/1",
+                    cut=record,
+                ),
+            ]
+        )
+        await store.put_envelope(
+            TurnEnvelope(session="s1", stream="s1/1", model="M", budget=8, cause="send")
+        )
+    marker = Marker(cut="s1/1", model="B", step_budget=3, progress=progress)
+
+    def owe_mid_stream(_: ToolCallPart) -> None:
+        r.session().adopt_owed(marker, "s1:r2")
+
+    async with session_rig(
+        {"M": [T_("bash"), ScriptStep(error="terminal")], "B": [X("never resumed")]},
+        tools=[HookTool("bash", before=owe_mid_stream)],
+        store=store,
+        config=EngineConfig(max_stream_steps=8, recover_at_start=False),
+    ) as r:
+        r.session().send("go")
+        await r.settle()
+        await assert_withdrawn_durably(r, "the stream failed; the error path owns it (R25)")
+        assert not r.session().owes()
+    assert [(e.stream, e.type) for e in r.of(StreamFailed)] == [("s1/2", "provider_rejected")]
+    assert starts(r) == [("send", 8)]
+    assert outcomes(r) == []
+    assert r.models["B"].requests == []
+
+
+async def test_st5_an_edit_withdraws_and_the_cut_record_follows() -> None:
+    # The edited row comes after the cut row (the live wake's, durable, its launch held at
+    # the envelope), so the cut row survives the truncation and its record can be read.
+    store = TrapStore()
+    held = store.arm("put_envelope", at=2, hold=True)
+    wakes = Wakes(keep=True)
+    async with session_rig(
+        incident("answer to the edit"),
+        tools=[HookTool("task_await", before=wakes.queue)],
+        store=store,
+    ) as r:
+        wakes.attach(r)
+        s = r.session()
+        # the edit's interrupt (a synthetic abort: the wake's stream is not processing yet)
+        # lets the held launch go on, to find itself withdrawn
+        hook = Once(r, lambda e: isinstance(e, StreamAborted) and not e.stream, held.release)
+        s.send("start")
+        await reach(held.reached)
+        wake_row = (await r.history())[2]
+        assert (wake_row.kind, s.phase, s.owes()) == (RowKind.USER, Phase.PREPARING, True)
+        await s.edit(wake_row.row_id, "summarise instead")
+        await r.settle()
+        hook.check()
+        await assert_withdrawn_durably(r, "history edited")
+        rows = await r.history()
+    assert [(row.kind, text_of(row)) for row in rows] == [
+        (RowKind.USER, "start"),
+        (RowKind.ASSISTANT, ""),
+        (RowKind.USER, "summarise instead"),
+        (RowKind.ASSISTANT, "answer to the edit"),
+    ]
+    assert starts(r) == [("send", 8), ("send", 8)]  # the wake's launch never started
+    assert outcomes(r) == []
+
+
+@pytest.mark.parametrize("reason", [AbortReason.SYSTEM, AbortReason.STARTUP, AbortReason.USER])
+async def test_st5_r19_a_stop_reaching_a_preparing_resume_withdraws_and_the_record_follows(
+    reason: AbortReason,
+) -> None:
+    gate = Gate()
+    held = gate.hold("resume", 1)
+    wakes = Wakes()
+    async with session_rig(
+        incident(), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
+    ) as r:
+        wakes.attach(r)
+        s = r.session()
+        s.send("start")
+        await reach(held.reached)
+        r.engine.manager.request_stop_nowait("s1", reason=reason)  # an interrupt cascade
+        assert not s.owes()
+        held.release()
+        await r.settle()
+        await assert_withdrawn_durably(r, f"{reason.value} stop before the resume started")
+    assert outcomes(r) == ["withdrawn"]
+    assert starts(r) == [("send", 8)]
 
 
 # ---------------------------------------------------------------- ST-6 forfeit

@@ -16,6 +16,7 @@ from message_queue import (
     Attachment,
     CancelState,
     CancelToken,
+    Correlation,
     DispatchMode,
     EntryKind,
     MessageMetadata,
@@ -467,6 +468,95 @@ def test_mq12_visible_dispatch_mode_moves_user_entries_ahead_in_order() -> None:
         DispatchMode.TOOL_END,
     ]
     assert not MessageQueue().set_visible_dispatch_mode(DispatchMode.TURN_END)
+
+
+def delegated_prompt(name: str, correlation: Correlation) -> NewMessage:
+    """A user-authored delegated prompt: the turn's original prompt, not a continuation."""
+    return NewMessage(
+        text=f"prompt {name}",
+        id=name,
+        kind=EntryKind.USER,
+        metadata=MessageMetadata(type=MetadataType.WORKSPACE_TURN, correlation=correlation),
+    )
+
+
+def assert_stripped(queue: MessageQueue, entry_id: str) -> None:
+    entry = queue.get(entry_id)
+    assert entry is not None
+    assert (entry.metadata, entry.correlation) == (None, None)
+    assert not entry.has_on_canceled
+    assert not entry.has_on_accepted_pre_stream_failure
+
+
+def assert_kept(queue: MessageQueue, entry_id: str, correlation: Correlation) -> None:
+    entry = queue.get(entry_id)
+    assert entry is not None
+    assert entry.correlation == correlation
+    assert entry.has_on_canceled
+    assert entry.has_on_accepted_pre_stream_failure
+
+
+def test_mq12_prioritize_revalidates_once_a_user_entry_is_moved_ahead_of_continuations() -> None:
+    log = Log()
+    queue = MessageQueue()
+    queued(queue, report("R1", C, log))
+    queued(queue, report("R2", C, log))
+    queued(queue, report("P", C2, log, continuation=False))  # an original prompt: never stripped
+    queued(queue, user("u", id="u"))
+    for name in ("R1", "R2"):  # at the head, of one turn: nothing stale before the move
+        assert_kept(queue, name, C)
+
+    assert queue.prioritize_next_user_entry()
+
+    assert [e.id for e in queue] == ["u", "R1", "R2", "P"]
+    assert_stripped(queue, "R1")  # now behind the user's unrelated message: stale
+    assert_stripped(queue, "R2")
+    assert_kept(queue, "P", C2)
+    notify_all_canceled(queue.clear(), "cleared")
+    assert [name for name, _, _ in log.calls] == ["P"]  # a stripped report settles nothing
+
+
+def test_mq12_visible_dispatch_mode_revalidates_once_user_entries_lead() -> None:
+    log = Log()
+    queue = MessageQueue()
+    queued(queue, report("R", C, log))
+    queued(queue, user("u1", id="u1"))
+    queued(queue, NewMessage(text="s", id="s", kind=EntryKind.SYSTEM))
+    queued(queue, user("u2", id="u2"))
+    assert_kept(queue, "R", C)
+
+    assert queue.set_visible_dispatch_mode(DispatchMode.TURN_END)
+
+    assert [(e.id, e.mode) for e in queue] == [
+        ("u1", DispatchMode.TURN_END),
+        ("u2", DispatchMode.TURN_END),
+        ("R", DispatchMode.TOOL_END),
+        ("s", DispatchMode.TOOL_END),
+    ]
+    assert_stripped(queue, "R")
+    assert [queue.dequeue_next().entry_id for _ in range(2)] == ["u1", "u2"]
+    stale = queue.dequeue_next()  # what the dispatcher gets: no turn to settle, no callbacks
+    assert (stale.entry_id, stale.metadata) == ("R", None)
+    assert not stale.callbacks.has_cancellation
+    assert log.calls == []
+
+
+@pytest.mark.parametrize("reorder", ["prioritize", "visible"])
+def test_mq12_a_reorder_behind_the_same_turns_prompt_strips_nothing(reorder: str) -> None:
+    # The user-authored entry moved to the head is the delegated turn's own prompt: the
+    # reports behind it still continue that turn, and revalidation must leave them alone.
+    log = Log()
+    queue = MessageQueue()
+    queued(queue, report("R1", C, log))
+    queued(queue, delegated_prompt("P", C))
+    queued(queue, report("R2", C, log))
+    if reorder == "prioritize":
+        assert queue.prioritize_next_user_entry()
+    else:
+        assert queue.set_visible_dispatch_mode(DispatchMode.TURN_END)
+    assert [e.id for e in queue] == ["P", "R1", "R2"]
+    assert_kept(queue, "R1", C)
+    assert_kept(queue, "R2", C)
 
 
 def test_mq13_reordering_strips_stale_continuations_but_keeps_original_prompts() -> None:

@@ -11,11 +11,14 @@ import pytest
 from message_queue import CancelToken
 from stream_manager import (
     Aborted,
+    AbortMetadata,
     AbortReason,
     Ended,
     LaunchRefused,
+    ModelFallbackProgress,
     Refused,
     ScriptStep,
+    ScriptToolCall,
     StreamAborted,
     StreamInfo,
     StreamStarted,
@@ -24,7 +27,7 @@ from stream_manager import (
     ToolCallPart,
     Withdrawn,
 )
-from tests.stream_manager.support import T_, FakeTool, P, X, rig
+from tests.stream_manager.support import REFUSE, T_, FakeTool, P, Rig, X, rig
 
 HANG = ScriptStep(text="thinking", hang=True)
 
@@ -318,6 +321,100 @@ async def test_sm14_abort_cleanup_reports_model_remainder_progress() -> None:
     assert meta.fallback_progress.refused_models == ("A",)
     assert meta.steps_remaining == 8 - 3  # refused step, tool step, and the step cut mid-flight
     assert r.manager.active_stream_id("s1") is None
+
+
+class SoftStopAtProvider:
+    """An observer that asks for the ``queued-message`` soft stop when the ``n``-th
+    provider-executed result arrives (where the session asks for it, AS-26)."""
+
+    def __init__(self, r: Rig, n: int = 1) -> None:
+        self.r = r
+        self.n = n
+        self.seen = 0
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, ToolCallEnded) and event.provider:
+            self.seen += 1
+            if self.seen == self.n:
+                self.r.manager.request_stop_nowait(
+                    "s1", soft=True, reason=AbortReason.QUEUED_MESSAGE
+                )
+
+
+def provider_step(tool: str, result: object, *, refuse: bool = False) -> ScriptStep:
+    """A step whose provider-executed ``tool`` answers ``result``, then text (the soft stop
+    lands at that text, with the step still open)."""
+    call = ScriptToolCall(tool=tool, provider_executed=True, result=result)
+    return ScriptStep(tool_calls=(call,), text="partial", refuse=refuse)
+
+
+async def test_sm14_a_soft_stop_abort_after_two_hops_reports_model_steps_and_progress() -> None:
+    # A refuses, B refuses, C runs a tool step, then is soft-stopped inside its next step.
+    r = rig(
+        {"A": [REFUSE], "B": [REFUSE], "C": [T_("bash"), provider_step("web", {"ok": True})]},
+        fallbacks={"A": ["B", "C"]},
+    )
+    r.manager.add_observer(SoftStopAtProvider(r))
+    outcome = await r.manager.start_stream(r.request(model="A", step_budget=7))
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.QUEUED_MESSAGE
+    assert outcome.metadata == AbortMetadata(
+        model="C",  # the effective model, not the requested one
+        steps_remaining=7 - 4,  # two refusals, the tool step, and the step cut mid-flight
+        fallback_progress=ModelFallbackProgress(
+            requested_model="A", refused_models=("A", "B"), chain=("B", "C")
+        ),
+        required_tool_satisfied=False,
+    )
+    (aborted,) = r.recorder.of(StreamAborted)
+    assert (aborted.reason, aborted.remaining) == (AbortReason.QUEUED_MESSAGE, 3)
+
+
+async def test_sm14_a_soft_stop_abort_reports_a_required_tool_success_in_the_cut_step() -> None:
+    r = rig(
+        {"A": [REFUSE], "B": [T_("bash"), provider_step("agent_report", {"success": True})]},
+        fallbacks={"A": ["B"]},
+    )
+    r.manager.add_observer(SoftStopAtProvider(r))
+    outcome = await r.manager.start_stream(
+        r.request(model="A", step_budget=6, required_tools=("^agent_report$",))
+    )
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.QUEUED_MESSAGE
+    assert outcome.metadata == AbortMetadata(
+        model="B",
+        steps_remaining=6 - 3,
+        fallback_progress=ModelFallbackProgress(
+            requested_model="A", refused_models=("A",), chain=("B",)
+        ),
+        required_tool_satisfied=True,
+    )
+
+
+async def test_sm14_the_required_tool_flag_belongs_to_the_cut_step_alone() -> None:
+    # A's refused step ran the required tool successfully; B's cut step ran it and it failed.
+    # Only the step being cut counts: the abort must say "not satisfied".
+    r = rig(
+        {
+            "A": [provider_step("agent_report", {"success": True}, refuse=True)],
+            "B": [provider_step("agent_report", {"success": False})],
+        },
+        fallbacks={"A": ["B"]},
+    )
+    r.manager.add_observer(SoftStopAtProvider(r, n=2))  # B's result, not A's
+    outcome = await r.manager.start_stream(
+        r.request(model="A", step_budget=5, required_tools=("agent_report",))
+    )
+    assert isinstance(outcome, Aborted)
+    assert outcome.reason is AbortReason.QUEUED_MESSAGE
+    assert outcome.metadata == AbortMetadata(
+        model="B",
+        steps_remaining=5 - 2,
+        fallback_progress=ModelFallbackProgress(
+            requested_model="A", refused_models=("A",), chain=("B",)
+        ),
+        required_tool_satisfied=False,
+    )
 
 
 async def test_sm2_caller_abort_during_processing_is_a_hard_stop() -> None:
