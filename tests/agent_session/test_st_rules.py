@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
@@ -278,6 +279,28 @@ def both(*actions: Callable[[ToolCallPart], object]) -> Callable[[ToolCallPart],
 def incident(final: str = "final answer") -> dict[str, list[ScriptStep]]:
     """The incident's script (a withdrawn wake): the cut after step 2 leaves 6 of 8 steps."""
     return {"M": [T_("bash"), T_("task_await"), X(final)]}
+
+
+@asynccontextmanager
+async def at_the_held_resume(
+    final: str = "final answer",
+) -> AsyncIterator[tuple[Rig, Trap, Gate]]:
+    """The incident run until its resume waits at the pre-stream gate.
+
+    The withdrawn wake has cut the turn, the sweep has claimed PREPARING for the resume, and
+    the gate holds it: what a test does now lands on an owed continuation whose resume is
+    preparing. ``held.release()`` lets the resume go on.
+    """
+    gate = Gate()
+    held = gate.hold("resume", 1)
+    wakes = Wakes()
+    async with session_rig(
+        incident(final), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
+    ) as r:
+        wakes.attach(r)
+        r.session().send("start")
+        await reach(held.reached)
+        yield r, held, gate
 
 
 def provider_pair(text: str = "partial text") -> ScriptStep:
@@ -689,16 +712,8 @@ async def test_st5_stop_while_owed_and_idle_withdraws() -> None:
 
 
 async def test_st5_an_edit_withdraws_and_aborts_the_resume() -> None:
-    gate = Gate()
-    held = gate.hold("resume", 1)
-    wakes = Wakes()
-    async with session_rig(
-        incident("edited answer"), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
-    ) as r:
-        wakes.attach(r)
+    async with at_the_held_resume("edited answer") as (r, held, _gate):
         s = r.session()
-        s.send("start")
-        await reach(held.reached)
         first = (await r.history())[0]
         hook = Once(
             r, lambda e: isinstance(e, ContinuationEnded), lambda: held.release()
@@ -732,16 +747,8 @@ async def assert_withdrawn_durably(r: Rig, why: str, cut: str = "s1/1") -> None:
 
 
 async def test_st5_r6_a_user_stop_withdraws_and_the_cut_record_follows() -> None:
-    gate = Gate()
-    held = gate.hold("resume", 1)
-    wakes = Wakes()
-    async with session_rig(
-        incident(), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
-    ) as r:
-        wakes.attach(r)
+    async with at_the_held_resume() as (r, held, _gate):
         s = r.session()
-        s.send("start")
-        await reach(held.reached)
         s.send("u", entry="u")  # busy: queued behind the resume, given back by the Stop
         assert s.stop() == "u"
         assert not s.owes()
@@ -753,16 +760,8 @@ async def test_st5_r6_a_user_stop_withdraws_and_the_cut_record_follows() -> None
 
 
 async def test_st5_r6_send_now_withdraws_and_the_cut_record_follows() -> None:
-    gate = Gate()
-    held = gate.hold("resume", 1)
-    wakes = Wakes()
-    async with session_rig(
-        incident("answer to u"), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
-    ) as r:
-        wakes.attach(r)
+    async with at_the_held_resume("answer to u") as (r, held, _gate):
         s = r.session()
-        s.send("start")
-        await reach(held.reached)
         s.send("u", entry="u")
         assert s.send_now()
         assert not s.owes()
@@ -903,16 +902,8 @@ async def test_st5_an_edit_withdraws_and_the_cut_record_follows() -> None:
 async def test_st5_r19_a_stop_reaching_a_preparing_resume_withdraws_and_the_record_follows(
     reason: AbortReason,
 ) -> None:
-    gate = Gate()
-    held = gate.hold("resume", 1)
-    wakes = Wakes()
-    async with session_rig(
-        incident(), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
-    ) as r:
-        wakes.attach(r)
+    async with at_the_held_resume() as (r, held, _gate):
         s = r.session()
-        s.send("start")
-        await reach(held.reached)
         r.engine.manager.request_stop_nowait("s1", reason=reason)  # an interrupt cascade
         assert not s.owes()
         held.release()
@@ -1288,16 +1279,8 @@ async def test_st10_r4_r43_a_resume_failing_before_start_stays_owed_and_is_swept
 
 
 async def test_st10_a_withdrawn_attempt_is_the_end_of_it() -> None:
-    gate = Gate()
-    held = gate.hold("resume", 1)
-    wakes = Wakes()
-    async with session_rig(
-        incident(), tools=[HookTool("task_await", before=wakes.queue)], gate=gate
-    ) as r:
-        wakes.attach(r)
+    async with at_the_held_resume() as (r, held, gate):
         s = r.session()
-        s.send("start")
-        await reach(held.reached)
         s.stop()
         held.release()
         await r.settle()
