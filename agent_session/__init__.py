@@ -36,8 +36,7 @@ from agent_session._events import (
     SessionEvent,
 )
 from agent_session._phases import IllegalTransition, Phase
-from agent_session._session import SessionDisposed
-from agent_session._session_resume import AgentSession
+from agent_session._session import AgentSession, SessionDisposed
 from agent_session.ports import EngineConfig, OpenGate, PreStreamFailure, PreStreamGate
 
 __all__ = [

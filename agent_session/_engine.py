@@ -18,7 +18,7 @@ import anyio.abc
 
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
-from agent_session._session_resume import AgentSession
+from agent_session._session import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from persistence import CutState, OpState, SessionRecord, Store, UsageError
 from stream_manager import (

@@ -1,62 +1,67 @@
-"""AgentSession: one conversation's turn state machine (``docs/session.md``).
+"""AgentSession: one conversation's turns, a thin shell around the turn machine.
 
 Theory of operation
 -------------------
-The session owns its phase (``_phases``), its message queue and its continuation bookkeeping
-(``_continuation``). Everything that decides is synchronous and runs inside the call or the
-event that triggers it; everything that awaits (store writes, the model stream) runs in tasks
-the engine's task group owns. Three kinds of work start turns:
+The session composes four parts: the turn machine (``_machine``: every rule, all the state,
+no I/O), the send pipeline (``_pipeline``), the stream launcher (``_launcher``) and the store
+and stream manager the engine shares. A host call, a stream event or an outcome becomes an
+input of the machine; the shell performs the effects the machine returns, in order
+(``_effects``), and feeds what they produce back. Everything that decides is synchronous and
+runs inside the call or event that triggers it; everything that awaits (store writes, the
+model stream) runs in tasks the engine's task group owns. Three kinds of work start turns:
 
 * a direct ``send`` on an idle session (a manual send "in preflight" until it claims
   PREPARING, R3);
 * the queue drain (AS-13): one head entry at a time, PREPARING claimed synchronously at dequeue;
 * the stranded-turn sweep (ST-7), which claims PREPARING synchronously before any await (R7).
 
-All three go through the same stream launch (``_stream_with_history``), and every stream
-outcome comes back to ``_on_outcome``, which moves the phase on, drains the queue and so, on
-every arrival at IDLE, schedules the sweep (AS-2). The stream manager's events reach the
-session synchronously (``on_stream_event``) after the engine's observers have seen them, so a
-stream-start consumes the owed continuation exactly when the fact is recorded (ST-4).
-
-This module holds the state, the phase, the public API and the queue operations. The class
-tower: ``SessionCore`` (here) <- ``SessionOutcomes`` (stream events, outcomes, the drain) <-
-``SessionTurns`` (the send pipeline, the launch) <- ``AgentSession`` (``_session_resume``: the
-sweep, resume, user actions, disposal).
+All three reach the same launcher, and every outcome comes back to the machine, which moves the
+phase on, drains the queue and so, on every arrival at IDLE, schedules the sweep (AS-2). The
+stream manager's events reach the session synchronously (``on_stream_event``) after the
+engine's observers have seen them, so a stream-start consumes the owed continuation exactly
+when the fact is recorded (ST-4).
 """
 
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from agent_session._continuation import Continuation, EndedHow, drop
+from agent_session._effects import (
+    AbortPrepared,
+    AbortResume,
+    CancelRemoved,
+    CommitRows,
+    Dispatch,
+    Effect,
+    Emit,
+    Feed,
+    Flush,
+    ScheduleSweep,
+    StartResume,
+    StopStream,
+)
 from agent_session._events import (
-    ContinuationEnded,
-    ContinuationOwed,
     EngineEvent,
-    EntryCanceled,
     EntryQueued,
     EntryWithdrawn,
-    Persisted,
     PhaseChanged,
-    QueueCleared,
-    ResumeAttempted,
 )
-from agent_session._phases import Phase, next_phase
-from agent_session._turn import StreamContext
+from agent_session._launcher import StreamLauncher
+from agent_session._machine import TurnMachine
+from agent_session._phases import Phase
+from agent_session._pipeline import SendPipeline
+from agent_session._turn import Accepted, SendRefused, TurnInput
+from agent_session.ports import PreStreamFailure
 from message_queue import (
     CancelToken,
     Correlation,
     DispatchMode,
-    EntryCallbacks,
     EntryKind,
-    EntrySnapshot,
     MessageMetadata,
-    MessageQueue,
     MetadataType,
     NewMessage,
     Queued,
@@ -64,11 +69,26 @@ from message_queue import (
     SendOptions,
     notify_all_canceled,
 )
-from persistence import CutState, Store, UsageError
-from stream_manager import AbortReason, StartCause, StreamManager
+from persistence import Store, TurnkeeperError, UsageError
+from stream_manager import (
+    AbortReason,
+    Persisted,
+    Refused,
+    StreamAborted,
+    StreamEvent,
+    StreamManager,
+    StreamOutcome,
+    StreamStarted,
+    ToolCallEnded,
+    ToolCallStarted,
+    Withdrawn,
+)
 
 if TYPE_CHECKING:
+    from agent_session._continuation import Continuation, Marker
+    from agent_session._turn import StreamContext
     from agent_session.ports import EngineConfig, PreStreamGate
+    from message_queue import MessageQueue
 
 log = logging.getLogger("turnkeeper.session")
 
@@ -79,72 +99,24 @@ class SessionDisposed(UsageError):
     """The session was disposed; it accepts nothing more."""
 
 
-class ThinkingHolder:
-    """A turn's thinking level: the original, a pending mid-turn change, the applied one."""
-
-    __slots__ = ("applied", "original", "pending")
-
-    def __init__(self, original: str | None) -> None:
-        self.original = original
-        self.pending: str | None = None
-        self.applied: str | None = None
-
-    def for_step(self) -> str | None:
-        """The level a step prepares with; a pending change becomes applied here."""
-        if self.pending is not None:
-            self.applied, self.pending = self.pending, None
-        return self.applied if self.applied is not None else self.original
-
-    def at_cut(self) -> str | None:
-        """R20: ``pending ?? applied ?? original``."""
-        for level in (self.pending, self.applied):
-            if level is not None:
-                return level
-        return self.original
-
-
-class SessionCore(ABC):
-    """State and the synchronous half of the session (phase, queue, continuation)."""
+class AgentSession:
+    """One conversation: its phase, queue, owed continuation and turns (``docs/session.md``)."""
 
     # Slots: thousands of idle sessions share one process; a per-instance dict costs ~1.6 KB.
     __slots__ = (
-        "_abandon_partial",
-        "_active_tools",
-        "_config",
-        "_cut_rows",
-        "_defer_drain",
-        "_dispatching",
         "_emit",
-        "_ended_unwritten",
         "_gate",
         "_idle",
-        "_known_models",
+        "_launcher",
+        "_machine",
         "_manager",
-        "_manual_preflight",
-        "_pending_voids",
+        "_pipeline",
         "_prepared_abort",
         "_resume_abort",
-        "_send_now",
-        "_seq",
-        "_soft_stop_in_flight",
         "_spawn",
-        "_stamp",
         "_store",
-        "_stream_context",
-        "_stream_n",
-        "_sweep_scheduled",
         "_tasks",
-        "_thinking",
-        "_untold_owed",
-        "_untold_resume",
-        "continuation",
-        "disposed",
         "id",
-        "model",
-        "phase",
-        "queue",
-        "scratchpad",
-        "thinking_level",
     )
 
     def __init__(
@@ -163,83 +135,174 @@ class SessionCore(ABC):
         next_stream: int = 1,
     ) -> None:
         self.id = session_id
-        self.model = model
         self._store = store
         self._manager = manager
-        self._config = config
         self._gate = gate
         self._emit = emit
         self._spawn = spawn
-        self._known_models = known_models
-        self.phase = Phase.IDLE
-        self.queue = MessageQueue()
-        self.continuation = Continuation()
-        self.disposed = False
-        self._seq = next_seq
-        self._stream_n = next_stream
-        self._manual_preflight = 0
-        self._soft_stop_in_flight = False
-        self._active_tools: set[str] = set()
+        self._machine = TurnMachine(
+            session_id,
+            model,
+            known_models=known_models,
+            resume_attempt_cap=config.resume_attempt_cap,
+            next_seq=next_seq,
+            next_stream=next_stream,
+        )
+        self._launcher = StreamLauncher(
+            self._machine, store=store, manager=manager, emit=emit, perform=self._perform
+        )
+        self._pipeline = SendPipeline(
+            self._machine,
+            store=store,
+            gate=gate,
+            emit=emit,
+            perform=self._perform,
+            launch=self._launch_turn,
+        )
         self._prepared_abort: CancelToken | None = None
         self._resume_abort: CancelToken | None = None
-        self._sweep_scheduled = False
-        self._cut_rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
-        #: Cut-record state changes to commit, each with the event that tells it (told only
-        #: once committed; ``None``: nothing to tell, the cut was never told owed).
-        self._pending_voids: list[tuple[str, CutState, ContinuationEnded | None]] = []
-        #: A normal cut's ``owed``, told once the row carrying its record commits (R60).
-        self._untold_owed: ContinuationOwed | None = None
-        #: A resume's ``started``, told once the consumed cut's record commits.
-        self._untold_resume: ResumeAttempted | None = None
-        #: Cuts whose continuation ended while their row was still being written: the row's
-        #: record is ended as soon as it is durable (it must never stay owed).
-        self._ended_unwritten: dict[str, tuple[CutState, ContinuationEnded]] = {}
-        self._send_now = False  # AS-18: the interrupted stream's abort drains instead of idling
-        self._defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
-        self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
-        self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
-        #: AS-3: the entry dequeued and not yet accepted, with its cancel token (if it has one).
-        self._dispatching: tuple[str, CancelToken] | None = None
-        self._stream_context = StreamContext(model=model, cause=StartCause.SEND)
         #: ``None`` while idle (made only when someone could wait: events are not free).
         self._idle: anyio.Event | None = None
         self._tasks = 0
-        #: The session's thinking level between turns; a turn's holder tracks mid-turn changes.
-        self.thinking_level: str | None = None
-        self._thinking: ThinkingHolder | None = None
-        #: The live scratchpad (``additionalSystemContext``) the host keeps up to date (R26).
-        self.scratchpad: str | None = None
 
-    # ------------------------------------------------------------ phase
+    # ------------------------------------------------------------ what the machine knows
 
-    def _set_phase(self, to: Phase) -> None:
-        """Move the phase by the table (AS-1, AS-2); an illegal move raises, nothing changes."""
-        current = self.phase
-        self.phase = next_phase(self.id, current, to)
-        self._emit(PhaseChanged(session=self.id, from_=current, to=to))
-        if to is Phase.IDLE:
-            self._soft_stop_in_flight = False
-            self._active_tools.clear()
-            self._thinking = None  # AS-1: the turn's thinking holder expires
-            self._schedule_sweep()
-            self._check_idle()
-        else:
-            self._busy()
+    @property
+    def model(self) -> str:
+        """The session's model."""
+        return self._machine.model
 
-    def _to_idle_from(self, *phases: Phase) -> None:
-        if self.phase in phases:
-            self._set_phase(Phase.IDLE)
+    @property
+    def phase(self) -> Phase:
+        """Where the session's turn is."""
+        return self._machine.phase
+
+    @property
+    def queue(self) -> MessageQueue:
+        """The session's message queue."""
+        return self._machine.queue
+
+    @property
+    def continuation(self) -> Continuation:
+        """The owed-continuation bookkeeping."""
+        return self._machine.continuation
+
+    @property
+    def disposed(self) -> bool:
+        """Whether the session was disposed."""
+        return self._machine.disposed
+
+    @property
+    def thinking_level(self) -> str | None:
+        """The session's thinking level between turns."""
+        return self._machine.thinking_level
+
+    @property
+    def scratchpad(self) -> str | None:
+        """The live scratchpad text passed to every request (R26)."""
+        return self._machine.scratchpad
 
     @property
     def busy(self) -> bool:
         """A turn is running or claimed, or a manual send is in preflight."""
-        return self.phase is not Phase.IDLE or self._manual_preflight > 0
+        return self._machine.busy
+
+    @property
+    def idle(self) -> bool:
+        """Idle with nothing running or scheduled (what ``wait_idle`` waits for)."""
+        return self._idle is None
+
+    def is_disposed(self) -> bool:
+        """Whether the session was disposed (it can become so across any await)."""
+        return self._machine.disposed
+
+    def owes(self) -> bool:
+        """Whether a continuation is owed right now."""
+        return self._machine.owes()
+
+    def describe(self) -> str:
+        """A one-line state summary for logs and tests."""
+        marker = self._machine.continuation.marker
+        owed = f"owed {marker.cut} ({marker.step_budget} left)" if marker else "nothing owed"
+        return f"<AgentSession {self.id} {self.phase} | {owed} | {self.queue!r}>"
+
+    # ------------------------------------------------------------ performing effects
+
+    def _do(self, effects: list[Effect]) -> None:
+        """Perform ``effects`` from a synchronous call: a flush runs in a task of its own."""
+        for effect in effects:
+            if isinstance(effect, Flush):
+                if self._machine.pending:
+                    self._run(self._flush)
+            elif isinstance(effect, Feed):
+                self._do(effect.step())
+            elif isinstance(effect, CommitRows):
+                raise AssertionError("a synchronous input cannot commit rows")  # pragma: no cover
+            else:
+                self._perform_now(effect)
+        self._check_idle()
+
+    async def _perform(self, effects: list[Effect]) -> None:
+        """Perform ``effects`` in order, awaiting the writes where they stand."""
+        for effect in effects:
+            if isinstance(effect, Flush):
+                await self._flush()
+            elif isinstance(effect, Feed):
+                await self._perform(effect.step())
+            elif isinstance(effect, CommitRows):
+                await self._store.append(list(effect.rows))
+                last = effect.rows[-1]
+                self._emit(Persisted(session=self.id, what=effect.what, id=last.row_id))
+            else:
+                self._perform_now(effect)
+        self._check_idle()
+
+    def _perform_now(self, effect: Effect) -> None:
+        if isinstance(effect, Emit):
+            event = effect.event
+            if isinstance(event, PhaseChanged) and event.to is not Phase.IDLE:
+                self._busy()
+            self._emit(event)
+        elif isinstance(effect, ScheduleSweep):
+            self._run(self._sweep)
+        elif isinstance(effect, StopStream):
+            self._manager.request_stop_nowait(self.id, soft=effect.soft, reason=effect.reason)
+        elif isinstance(effect, AbortPrepared | AbortResume):
+            self._abort(effect)
+        elif isinstance(effect, Dispatch):
+            self._dispatch(effect.turn, effect.token)
+        elif isinstance(effect, StartResume):
+            abort = CancelToken()
+            self._resume_abort = abort
+            marker, attempt = effect.marker, effect.attempt
+            self._run(lambda: self._resume(marker, attempt, abort))
+        elif isinstance(effect, CancelRemoved):
+            for entry_id, error in notify_all_canceled(list(effect.removed), effect.reason):
+                log.warning("cancellation callback of %s failed: %r", entry_id, error)
+
+    def _abort(self, effect: AbortPrepared | AbortResume) -> None:
+        if isinstance(effect, AbortPrepared):
+            if self._prepared_abort is not None:
+                self._prepared_abort.cancel(effect.reason.value)
+        elif self._resume_abort is not None:
+            self._resume_abort.cancel("withdrawn")
+
+    async def _flush(self) -> None:
+        """Make every queued cut-record change durable, in order; then tell each."""
+        machine = self._machine
+        while (change := machine.take_change()) is not None:
+            await self._store.set_cut_state(self.id, change.row_id, change.state)
+            self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
+            if change.told is not None:
+                self._emit(change.told)
+
+    # ------------------------------------------------------------ tasks and idleness
 
     def _check_idle(self) -> None:
         if (
-            self.phase in (Phase.IDLE, Phase.DISPOSED)
+            self._machine.phase in (Phase.IDLE, Phase.DISPOSED)
             and self._tasks == 0
-            and not self._sweep_scheduled
+            and not self._machine.sweep_scheduled
         ):
             event, self._idle = self._idle, None
             if event is not None:
@@ -263,11 +326,6 @@ class SessionCore(ABC):
 
         self._spawn(counted)
 
-    @property
-    def idle(self) -> bool:
-        """Idle with nothing running or scheduled (what ``wait_idle`` waits for)."""
-        return self._idle is None
-
     async def wait_idle(self) -> None:
         """Return once the session is idle with nothing running or scheduled."""
         while True:
@@ -278,116 +336,110 @@ class SessionCore(ABC):
             if self._idle is None:
                 return
 
-    def is_disposed(self) -> bool:
-        """Whether the session was disposed (it can become so across any await)."""
-        return self.disposed
-
     def _alive(self) -> None:
-        if self.disposed:
+        if self._machine.disposed:
             raise SessionDisposed(f"session {self.id!r} is disposed")
 
-    # ------------------------------------------------------------ ids
+    # ------------------------------------------------------------ stream events
 
-    def _next_seq(self) -> int:
-        seq = self._seq
-        self._seq += 1
-        return seq
+    def on_stream_event(self, event: StreamEvent) -> None:
+        """React to the stream manager's events for this session (AS-19 to AS-21, AS-27)."""
+        machine = self._machine
+        if isinstance(event, StreamStarted):
+            self._do(machine.stream_started(event.stream, event.cause))
+        elif isinstance(event, ToolCallStarted):
+            machine.tool_started(event.call)
+        elif isinstance(event, ToolCallEnded):
+            self._do(machine.tool_ended(event.call, provider=event.provider))
+        elif isinstance(event, StreamAborted) and not event.stream:
+            self._do(machine.synthetic_abort(event.reason))
 
-    def _next_stream_id(self) -> str:
-        stream = f"{self.id}/{self._stream_n}"
-        self._stream_n += 1
-        return stream
+    # ------------------------------------------------------------ turns
 
-    # ------------------------------------------------------------ continuation endings
+    def _dispatch(self, turn: TurnInput, token: CancelToken | None) -> None:
+        """AS-13: the dequeued entry goes through the pipeline; the session goes on after."""
 
-    def _end_marker(self, how: EndedHow, why: str) -> None:
-        """Withdraw, forfeit or void the owed continuation, and abort an in-flight resume.
+        async def dispatch() -> None:
+            try:
+                result = await self._pipeline.run(turn)
+            finally:
+                self._machine.dispatched(token)  # accepted, cancelled or failed: past AS-3
+            if isinstance(result, SendRefused) and turn.callbacks is not None:
+                callback = turn.callbacks.on_accepted_pre_stream_failure
+                if callback is not None:
+                    callback(result.failure)
+            if not isinstance(result, Accepted):
+                machine = self._machine
+                await self._perform(
+                    [*machine.to_idle_from(Phase.PREPARING), Feed(machine.drain_if_idle)]
+                )
 
-        The marker goes at once (nothing acts on it any more); its durable record follows and
-        ``continuation-ended`` is told only once that write has committed (``_flush_voids``):
-        a crash in between loses the telling, never the fact.
+        self._run(dispatch)
+
+    async def _launch_turn(self, context: StreamContext) -> None:
+        """AS-10, AS-22: an accepted turn's stream under a new abort signal, then its outcome."""
+        self._prepared_abort = abort = CancelToken()
+        outcome = await self._launcher.launch(context, abort)
+        await self._on_outcome(outcome, context)
+
+    async def _on_outcome(self, outcome: StreamOutcome, context: StreamContext) -> None:
+        await self._perform(self._machine.outcome(outcome, context))
+
+    async def _sweep(self) -> None:
+        self._do(self._machine.sweep_due())
+
+    def sweep_now(self) -> bool:
+        """Run the idle sweep at once; return whether it started a resume.
+
+        The resume's outcome is reported later, as its ``resume`` event.
         """
-        self.continuation, marker = drop(self.continuation)
-        if self._resume_abort is not None:
-            self._resume_abort.cancel("withdrawn")
-        if marker is None:
+        self._do(self._machine.sweep())
+        return self._machine.continuation.resume_in_flight
+
+    def adopt_owed(self, marker: Marker, row_id: str) -> None:
+        """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``.
+
+        The record on that row then follows the marker as if this process had cut the turn
+        (consumed when a stream starts, voided when the continuation is withdrawn or
+        forfeited). Nothing starts yet: :meth:`sweep_now` (or the next idle transition) does.
+        """
+        self._machine.adopt_owed(marker, row_id)
+
+    async def _resume(self, marker: Marker, attempt: int, abort: CancelToken) -> None:
+        """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""
+        log.info(
+            "Resuming turn stranded by a withdrawn queued message: cut=%s model=%s budget=%d "
+            "correlation=%s attempt=%d",
+            marker.cut,
+            marker.model,
+            marker.step_budget,
+            marker.correlation,
+            attempt,
+        )  # ST-14, R45
+        machine = self._machine
+        context = machine.resume_context(marker, attempt)
+        try:
+            await self._gate.check(self.id, "resume")
+            if abort.cancelled:
+                outcome: StreamOutcome = Withdrawn(abort.reason or "withdrawn")
+            else:
+                outcome = await self._launcher.launch(context, abort)
+        except (PreStreamFailure, TurnkeeperError, OSError) as error:
+            log.info("resume of %s failed before its stream started: %s", marker.cut, error)
+            await self._perform(machine.resume_failed(marker, attempt))
             return
-        event = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
-        state = {
-            EndedHow.WITHDRAWN: CutState.WITHDRAWN,
-            EndedHow.FORFEITED: CutState.FORFEITED,
-            EndedHow.VOIDED: CutState.VOIDED,
-            EndedHow.CONSUMED: CutState.CONSUMED,
-        }[how]
-        self._void_cut_record(marker.cut, state, event)
-
-    def _void_cut_record(self, cut: str, state: CutState, event: ContinuationEnded) -> None:
-        """PS-6: the durable cut record follows the in-memory marker; ``event`` tells it after.
-
-        The write is queued here and made by ``_flush_voids``: awaited in line by the async
-        paths (a send crossing the point of no return, a stream's start, a failure), started
-        at once by the synchronous ones (Stop, a clear, disposal), always in marker order.
-        """
-        row_id = self._cut_rows.pop(cut, None)
-        if row_id is not None:
-            self._pending_voids.append((row_id, state, event))
+        if isinstance(outcome, Refused | Withdrawn):
+            await self._perform([*machine.not_started(outcome, context), Flush()])
         else:
-            self._ended_unwritten[cut] = (state, event)  # its row is being written
+            await self._on_outcome(outcome, context)
 
-    def _cut_written(self, cut: str, row_id: str) -> bool:
-        """The row carrying ``cut``'s record is durable; ``True`` if its end must follow now.
-
-        A continuation that ended while the row was being written (a Stop, a clear) left no
-        row to void: the record is queued for its end here, so it never stays owed.
-        """
-        ended = self._ended_unwritten.pop(cut, None)
-        if ended is None:
-            self._cut_rows[cut] = row_id
-            return False
-        self._pending_voids.append((row_id, *ended))
-        return True
-
-    def _tell_unwritten(self) -> None:
-        """A turn's outcome came and no row took the cut's record: tell what stayed untold.
-
-        Only the in-memory marker ever existed (its row's write failed or never came), so
-        there is nothing durable to wait for.
-        """
-        owed, self._untold_owed = self._untold_owed, None
-        if owed is not None:
-            self._emit(owed)
-        ended = list(self._ended_unwritten.values())
-        self._ended_unwritten.clear()
-        for _, event in ended:
-            self._emit(event)
-
-    async def _flush_voids(self) -> None:
-        """Make every queued cut-record state change durable, in order; then tell each."""
-        while self._pending_voids:
-            row_id, state, event = self._pending_voids.pop(0)
-            await self._store.set_cut_state(self.id, row_id, state)
-            self._emit(Persisted(session=self.id, what="cut-void", id=row_id))
-            if event is not None:
-                self._emit(event)
-
-    def _flush_voids_soon(self) -> None:
-        if self._pending_voids:
-            self._run(self._flush_voids)
-
-    @abstractmethod
-    def _schedule_sweep(self) -> None:
-        """AS-2: run the sweep once the current handler's synchronous work is done."""
-
-    @abstractmethod
-    def _drain(self) -> None:
-        """AS-13: dispatch the queue's head entry, or sweep when there is none."""
-
-    # ------------------------------------------------------------ queue
+    # ------------------------------------------------------------ the queue
 
     def _queue(self, message: NewMessage, *, key: str | None = None) -> Queued | Rejected:
-        outcome = self.queue.add(message) if key is None else self.queue.add_once(message, key)
+        queue = self._machine.queue
+        outcome = queue.add(message) if key is None else queue.add_once(message, key)
         if isinstance(outcome, Queued):
-            entry = self.queue.get(outcome.entry_id)
+            entry = queue.get(outcome.entry_id)
             assert entry is not None
             self._emit(
                 EntryQueued(
@@ -467,8 +519,7 @@ class SessionCore(ABC):
         outcome = self._queue(message, key=dedupe_key)
         if isinstance(outcome, Rejected):
             raise UsageError(f"session {self.id}: {outcome.detail}")
-        if not self.busy:
-            self._drain()
+        self._do(self._machine.queued())
         return outcome
 
     def withdraw(self, entry: str, reason: str = "withdrawn") -> bool:
@@ -484,17 +535,7 @@ class SessionCore(ABC):
             UnknownEntry: no queued or dispatching entry has that id.
             InvalidEntry: the entry has no cancel token.
         """
-        dispatching = self._dispatching
-        if dispatching is not None and dispatching[0] == entry and self.queue.get(entry) is None:
-            return dispatching[1].cancel(reason)
-        return self.queue.withdraw(entry, reason)
-
-    def _queue_user(
-        self, text: str, entry: str | None, mode: DispatchMode | str, options: SendOptions | None
-    ) -> None:
-        outcome = self._queue(NewMessage(text=text, id=entry, mode=mode, options=options))
-        if isinstance(outcome, Rejected):
-            raise UsageError(f"session {self.id}: {outcome.detail}")
+        return self._machine.withdraw(entry, reason)
 
     def clear_queue(self, reason: str = "cleared", *, hard_stop: bool = False) -> None:
         """AS-16: clear the queue; a hard-stop clear forfeits the owed continuation first (R23).
@@ -503,23 +544,14 @@ class SessionCore(ABC):
         entries hear of it after any forfeit (R32); then the sweep runs.
         """
         self._alive()
-        before = {e.id: e for e in self.queue}
-        if hard_stop:
-            self._soft_stop_in_flight = False
-            self._end_marker(EndedHow.FORFEITED, "hard-stop queue clear")
-        removed = self.queue.clear()
-        self._emit(QueueCleared(session=self.id, entries=tuple(before), hard_stop=hard_stop))
-        self._cancel_removed(removed, reason, before)
-        self._flush_voids_soon()
+        self._do(self._machine.clear(reason, hard_stop=hard_stop))
 
     def remove_dedupe(self, prefix: str, reason: str = "removed") -> int:
         """AS-16: remove the queued messages whose dedupe keys start with ``prefix``."""
         self._alive()
-        before = {e.id: e for e in self.queue}
-        removal = self.queue.remove_by_dedupe_key_prefix(prefix)
-        self._cancel_removed(removal.removed_entries, reason, before)
-        self._flush_voids_soon()
-        return removal.removed_messages
+        removed, effects = self._machine.remove_dedupe(prefix, reason)
+        self._do(effects)
+        return removed
 
     def restore_queue(self) -> str:
         """AS-17: give user-authored text back for the composer and cancel the rest.
@@ -528,57 +560,63 @@ class SessionCore(ABC):
             The restored text (empty when nothing user-authored was queued).
         """
         self._alive()
-        before = {e.id: e for e in self.queue}
-        restored = self.queue.restore_to_input()
-        self._emit(QueueCleared(session=self.id, entries=tuple(before), hard_stop=False))
-        self._cancel_removed(restored.removed, "restored to input", before)
-        self._flush_voids_soon()
-        return restored.text
+        text, effects = self._machine.restore()
+        self._do(effects)
+        return text
 
-    def _cancel_removed(
+    # ------------------------------------------------------------ sending
+
+    def send(
         self,
-        removed: list[EntryCallbacks],
-        reason: str,
-        before: Mapping[str, EntrySnapshot],
+        text: str,
+        *,
+        entry: str | None = None,
+        mode: DispatchMode | str = DispatchMode.TOOL_END,
+        options: SendOptions | None = None,
     ) -> None:
-        """Run the removed entries' cancellations in order, then sweep (AS-16, R32).
+        """A user message: queued while the session is busy (AS-12), else sent now.
 
-        A removed entry that continues the owed turn (its correlation, or a live wake while a
-        correlated continuation is owed) is that turn's terminal path: the continuation is
-        forfeited before any cancellation runs, so the sweep cannot resume a turn whose
-        owner the cancellation is about to settle.
+        Raises:
+            SessionDisposed: the session is disposed.
+            UsageError: the queue refused the message (blank text, a duplicate entry id).
         """
-        marker = self.continuation.marker
-        if marker is not None and marker.correlation is not None:
-            for callbacks in removed:
-                entry = before.get(callbacks.entry_id)
-                if entry is not None and (
-                    entry.correlation == marker.correlation
-                    or (entry.kind is EntryKind.WAKE and not entry.withdrawn)
-                ):
-                    self._end_marker(EndedHow.FORFEITED, "its queued continuation was removed")
-                    break
-        for callbacks in removed:
-            self._emit(EntryCanceled(session=self.id, entry=callbacks.entry_id, reason=reason))
-        for entry_id, error in notify_all_canceled(removed, reason):
-            log.warning("cancellation callback of %s failed: %r", entry_id, error)
-        self._schedule_sweep()
+        self._alive()
+        machine = self._machine
+        if machine.busy:
+            outcome = self._queue(NewMessage(text=text, id=entry, mode=mode, options=options))
+            if isinstance(outcome, Rejected):
+                raise UsageError(f"session {self.id}: {outcome.detail}")
+            return
+        machine.direct_send()  # R3: the sweep yields until this send claims or fails
+        turn = TurnInput(text=text, entry_id=entry, options=options)
+
+        async def direct() -> None:
+            result = await self._pipeline.run(turn)
+            if not isinstance(result, Accepted):
+                machine.release_preflight()
+                self._check_idle()
+                await self._perform(
+                    [
+                        *machine.to_idle_from(Phase.PREPARING),
+                        Feed(machine.schedule_sweep),  # R3: a failed preflight send sweeps again
+                        Feed(machine.drain_if_idle),
+                    ]
+                )
+
+        self._run(direct)
 
     # ------------------------------------------------------------ turn settings
 
     def set_thinking(self, level: str) -> None:
         """Change the thinking level: mid-turn it is applied at the next step; else from now."""
         self._alive()
-        if self._thinking is not None:
-            self._thinking.pending = level
-        else:
-            self.thinking_level = level
+        self._machine.set_thinking(level)
 
     def set_scratchpad(self, text: str | None) -> None:
         """The live scratchpad text passed to every request (never persisted, R26)."""
-        self.scratchpad = text
+        self._machine.scratchpad = text
 
-    # ------------------------------------------------------------ stops
+    # ------------------------------------------------------------ user actions
 
     def stop(self) -> str:
         """AS-30: a user Stop.
@@ -591,20 +629,86 @@ class SessionCore(ABC):
             entries are cancelled, never given back.
         """
         self._alive()
-        self._end_marker(EndedHow.WITHDRAWN, "user stop")
-        if self._prepared_abort is not None:
-            self._prepared_abort.cancel(AbortReason.USER.value)
-        self._soft_stop_in_flight = False
-        self._active_tools.clear()
-        self._manager.request_stop_nowait(self.id, reason=AbortReason.USER)
-        restored = self.restore_queue()
-        self._flush_voids_soon()
-        return restored
+        self._do(self._machine.stop())
+        return self.restore_queue()
 
     def hard_stop(self) -> None:
         """TD-7: a task hard stop: clear the queue with ``hard_stop`` first, then stop (system)."""
         self._alive()
-        self.clear_queue("hard stop", hard_stop=True)
-        if self._prepared_abort is not None:
-            self._prepared_abort.cancel(AbortReason.SYSTEM.value)
-        self._manager.request_stop_nowait(self.id, reason=AbortReason.SYSTEM)
+        self._do(self._machine.hard_stop())
+
+    def send_now(self) -> bool:
+        """AS-18: send the oldest queued user message now, interrupting what runs (``user``).
+
+        Returns:
+            ``False`` when no user-authored entry is queued (nothing changes).
+        """
+        self._alive()
+        sent, effects = self._machine.send_now()
+        self._do(effects)
+        return sent
+
+    async def edit(self, row_id: str, text: str) -> str:
+        """AS-6: replace user row ``row_id`` and everything after it with a new send of ``text``.
+
+        A running turn is interrupted (``user``) and its partial abandoned; the owed
+        continuation is withdrawn (ST-5); queued input is restored (and returned) before the
+        history is truncated; then ``text`` is sent like any message.
+
+        Raises:
+            UsageError: ``row_id`` is not a row of this session's history.
+        """
+        self._alive()
+        machine = self._machine
+        rows = await self._store.history(self.id)
+        target = next((row for row in rows if row.row_id == row_id), None)
+        if target is None:
+            raise UsageError(f"session {self.id}: no history row {row_id!r} to edit")
+        failure = machine.validate(TurnInput(text=text))
+        if failure is not None:  # AS-5: validated before any history change
+            raise UsageError(f"session {self.id}: {failure.message}")
+        await self._perform(machine.edit_begins())
+        try:
+            self._do(machine.edit_interrupts())
+            await self.wait_idle()
+            machine.edit_settled()
+            restored = self.restore_queue()
+            doomed = [
+                row.row_id for row in await self._store.history(self.id) if row.seq >= target.seq
+            ]
+            await self._store.delete_rows(self.id, doomed)
+        finally:
+            machine.defer_drain = False
+        self.send(text)
+        return restored
+
+    def discard_context(self) -> None:
+        """R27: a context-discarding history mutation forfeits the owed continuation.
+
+        The history is cleared (in a task; ``wait_idle`` waits for it). Allowed only while the
+        session is idle.
+
+        Raises:
+            UsageError: the session is busy.
+        """
+        self._alive()
+        if self.busy:
+            raise UsageError(f"session {self.id}: history can be discarded only while idle")
+        self._do(self._machine.discard())
+
+        async def discard() -> None:
+            await self._flush()
+            rows = await self._store.history(self.id)
+            await self._store.delete_rows(self.id, [row.row_id for row in rows])
+
+        self._run(discard)
+
+    async def dispose(self) -> None:
+        """AS-31: forfeit the owed continuation (R27), abort a resume (R18), stop the stream."""
+        machine = self._machine
+        if machine.disposed:
+            return
+        await self._perform([*machine.dispose(), Flush()])
+        self._do(machine.disposed_now())
+        await self._manager.stop_stream(self.id, reason=AbortReason.SYSTEM)
+        self._do(machine.disposal_done())

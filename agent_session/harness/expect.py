@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from agent_session._rows import unanswered
-from agent_session._session_resume import AgentSession
+from agent_session._session import AgentSession
 from agent_session.harness.scenario import Expect
 from agent_session.harness.trace import TraceLine
 from persistence import Store

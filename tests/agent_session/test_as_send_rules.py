@@ -819,7 +819,7 @@ async def test_as9_acceptance_opens_a_fresh_thinking_holder_for_the_turn() -> No
         {"M": [T_("bash"), T_("bash"), X("done")]},
         tools=[HookTool("bash", before=change_thinking)],
     ) as r:
-        r.session().thinking_level = "low"
+        r.session().set_thinking("low")
         r.session().send("go")
         await r.settle()
         assert [q.thinking_level for q in r.models["M"].requests] == ["low", "high", "high"]

@@ -1,7 +1,7 @@
 """A hypothesis state machine over the owed-continuation bookkeeping (the ST rules).
 
 The machine drives the pure functions of ``agent_session._continuation`` the way the session
-shell (``_session_turns``) does, beside a small model of the session: its phase (moved through
+machine (``_machine``) does, beside a small model of the session: its phase (moved through
 ``next_phase``, so every move respects the phase table), who holds PREPARING (a manual send, a
 dequeued entry or a resume), the queue's length, manual sends in preflight, external follow-ups,
 disposal, and a log of every cut and how it ended. The model decides what *should* be owed; the

@@ -1,0 +1,144 @@
+"""The stream launcher: a turn's stream from durable history, and its durable writes.
+
+It reads the session's history (adding the ``Continue`` sentinel a history ending in tool
+results needs, R34), asks the stream manager for the stream and makes durable what the stream
+manager asks for while it runs: the turn envelope when the stream is constructed (B3), the
+consumed continuation's record once the stream started, and the final assistant row (B5),
+which carries the cut record when the stream was cut (R60). What each write means for the
+session is the turn machine's to decide; the launcher only performs and reports back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+
+from agent_session._effects import Feed, Flush
+from agent_session._rows import (
+    CONTINUE_TEXT,
+    RowBody,
+    encode_body,
+    needs_continue_sentinel,
+    to_messages,
+)
+from message_queue import DispatchMode
+from persistence import HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
+from stream_manager import Persisted, Refused, StreamRequest, Withdrawn
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from agent_session._effects import Effect
+    from agent_session._events import EngineEvent
+    from agent_session._machine import TurnMachine
+    from agent_session._turn import StreamContext
+    from message_queue import CancelToken
+    from persistence import Store
+    from stream_manager import Ended, StreamInfo, StreamManager, StreamOutcome
+
+log = logging.getLogger("turnkeeper.session")
+
+
+class StreamLauncher:
+    """Launches one session's streams and performs their durable writes."""
+
+    __slots__ = ("_emit", "_machine", "_manager", "_perform", "_store")
+
+    def __init__(
+        self,
+        machine: TurnMachine,
+        *,
+        store: Store,
+        manager: StreamManager,
+        emit: Callable[[EngineEvent], None],
+        perform: Callable[[list[Effect]], Awaitable[None]],
+    ) -> None:
+        self._machine = machine
+        self._store = store
+        self._manager = manager
+        self._emit = emit
+        self._perform = perform
+
+    async def launch(self, context: StreamContext, abort: CancelToken) -> StreamOutcome:
+        """AS-22: stream from history under ``context``; return the stream's outcome."""
+        machine = self._machine
+        session = machine.id
+        rows = await self._store.history(session)
+        sentinel: HistoryRow | None = None
+        if needs_continue_sentinel(rows):
+            sentinel = machine.new_row(RowKind.SENTINEL, encode_body(RowBody(text=CONTINUE_TEXT)))
+            await self._store.append([sentinel])
+            self._emit(Persisted(session=session, what="sentinel", id=sentinel.row_id))
+            rows = [*rows, sentinel]
+        machine.launching(context)
+        request = StreamRequest(
+            session=session,
+            model=context.model,
+            messages=to_messages(rows),
+            stream_id=machine.next_stream_id(),
+            cause=context.cause,
+            handle=context.correlation.handle_id if context.correlation else None,
+            step_budget=context.step_budget,
+            fallback_progress=context.progress,
+            correlation=context.correlation,
+            extra_system_context=context.extra_system_context,
+            thinking_level=context.thinking_level,
+            thinking_for_step=machine.thinking_for_step,
+            has_queued_tool_end=self._has_queued_tool_end,
+            on_queued_message_stop=machine.queued_stop,
+            on_stream_constructed=self._write_envelope,
+            on_started=self._started,
+            on_complete=self._write_final,
+            abort=abort,
+        )
+        try:
+            outcome = await self._manager.start_stream(request)
+        except BaseException:
+            if sentinel is not None:  # R34: a launch that failed leaves no orphan sentinel
+                with anyio.CancelScope(shield=True):
+                    await self._delete_sentinel(sentinel)
+            raise
+        if isinstance(outcome, Refused | Withdrawn) and sentinel is not None:
+            await self._delete_sentinel(sentinel)  # R34
+        return outcome
+
+    async def _delete_sentinel(self, sentinel: HistoryRow) -> None:
+        try:
+            await self._store.delete_rows(sentinel.session, [sentinel.row_id])
+        except TurnkeeperError as error:  # the launch's own failure is what the caller reports
+            log.warning("could not remove the sentinel %s: %s", sentinel.row_id, error)
+
+    def _has_queued_tool_end(self) -> bool:
+        return self._machine.queue.has_queued(DispatchMode.TOOL_END)
+
+    async def _write_envelope(self, info: StreamInfo) -> None:
+        """B3: the durable turn envelope, written when the stream is constructed."""
+        context = self._machine.context
+        await self._store.put_envelope(
+            TurnEnvelope(
+                session=info.session,
+                stream=info.stream,
+                model=info.model,
+                budget=info.budget,
+                cause=context.cause.value,
+                handle=context.correlation.handle_id if context.correlation else None,
+            )
+        )
+        self._emit(Persisted(session=info.session, what="envelope", id=info.stream))
+
+    async def _started(self) -> None:
+        """The stream started: commit the consumed cut's record, then tell it (and the resume).
+
+        The stream manager awaits this before the stream's first step.
+        """
+        await self._perform([Flush(), Feed(self._machine.started_durable)])
+
+    async def _write_final(self, ended: Ended) -> None:
+        """B5: the final assistant row; a cut's row carries the durable cut record (R60)."""
+        row = self._machine.final_row(ended)
+        await self._store.append([row])
+        what = "cut" if row.cut is not None else "assistant"
+        self._emit(Persisted(session=row.session, what=what, id=row.row_id))
+        await self._perform(self._machine.final_written(row))

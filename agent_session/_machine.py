@@ -1,0 +1,949 @@
+"""The turn machine: every rule of one session's turns, with no I/O (``docs/session.md``).
+
+Theory of operation
+-------------------
+The machine holds the whole state of a session's turns in one place: the phase, the owed
+continuation, the queue it drains, the flags of a turn in flight (a pending soft stop, the
+tools running, a send-now, an edit waiting) and the durable bookkeeping of cut records (which
+row carries each cut's record, the record changes not yet written, what is decided and not yet
+told). Each input (a send, a queue change, a stream event, a stream outcome, a store result, a
+host action) is a method that changes that state and returns the effects the shell must
+perform (``_effects``): events to tell, records to commit, a stream to stop, a pipeline or a
+resume to run. No awaits, no clock, no store: the state is consistent whenever an effect runs,
+so a host call made from an observer is simply the next input.
+
+Decide, persist, tell: a continuation that ends is dropped from memory at once (nothing acts
+on it any more); its record change is queued, and its ``continuation-ended`` travels with the
+change, told only after the :class:`~agent_session._effects.Flush` that commits it. A cut's
+``owed`` is told only once the row carrying its record commits. Where a decision must wait
+for a write, the machine returns the write followed by a :class:`~agent_session._effects.Feed`
+of the rest of the decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from agent_session._continuation import (
+    Continuation,
+    EndedHow,
+    ForfeitAtCap,
+    Marker,
+    StartResume,
+    SweepSnapshot,
+    apply_sweep,
+    consume,
+    drop,
+    owe,
+    plan_sweep,
+    resume_failed,
+    resume_settled,
+    retry_safe,
+)
+from agent_session._effects import (
+    AbortPrepared,
+    AbortResume,
+    CancelRemoved,
+    CommitRows,
+    Dispatch,
+    Effect,
+    Emit,
+    Feed,
+    Flush,
+    ScheduleSweep,
+    StopStream,
+)
+from agent_session._effects import StartResume as StartResumeEffect
+from agent_session._events import (
+    ContinuationEnded,
+    ContinuationOwed,
+    EntryCanceled,
+    EntryDequeued,
+    PhaseChanged,
+    QueueCleared,
+    ResumeAttempted,
+)
+from agent_session._phases import Phase, next_phase
+from agent_session._rows import body_from_parts, cut_record, encode_body
+from agent_session._turn import StreamContext, TurnInput
+from message_queue import DispatchMode, EntryKind, MessageQueue, SendFailure, SendOptions
+from persistence import CutState, HistoryRow, RowKind
+from stream_manager import (
+    Aborted,
+    AbortReason,
+    Ended,
+    Failed,
+    QueuedStopReport,
+    Refused,
+    StartCause,
+    StreamOutcome,
+    Withdrawn,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from message_queue import CancelToken, Correlation, EntryCallbacks, EntrySnapshot
+
+_STATE_OF: dict[EndedHow, CutState] = {
+    EndedHow.WITHDRAWN: CutState.WITHDRAWN,
+    EndedHow.FORFEITED: CutState.FORFEITED,
+    EndedHow.VOIDED: CutState.VOIDED,
+    EndedHow.CONSUMED: CutState.CONSUMED,
+}
+
+
+class ThinkingHolder:
+    """A turn's thinking level: the original, a pending mid-turn change, the applied one."""
+
+    __slots__ = ("applied", "original", "pending")
+
+    def __init__(self, original: str | None) -> None:
+        self.original = original
+        self.pending: str | None = None
+        self.applied: str | None = None
+
+    def for_step(self) -> str | None:
+        """The level a step prepares with; a pending change becomes applied here."""
+        if self.pending is not None:
+            self.applied, self.pending = self.pending, None
+        return self.applied if self.applied is not None else self.original
+
+    def at_cut(self) -> str | None:
+        """R20: ``pending ?? applied ?? original``."""
+        for level in (self.pending, self.applied):
+            if level is not None:
+                return level
+        return self.original
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CutChange:
+    """A cut record's state change waiting for its write, with the event that tells it."""
+
+    row_id: str
+    state: CutState
+    #: ``None``: nothing to tell (the cut was never told owed).
+    told: ContinuationEnded | None
+
+
+class TurnMachine:
+    """One session's turn rules: inputs in, effects out (see the module docstring)."""
+
+    # Slots: thousands of idle sessions share one process; a per-instance dict costs ~1.6 KB.
+    __slots__ = (
+        "_abandon_partial",
+        "_active_tools",
+        "_cut_rows",
+        "_ended_unwritten",
+        "_known_models",
+        "_resume_armed",
+        "_resume_cap",
+        "_seq",
+        "_soft_stop",
+        "_stamp",
+        "_stream_n",
+        "_untold_owed",
+        "_untold_resume",
+        "context",
+        "continuation",
+        "defer_drain",
+        "dispatching",
+        "disposed",
+        "id",
+        "manual_preflight",
+        "model",
+        "pending",
+        "phase",
+        "queue",
+        "scratchpad",
+        "send_now_pending",
+        "sweep_scheduled",
+        "thinking",
+        "thinking_level",
+    )
+
+    def __init__(
+        self,
+        session_id: str,
+        model: str,
+        *,
+        known_models: frozenset[str],
+        resume_attempt_cap: int,
+        queue: MessageQueue | None = None,
+        next_seq: int = 1,
+        next_stream: int = 1,
+    ) -> None:
+        self.id = session_id
+        self.model = model
+        self._known_models = known_models
+        self._resume_cap = resume_attempt_cap
+        self.queue = queue if queue is not None else MessageQueue()
+        self.phase = Phase.IDLE
+        self.continuation = Continuation()
+        self.disposed = False
+        self._seq = next_seq
+        self._stream_n = next_stream
+        #: R3: manual sends in preflight (the sweep yields until each claims or fails).
+        self.manual_preflight = 0
+        self._soft_stop = False
+        self._active_tools: set[str] = set()
+        self._resume_armed = False  # a resume in flight can be aborted
+        self.sweep_scheduled = False
+        self._cut_rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
+        #: Cut-record changes to commit, in marker order (``Flush`` writes, then tells).
+        self.pending: deque[CutChange] = deque()
+        #: A normal cut's ``owed``, told once the row carrying its record commits (R60).
+        self._untold_owed: ContinuationOwed | None = None
+        #: A resume's ``started``, told once the consumed cut's record commits.
+        self._untold_resume: ResumeAttempted | None = None
+        #: Cuts that ended while their row was being written: ended as soon as it is durable.
+        self._ended_unwritten: dict[str, tuple[CutState, ContinuationEnded]] = {}
+        self.send_now_pending = False  # AS-18: the interrupted stream's abort drains
+        self.defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
+        self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
+        self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
+        #: AS-3: the entry dequeued and not yet accepted, with its cancel token (if it has one).
+        self.dispatching: tuple[str, CancelToken] | None = None
+        self.context = StreamContext(model=model, cause=StartCause.SEND)
+        #: The session's thinking level between turns; a turn's holder tracks mid-turn changes.
+        self.thinking_level: str | None = None
+        self.thinking: ThinkingHolder | None = None
+        #: The live scratchpad (``additionalSystemContext``) the host keeps up to date (R26).
+        self.scratchpad: str | None = None
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running or claimed, or a manual send is in preflight."""
+        return self.phase is not Phase.IDLE or self.manual_preflight > 0
+
+    @property
+    def soft_stop_in_flight(self) -> bool:
+        """A queued-message soft stop was requested and has not landed."""
+        return self._soft_stop
+
+    def owes(self) -> bool:
+        """Whether a continuation is owed right now."""
+        return self.continuation.marker is not None
+
+    # ------------------------------------------------------------ ids
+
+    def new_row(self, kind: RowKind, body: bytes, **fields: object) -> HistoryRow:
+        """A history row of this session with the next sequence number."""
+        seq = self._seq
+        self._seq += 1
+        return HistoryRow(
+            session=self.id,
+            seq=seq,
+            row_id=f"{self.id}:r{seq}",
+            kind=kind,
+            body=body,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def next_stream_id(self) -> str:
+        """The id of the session's next stream."""
+        stream = f"{self.id}/{self._stream_n}"
+        self._stream_n += 1
+        return stream
+
+    # ------------------------------------------------------------ phase
+
+    def _move(self, to: Phase) -> list[Effect]:
+        """Move the phase by the table (AS-1, AS-2); an illegal move raises, nothing changes."""
+        current = self.phase
+        self.phase = next_phase(self.id, current, to)
+        effects: list[Effect] = [Emit(PhaseChanged(session=self.id, from_=current, to=to))]
+        if to is Phase.IDLE:
+            self._soft_stop = False
+            self._active_tools.clear()
+            self.thinking = None  # AS-1: the turn's thinking holder expires
+            effects += self._schedule_sweep()
+        return effects
+
+    def _to_idle_from(self, *phases: Phase) -> list[Effect]:
+        return self._move(Phase.IDLE) if self.phase in phases else []
+
+    def to_idle_from(self, *phases: Phase) -> list[Effect]:
+        """Return to IDLE when the phase is one of ``phases`` (a turn that went nowhere)."""
+        return self._to_idle_from(*phases)
+
+    def _schedule_sweep(self) -> list[Effect]:
+        if self.sweep_scheduled or self.disposed:
+            return []
+        self.sweep_scheduled = True
+        return [ScheduleSweep()]
+
+    def schedule_sweep(self) -> list[Effect]:
+        """AS-2: schedule the idle sweep (once; a scheduled sweep covers every later call)."""
+        return self._schedule_sweep()
+
+    # ------------------------------------------------------------ continuation endings
+
+    def _end(self, how: EndedHow, why: str) -> list[Effect]:
+        """Withdraw, forfeit or void the owed continuation, and abort an in-flight resume.
+
+        The marker goes at once; its record change is queued with the event that tells it.
+        """
+        self.continuation, marker = drop(self.continuation)
+        effects: list[Effect] = []
+        if self._resume_armed:
+            effects.append(AbortResume())
+        if marker is not None:
+            told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
+            self._change_record(marker.cut, _STATE_OF[how], told)
+        return effects
+
+    def _change_record(self, cut: str, state: CutState, told: ContinuationEnded) -> None:
+        """PS-6: the durable record follows the marker; ``told`` tells it after the write."""
+        row_id = self._cut_rows.pop(cut, None)
+        if row_id is not None:
+            self.pending.append(CutChange(row_id, state, told))
+        else:
+            self._ended_unwritten[cut] = (state, told)  # its row is being written
+
+    def take_change(self) -> CutChange | None:
+        """The oldest record change waiting for its write (the shell writes, then tells)."""
+        return self.pending.popleft() if self.pending else None
+
+    def adopt_owed(self, marker: Marker, row_id: str) -> None:
+        """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``."""
+        self.continuation, _ = owe(self.continuation, marker)
+        self._cut_rows[marker.cut] = row_id
+
+    # ------------------------------------------------------------ the queue
+
+    def drain(self) -> list[Effect]:
+        """AS-13: dispatch one head entry (withdrawn ones too, so they cancel), else sweep."""
+        if self.disposed:
+            return []
+        self._soft_stop = False
+        if self.defer_drain:
+            return []  # AS-15: an edit is waiting; it restores the queue itself
+        if self.queue.is_empty:
+            return self._schedule_sweep()  # AS-14
+        entry = self.queue.dequeue_next()
+        token = entry.cancel_token
+        self.dispatching = (entry.entry_id, token) if token is not None else None
+
+        def dispatch() -> list[Effect]:
+            turn = TurnInput.from_dequeued(entry)
+            stamp, self._stamp = self._stamp, None
+            if stamp is not None and stamp[0] == entry.entry_id and turn.correlation is None:
+                turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
+            return [Dispatch(turn, token)]
+
+        dequeued = Emit(EntryDequeued(session=self.id, entry=entry.entry_id))
+        return [dequeued, Feed(lambda: [*self._move(Phase.PREPARING), Feed(dispatch)])]
+
+    def dispatched(self, token: CancelToken | None) -> None:
+        """The dequeued entry was accepted, cancelled or failed: it is past AS-3."""
+        if self.dispatching is not None and self.dispatching[1] is token:
+            self.dispatching = None
+
+    def withdraw(self, entry: str, reason: str) -> bool:
+        """Fire the cancel token of ``entry``, queued or dequeued and not yet accepted (AS-3).
+
+        Raises:
+            UnknownEntry: no queued or dispatching entry has that id.
+            InvalidEntry: the entry has no cancel token.
+        """
+        dispatching = self.dispatching
+        if dispatching is not None and dispatching[0] == entry and self.queue.get(entry) is None:
+            return dispatching[1].cancel(reason)
+        return self.queue.withdraw(entry, reason)
+
+    def drain_if_idle(self) -> list[Effect]:
+        """Drain, when nothing holds the session (idle, no manual send in preflight)."""
+        if self.phase is Phase.IDLE and self.manual_preflight == 0:
+            return self.drain()
+        return []
+
+    def queued(self) -> list[Effect]:
+        """A message was queued: an idle session drains it at once."""
+        return [] if self.busy else self.drain()
+
+    def removed(
+        self,
+        removed: list[EntryCallbacks],
+        reason: str,
+        before: Mapping[str, EntrySnapshot],
+    ) -> list[Effect]:
+        """Entries left the queue: their cancellations run in order, then the sweep (AS-16, R32).
+
+        A removed entry that continues the owed turn (its correlation, or a live wake while a
+        correlated continuation is owed) is that turn's terminal path: the continuation is
+        forfeited before any cancellation runs, so the sweep cannot resume a turn whose owner
+        the cancellation is about to settle.
+        """
+        effects: list[Effect] = []
+        marker = self.continuation.marker
+        if marker is not None and marker.correlation is not None:
+            for callbacks in removed:
+                entry = before.get(callbacks.entry_id)
+                if entry is not None and (
+                    entry.correlation == marker.correlation
+                    or (entry.kind is EntryKind.WAKE and not entry.withdrawn)
+                ):
+                    effects += self._end(EndedHow.FORFEITED, "its queued continuation was removed")
+                    break
+        effects += [
+            Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason=reason)) for c in removed
+        ]
+        effects.append(CancelRemoved(tuple(removed), reason))
+        effects.append(Feed(self._schedule_sweep))
+        return effects
+
+    def clear(self, reason: str, *, hard_stop: bool) -> list[Effect]:
+        """AS-16: clear the queue; a hard-stop clear forfeits the owed continuation first (R23).
+
+        A plain (user) clear keeps the continuation and a pending soft stop (R53).
+        """
+        before = {e.id: e for e in self.queue}
+        effects: list[Effect] = []
+        if hard_stop:
+            self._soft_stop = False
+            effects += self._end(EndedHow.FORFEITED, "hard-stop queue clear")
+        removed = self.queue.clear()
+        cleared = QueueCleared(session=self.id, entries=tuple(before), hard_stop=hard_stop)
+        effects.append(Emit(cleared))
+        effects.append(Feed(lambda: self.removed(removed, reason, before)))
+        effects.append(Flush())
+        return effects
+
+    def restore(self) -> tuple[str, list[Effect]]:
+        """AS-17: give user-authored text back for the composer and cancel the rest."""
+        before = {e.id: e for e in self.queue}
+        restored = self.queue.restore_to_input()
+        cleared = QueueCleared(session=self.id, entries=tuple(before), hard_stop=False)
+        effects: list[Effect] = [Emit(cleared)]
+        effects.append(Feed(lambda: self.removed(restored.removed, "restored to input", before)))
+        effects.append(Flush())
+        return restored.text, effects
+
+    def remove_dedupe(self, prefix: str, reason: str) -> tuple[int, list[Effect]]:
+        """AS-16: remove the queued messages whose dedupe keys start with ``prefix``."""
+        before = {e.id: e for e in self.queue}
+        removal = self.queue.remove_by_dedupe_key_prefix(prefix)
+        effects = self.removed(removal.removed_entries, reason, before)
+        effects.append(Flush())
+        return removal.removed_messages, effects
+
+    # ------------------------------------------------------------ the sweep
+
+    def sweep(self) -> list[Effect]:
+        """ST-7: resume a stranded turn when every precondition holds; idempotent."""
+        snapshot = SweepSnapshot(
+            disposed=self.disposed,
+            phase=self.phase,
+            queue_empty=self.queue.is_empty,
+            manual_in_preflight=self.manual_preflight,
+        )
+        action = plan_sweep(self.continuation, snapshot, self._resume_cap)
+        if isinstance(action, ForfeitAtCap):
+            why = f"{action.failed_attempts} resume attempts failed before a stream started (R21)"
+            return [*self._end(EndedHow.FORFEITED, why), Flush()]
+        if isinstance(action, StartResume):
+            self.continuation = apply_sweep(self.continuation, action)
+
+            def start() -> list[Effect]:
+                self.thinking = ThinkingHolder(action.marker.thinking_level)
+                self._resume_armed = True
+                return [StartResumeEffect(action.marker, action.attempt)]
+
+            return [*self._move(Phase.PREPARING), Feed(start)]  # R7: claimed before any await
+        return []
+
+    def sweep_due(self) -> list[Effect]:
+        """The scheduled sweep runs."""
+        self.sweep_scheduled = False
+        return self.sweep()
+
+    def resume_failed(self, marker: Marker, attempt: int) -> list[Effect]:
+        """ST-10: failed before start; owed still (R4), counted (R21), swept again (R43)."""
+        self.continuation = resume_failed(self.continuation)
+        self._resume_armed = False
+        told = ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
+        return [
+            Emit(told),
+            Feed(lambda: self._to_idle_from(Phase.PREPARING)),
+            Feed(self.drain_if_idle),
+        ]
+
+    def resume_context(self, marker: Marker, attempt: int) -> StreamContext:
+        """The stream context of a resume of ``marker`` (ST-8, ST-12, ST-13)."""
+        return StreamContext(
+            model=marker.model,
+            cause=StartCause.RESUME,
+            options=marker.options,
+            step_budget=marker.step_budget,
+            progress=marker.progress,
+            correlation=marker.correlation,
+            thinking_level=marker.thinking_level,
+            extra_system_context=marker.extra_system_context,
+            agent_initiated=marker.agent_initiated,
+            resume_of=(marker.cut, attempt),
+        )
+
+    # ------------------------------------------------------------ sends
+
+    def validate(self, turn: TurnInput) -> SendFailure | None:
+        """AS-5: before any history change."""
+        if not turn.text.strip() and not turn.attachments:
+            return SendFailure(type="empty_message", message="a message needs text or files")
+        model = (turn.options.model if turn.options else None) or self.model
+        if model not in self._known_models:
+            return SendFailure(type="invalid_model_string", message=f"unknown model {model!r}")
+        return None
+
+    def direct_send(self) -> None:
+        """R3: a manual send on an idle session enters preflight (the sweep yields to it)."""
+        self.manual_preflight += 1
+
+    def release_preflight(self) -> None:
+        """The manual send claimed PREPARING or failed: preflight is over."""
+        if self.manual_preflight:
+            self.manual_preflight -= 1
+
+    def supersede(self, turn: TurnInput, why: str) -> list[Effect]:
+        """R35: a durable row that does not continue the cut turn withdraws its continuation."""
+        marker = self.continuation.marker
+        if marker is None or _continues(turn, marker):
+            return []
+        return [*self._end(EndedHow.WITHDRAWN, why), Flush()]
+
+    def accepted(self, turn: TurnInput) -> list[Effect]:
+        """AS-10: an accepted direct send claims PREPARING (a drained entry already holds it)."""
+        if turn.dispatched:
+            return []
+
+        def released() -> list[Effect]:
+            self.release_preflight()
+            return []
+
+        return [*self._move(Phase.PREPARING), Feed(released)]
+
+    def turn_context(self, turn: TurnInput) -> StreamContext:
+        """AS-9: the accepted turn's stream context, with a fresh thinking holder."""
+        options = turn.options
+        model = (options.model if options else None) or self.model
+        thinking = (options.thinking_level if options else None) or self.thinking_level
+        self.thinking = ThinkingHolder(thinking)
+        return StreamContext(
+            model=model,
+            cause=turn.cause,
+            options=options or SendOptions(),
+            correlation=turn.correlation,
+            thinking_level=thinking,
+            extra_system_context=self.scratchpad,
+            agent_initiated=turn.kind is not EntryKind.USER,
+        )
+
+    # ------------------------------------------------------------ stream events
+
+    def launching(self, context: StreamContext) -> None:
+        """The session's stream is about to be requested with ``context``."""
+        self.context = context
+
+    def thinking_for_step(self) -> str | None:
+        """The thinking level a step prepares with (a mid-turn change applies here)."""
+        holder = self.thinking
+        return holder.for_step() if holder is not None else self.context.thinking_level
+
+    def set_thinking(self, level: str) -> None:
+        """Mid-turn the change applies at the next step; between turns, from now on."""
+        if self.thinking is not None:
+            self.thinking.pending = level
+        else:
+            self.thinking_level = level
+
+    def stream_started(self, stream: str, cause: StartCause) -> list[Effect]:
+        """AS-19, ST-4: STREAMING consumes the owed continuation, whoever started the stream.
+
+        The consumed record's change and the resume's ``started`` are told once
+        :meth:`started_durable` runs after the flush (the stream manager awaits it before the
+        stream's first step).
+        """
+        self._soft_stop = False
+        self._active_tools.clear()
+        return [*self._move(Phase.STREAMING), Feed(lambda: self._consume(stream, cause))]
+
+    def _consume(self, stream: str, cause: StartCause) -> list[Effect]:
+        self.continuation, marker = consume(self.continuation)
+        if marker is not None:
+            told = ContinuationEnded(
+                session=self.id,
+                cut=marker.cut,
+                how=EndedHow.CONSUMED,
+                why=f"stream {stream} started",
+            )
+            self._change_record(marker.cut, CutState.CONSUMED, told)
+        resume = self.context.resume_of
+        if resume is not None and cause is StartCause.RESUME:
+            self._untold_resume = ResumeAttempted(
+                session=self.id, cut=resume[0], attempt=resume[1], outcome="started"
+            )
+            self._resume_armed = False
+        return []
+
+    def started_durable(self) -> list[Effect]:
+        """The stream's start is durable: tell the resume's ``started``."""
+        started, self._untold_resume = self._untold_resume, None
+        return [Emit(started)] if started is not None else []
+
+    def tool_started(self, call: str) -> None:
+        """A tool call of the session's stream is running."""
+        self._active_tools.add(call)
+
+    def tool_ended(self, call: str, *, provider: bool) -> list[Effect]:
+        """AS-27: after a provider tool's result, soft-stop for a live queued tool-end entry."""
+        self._active_tools.discard(call)
+        if (
+            provider
+            and not self._active_tools
+            and self.phase is Phase.STREAMING
+            and not self._soft_stop
+            and self.queue.has_queued(DispatchMode.TOOL_END)
+        ):
+            self._soft_stop = True
+            return [StopStream(AbortReason.QUEUED_MESSAGE, soft=True)]
+        return []
+
+    def synthetic_abort(self, reason: AbortReason) -> list[Effect]:
+        """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume."""
+        if reason is AbortReason.QUEUED_MESSAGE:
+            return []
+        self._soft_stop = False
+        self._active_tools.clear()
+        if self.phase is Phase.PREPARING and self._resume_armed:
+            why = f"{reason} stop before the resume started"
+            return [*self._end(EndedHow.WITHDRAWN, why), Flush()]
+        return []
+
+    def queued_stop(self, report: QueuedStopReport) -> None:
+        """ST-2, R1: the cut is owed a continuation, recorded synchronously in the report.
+
+        ``owed`` is told once the row carrying the durable cut record commits (R60).
+        """
+        self._untold_owed = self._owe(report)
+
+    def _owe(self, report: QueuedStopReport) -> ContinuationOwed | None:
+        if report.steps_remaining <= 0:
+            return None  # R65
+        context = self.context
+        marker = Marker(
+            cut=report.stream,
+            model=report.model,
+            step_budget=report.steps_remaining,
+            progress=report.fallback_progress,
+            options=msgspec.structs.replace(retry_safe(context.options), model=report.model),
+            correlation=context.correlation,
+            agent_initiated=context.agent_initiated,
+            thinking_level=(  # R20: a pending change survives the cut
+                self.thinking.at_cut() if self.thinking is not None else context.thinking_level
+            ),
+            extra_system_context=self.scratchpad,  # R26: the live snapshot at the cut
+        )
+        self.continuation, _ = owe(self.continuation, marker)
+        handle = marker.correlation.handle_id if marker.correlation else None
+        return ContinuationOwed(
+            session=self.id,
+            cut=marker.cut,
+            remaining=marker.step_budget,
+            model=marker.model,
+            handle=handle,
+        )
+
+    # ------------------------------------------------------------ durable rows of a stream
+
+    def final_row(self, ended: Ended) -> HistoryRow:
+        """B5: the stream's final assistant row; a cut's row carries its cut record (R60)."""
+        record = None
+        owed = self._untold_owed
+        if ended.queued_stop is not None and owed is not None and owed.cut == ended.stream:
+            stop = ended.queued_stop
+            record = cut_record(
+                stop.steps_remaining, stop.model, stop.fallback_progress, self.context.correlation
+            )
+        body = body_from_parts(ended.parts, finish=ended.finish, model=ended.model)
+        return self.new_row(RowKind.ASSISTANT, encode_body(body), stream=ended.stream, cut=record)
+
+    def final_written(self, row: HistoryRow) -> list[Effect]:
+        """The final row is durable: a cut's ``owed`` is told now.
+
+        A continuation that ended while the row was being written follows at once (written,
+        then told).
+        """
+        if row.cut is None or row.stream is None:
+            return []
+        owed, self._untold_owed = self._untold_owed, None
+        stream, row_id = row.stream, row.row_id
+
+        def written() -> list[Effect]:
+            return [Flush()] if self._cut_written(stream, row_id) else []
+
+        return [Emit(owed), Feed(written)] if owed is not None else written()
+
+    def _cut_written(self, cut: str, row_id: str) -> bool:
+        ended = self._ended_unwritten.pop(cut, None)
+        if ended is None:
+            self._cut_rows[cut] = row_id
+            return False
+        state, told = ended
+        self.pending.append(CutChange(row_id, state, told))
+        return True
+
+    def _tell_unwritten(self) -> list[Effect]:
+        """A turn's outcome came and no row took the cut's record: tell what stayed untold."""
+        effects: list[Effect] = []
+        owed, self._untold_owed = self._untold_owed, None
+        if owed is not None:
+            effects.append(Emit(owed))
+        effects += [Emit(told) for _, told in self._ended_unwritten.values()]
+        self._ended_unwritten.clear()
+        return effects
+
+    # ------------------------------------------------------------ outcomes
+
+    def outcome(self, outcome: StreamOutcome, context: StreamContext) -> list[Effect]:
+        """A launched turn's outcome: what stayed untold is told, then the outcome's path."""
+
+        def after_telling() -> list[Effect]:
+            if self.disposed:
+                return []
+            if isinstance(outcome, Ended):
+                return self._ended()
+            if isinstance(outcome, Aborted):
+                return self._aborted(outcome)
+            if isinstance(outcome, Failed):
+                return self._failed()
+            return self.not_started(outcome, context)
+
+        return [*self._tell_unwritten(), Feed(after_telling)]
+
+    def _ended(self) -> list[Effect]:
+        """AS-24: a normal end; the queue's next entry takes over, else the session idles."""
+        return [
+            *self._move(Phase.COMPLETING),
+            Feed(self.drain),
+            Feed(lambda: self._to_idle_from(Phase.COMPLETING)),
+        ]
+
+    def _failed(self) -> list[Effect]:
+        """AS-25, R25: a stream error withdraws the continuation; the error path owns it."""
+
+        def withdraw() -> list[Effect]:
+            self.continuation = resume_settled(self.continuation)
+            why = "the stream failed; the error path owns it (R25)"
+            return [
+                *self._end(EndedHow.WITHDRAWN, why),
+                Flush(),
+                Feed(lambda: self._to_idle_from(Phase.COMPLETING)),
+            ]
+
+        return [*self._move(Phase.COMPLETING), Feed(withdraw)]
+
+    def not_started(self, outcome: Refused | Withdrawn, context: StreamContext) -> list[Effect]:
+        """The launch never reached stream-start (AS-10, ST-10)."""
+        self.send_now_pending = False  # the preempted turn never streamed; the drain serves it
+        effects: list[Effect] = []
+        resume = context.resume_of
+        if resume is not None:
+            self._resume_armed = False
+            self.continuation = resume_settled(self.continuation)
+            refused = outcome.why if isinstance(outcome, Refused) else None
+            how = "refused" if refused is not None else "withdrawn"
+            told = ResumeAttempted(session=self.id, cut=resume[0], attempt=resume[1], outcome=how)
+            effects.append(Emit(told))
+            if refused is not None:
+                why = f"admission refused: {refused}"
+                effects.append(Feed(lambda: self._end(EndedHow.FORFEITED, why)))
+        effects.append(Feed(lambda: self._to_idle_from(Phase.PREPARING)))
+        effects.append(Feed(self.drain_if_idle))
+        return effects
+
+    def _aborted(self, aborted: Aborted) -> list[Effect]:
+        """AS-23, AS-28: commit the partial; a queued-message soft stop may owe a continuation.
+
+        A soft-stop cut is one write: the partial row carries the durable cut record (R47,
+        R58); ``owed`` is told after it commits (R60).
+        """
+        moved = self._move(Phase.COMPLETING) if self.phase is Phase.STREAMING else []
+        return [*moved, Feed(lambda: self._commit_partial(aborted))]
+
+    def _commit_partial(self, aborted: Aborted) -> list[Effect]:
+        """B6: the partial row, with the cut record when it owes.
+
+        Nothing is written when the stream said nothing, or an edit abandons it (AS-6).
+        """
+        meta = aborted.metadata
+        owes = (
+            self._soft_stop
+            and aborted.reason is AbortReason.QUEUED_MESSAGE
+            and not meta.required_tool_satisfied
+            and meta.steps_remaining > 0
+        )
+        abandon, self._abandon_partial = self._abandon_partial, False
+        effects: list[Effect] = []
+        row: HistoryRow | None = None
+        if aborted.parts and not abandon:
+            record = None
+            if owes:
+                record = cut_record(
+                    meta.steps_remaining,
+                    meta.model,
+                    meta.fallback_progress,
+                    self.context.correlation,
+                )
+            body = body_from_parts(aborted.parts, finish=None, model=meta.model)
+            row = self.new_row(
+                RowKind.PARTIAL, encode_body(body), stream=aborted.stream, cut=record
+            )
+            effects.append(CommitRows((row,), "cut" if owes else "partial"))
+        effects.append(Feed(lambda: self._abort_written(aborted, row, owes=owes)))
+        return effects
+
+    def _abort_written(
+        self, aborted: Aborted, row: HistoryRow | None, *, owes: bool
+    ) -> list[Effect]:
+        # R16, R22: read the soft-stop flag again after the write: a hard stop that landed
+        # meanwhile cleared it, and only the queued-message reason may owe a continuation.
+        soft_stop = self._soft_stop and aborted.reason is AbortReason.QUEUED_MESSAGE
+        self._soft_stop = False
+        effects: list[Effect] = []
+        if owes and soft_stop:
+            meta = aborted.metadata
+            owed = self._owe(
+                QueuedStopReport(
+                    stream=aborted.stream,
+                    model=meta.model,
+                    steps_remaining=meta.steps_remaining,
+                    fallback_progress=meta.fallback_progress,
+                )
+            )
+            if row is not None:
+                self._cut_rows[aborted.stream] = row.row_id
+            if owed is not None:
+                effects.append(Emit(owed))
+        elif owes and row is not None:  # written for a cut that the hard stop took back
+            self.pending.append(CutChange(row.row_id, CutState.VOIDED, None))
+        if soft_stop:
+            effects.append(Feed(self._classify_cutter))
+        effects.append(Flush())
+        effects.append(Feed(lambda: self._abort_settled(soft_stop=soft_stop)))
+        return effects
+
+    def _abort_settled(self, *, soft_stop: bool) -> list[Effect]:
+        effects: list[Effect] = []
+        if soft_stop:
+            effects.append(Feed(self.drain))  # AS-28: the cutter, or cancel withdrawn entries
+        elif self.send_now_pending:
+            self.send_now_pending = False
+            effects.append(Feed(self.drain))  # AS-18: the user's prioritized entry goes next
+        effects.append(Feed(lambda: self._to_idle_from(Phase.COMPLETING)))
+        return effects
+
+    def _classify_cutter(self) -> list[Effect]:
+        """AS-28 step 4: the next live entry continues the cut turn, or supersedes it.
+
+        A wake (or an entry of the cut stream's correlation) continues it; a wake without a
+        correlation is stamped with the cut stream's (R56), since a partial row gives history
+        nothing to inherit from. Anything else supersedes a correlated continuation, which is
+        forfeited before that entry is dispatched (R29).
+        """
+        marker = self.continuation.marker
+        first = self.queue.first_live()
+        if first is None or marker is None:
+            return []
+        cut_correlation = self.context.correlation
+        if first.kind is EntryKind.WAKE:
+            if first.correlation is None and cut_correlation is not None:
+                self._stamp = (first.id, cut_correlation)
+            return []
+        if marker.correlation is not None and first.correlation != marker.correlation:
+            return self._end(EndedHow.FORFEITED, "superseded by unrelated input (R29)")
+        return []
+
+    # ------------------------------------------------------------ host actions
+
+    def stop(self) -> list[Effect]:
+        """AS-30: a user Stop withdraws the continuation first (R6, R11), then stops."""
+        effects = self._end(EndedHow.WITHDRAWN, "user stop")
+        effects.append(AbortPrepared(AbortReason.USER))
+        self._soft_stop = False
+        self._active_tools.clear()
+        effects.append(StopStream(AbortReason.USER))
+        return effects
+
+    def hard_stop(self) -> list[Effect]:
+        """TD-7: a task hard stop clears the queue (``hard_stop``) first, then stops."""
+        effects = self.clear("hard stop", hard_stop=True)
+        effects.append(AbortPrepared(AbortReason.SYSTEM))
+        effects.append(StopStream(AbortReason.SYSTEM))
+        return effects
+
+    def send_now(self) -> tuple[bool, list[Effect]]:
+        """AS-18: the oldest queued user message goes next, interrupting what runs."""
+        if not self.queue.prioritize_next_user_entry():
+            return False, []
+        effects = self._end(EndedHow.WITHDRAWN, "send now")  # a user interrupt withdraws (R6)
+        effects.append(Flush())
+        if self.phase is Phase.IDLE:
+            return True, [*effects, *self.drain_if_idle()]
+        self.send_now_pending = True
+        effects.append(AbortPrepared(AbortReason.USER))
+        effects.append(StopStream(AbortReason.USER))
+        return True, effects
+
+    def edit_begins(self) -> list[Effect]:
+        """AS-6: withdraw the continuation and hold the drain back for the edit."""
+        effects = [*self._end(EndedHow.WITHDRAWN, "history edited"), Flush()]
+        return effects
+
+    def edit_interrupts(self) -> list[Effect]:
+        """AS-6: a running (or preparing) turn is interrupted and its partial dropped."""
+        self.defer_drain = True
+        if self.phase in (Phase.IDLE, Phase.COMPLETING):
+            return []
+        self._abandon_partial = True
+        return [AbortPrepared(AbortReason.USER), StopStream(AbortReason.USER)]
+
+    def edit_settled(self) -> None:
+        """AS-6: the edit reached idle; only its own interrupt may drop a partial."""
+        self._abandon_partial = False
+
+    def discard(self) -> list[Effect]:
+        """R27: a context-discarding history mutation forfeits the owed continuation."""
+        return self._end(EndedHow.FORFEITED, "the history was discarded (R27)")
+
+    def dispose(self) -> list[Effect]:
+        """AS-31: forfeit the owed continuation (R27) and abort a resume (R18)."""
+        return self._end(EndedHow.FORFEITED, "session disposed")
+
+    def disposed_now(self) -> list[Effect]:
+        """AS-31: the queue is dropped; the session accepts nothing more."""
+        self.disposed = True
+        removed = self.queue.clear()
+        effects: list[Effect] = [AbortPrepared(AbortReason.SYSTEM)]
+        effects += [
+            Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason="disposed"))
+            for c in removed
+        ]
+        return effects
+
+    def disposal_done(self) -> list[Effect]:
+        """The stream is stopped: the phase is DISPOSED."""
+        return [] if self.phase is Phase.DISPOSED else self._move(Phase.DISPOSED)
+
+
+def _continues(turn: TurnInput, marker: Marker) -> bool:
+    """AS-8: a wake row, or a row with the marker's correlation, continues the cut turn."""
+    if turn.kind is EntryKind.WAKE:
+        return True
+    return marker.correlation is not None and turn.correlation == marker.correlation

@@ -1,0 +1,204 @@
+"""The send pipeline: one message from the gate to its stream (AS-3 to AS-10).
+
+Gate, validate, persist the user row, cross the point of no return (AS-8), accept, launch.
+The producer may withdraw the message until that point: its cancel signal is checked before
+anything and after every await, and a withdrawn message takes back exactly its own row. Each
+decision that changes the session (a superseded continuation, PREPARING claimed, the turn's
+context) is the turn machine's; the pipeline performs the awaits between them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from agent_session._events import EntryCanceled
+from agent_session._rows import RowBody, encode_body
+from agent_session._turn import (
+    Accepted,
+    CanceledBeforeAcceptance,
+    PipelineResult,
+    SendRefused,
+    StreamContext,
+)
+from agent_session.ports import PreStreamFailure
+from message_queue import EntryKind, SendFailure
+from persistence import HistoryRow, RowKind, TurnkeeperError
+from stream_manager import ErrorKind, Persisted, StreamFailed
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from agent_session._effects import Effect
+    from agent_session._events import EngineEvent
+    from agent_session._machine import TurnMachine
+    from agent_session._turn import TurnInput
+    from agent_session.ports import PreStreamGate
+    from persistence import Store
+
+log = logging.getLogger("turnkeeper.session")
+
+_DISPOSED = SendRefused(SendFailure(type="disposed", message="the session was disposed"))
+
+
+class SendPipeline:
+    """Runs one send at a time through gate, validation, persistence and acceptance."""
+
+    __slots__ = ("_emit", "_gate", "_launch", "_machine", "_perform", "_store")
+
+    def __init__(
+        self,
+        machine: TurnMachine,
+        *,
+        store: Store,
+        gate: PreStreamGate,
+        emit: Callable[[EngineEvent], None],
+        perform: Callable[[list[Effect]], Awaitable[None]],
+        launch: Callable[[StreamContext], Awaitable[None]],
+    ) -> None:
+        self._machine = machine
+        self._store = store
+        self._gate = gate
+        self._emit = emit
+        self._perform = perform
+        self._launch = launch
+
+    async def run(self, turn: TurnInput) -> PipelineResult:
+        """AS-13: whatever goes wrong in one send, the session goes on (IDLE, drain again)."""
+        try:
+            return await self._pipeline(turn)
+        except Exception as error:  # an unexpected failure must not kill the session's drain
+            log.exception("send of %s failed", turn.entry_id or "a direct message")
+            failure = SendFailure(type="unknown", message=f"{type(error).__name__}: {error}")
+            return SendRefused(failure)
+
+    async def _pipeline(self, turn: TurnInput) -> PipelineResult:
+        machine = self._machine
+        if turn.canceled():  # AS-3: checked before anything, and after every await below
+            return self._cancel_before_acceptance(turn)
+        try:
+            await self._gate.check(machine.id, "send")
+        except PreStreamFailure as error:
+            return await self._gate_refused(turn, error)
+        if self._disposed():
+            return _DISPOSED
+        if turn.canceled():
+            return self._cancel_before_acceptance(turn)
+        failure = machine.validate(turn)
+        if failure is not None:
+            return SendRefused(failure)
+        row = self._user_row(turn)
+        try:
+            await self._store.append([row])
+        except TurnkeeperError as error:
+            return SendRefused(SendFailure(type="store_write", message=str(error)))
+        self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
+        if self._disposed():
+            return _DISPOSED
+        if turn.canceled():
+            return await self._rollback(turn, row)
+        # AS-8: the point of no return. A row that does not continue the cut turn supersedes it.
+        await self._perform(machine.supersede(turn, "superseded by a send (R35)"))
+        refused = await self._accept(turn)
+        if refused is not None:
+            return refused
+        return await self._launch_accepted(machine.turn_context(turn))
+
+    def _disposed(self) -> bool:
+        """Whether the session was disposed (it can become so across any await)."""
+        return self._machine.disposed
+
+    async def _accept(self, turn: TurnInput) -> SendRefused | None:
+        """AS-9, AS-10: ``on_accepted`` (a failure is an error result), then PREPARING."""
+        if turn.callbacks is not None and turn.callbacks.on_accepted is not None:
+            try:
+                turn.callbacks.on_accepted()
+            except Exception as error:
+                log.warning("on_accepted of %s failed: %r", turn.entry_id, error)
+                return SendRefused(SendFailure(type="on_accepted", message=str(error)))
+        await self._perform(self._machine.accepted(turn))
+        return None
+
+    async def _launch_accepted(self, context: StreamContext) -> PipelineResult:
+        """AS-10, AS-22: launch an accepted turn; a failure before its stream is reported."""
+        try:
+            await self._launch(context)
+        except (TurnkeeperError, OSError) as error:
+            log.warning("the turn failed before its stream started: %s", error)
+            self._emit(
+                StreamFailed(
+                    session=self._machine.id,
+                    stream="",
+                    kind=ErrorKind.RETRYABLE,
+                    remaining=context.step_budget or 0,
+                    type="pre_stream_failure",
+                    message=str(error),
+                )
+            )
+            return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
+        return Accepted()
+
+    async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
+        """AS-4: a refused manual send keeps the user's row and surfaces a stream error.
+
+        The kept row is durable, so it supersedes an owed continuation like any send's (R35):
+        a resume must not answer a message the gate refused.
+        """
+        machine = self._machine
+        failure = SendFailure(type="pre_stream", message=str(error))
+        if turn.kind is EntryKind.USER and machine.validate(turn) is None:
+            row = self._user_row(turn)
+            await self._store.append([row])
+            self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
+            await self._perform(machine.supersede(turn, "superseded by a refused send's row (R35)"))
+            self._emit(
+                StreamFailed(
+                    session=machine.id,
+                    stream="",
+                    kind=ErrorKind.TERMINAL,
+                    remaining=0,
+                    type="pre_stream_rejected",
+                    message=str(error),
+                )
+            )
+        return SendRefused(failure)
+
+    def _user_row(self, turn: TurnInput) -> HistoryRow:
+        body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
+        return self._machine.new_row(RowKind.USER, encode_body(body))
+
+    def _cancel_before_acceptance(self, turn: TurnInput) -> CanceledBeforeAcceptance:
+        reason = (turn.cancel_token.reason if turn.cancel_token else None) or "withdrawn"
+        if turn.cancel_state is not None:
+            turn.cancel_state.canceled_before_acceptance = True
+        if turn.entry_id is not None:
+            self._emit(EntryCanceled(session=self._machine.id, entry=turn.entry_id, reason=reason))
+        if turn.callbacks is not None:
+            try:
+                turn.callbacks.notify_canceled(reason)
+            except Exception as error:
+                log.warning("on_canceled of %s failed: %r", turn.entry_id, error)
+        return CanceledBeforeAcceptance(reason)
+
+    async def _rollback(self, turn: TurnInput, row: HistoryRow) -> PipelineResult:
+        """AS-3: delete exactly this send's rows; if that fails and the row stays, accept."""
+        session = self._machine.id
+        try:
+            deleted = await self._store.delete_rows(session, [row.row_id])
+        except TurnkeeperError:
+            deleted = 0
+        if deleted == 0:
+            remaining = {r.row_id for r in await self._store.history(session)}
+            if row.row_id in remaining:
+                log.warning("rollback of %s failed; accepting the entry", row.row_id)
+                return await self._accept_anyway(turn)
+        return self._cancel_before_acceptance(turn)
+
+    async def _accept_anyway(self, turn: TurnInput) -> PipelineResult:
+        refused = await self._accept(turn)
+        if refused is not None:
+            return refused
+        context = StreamContext(
+            model=self._machine.model, cause=turn.cause, correlation=turn.correlation
+        )
+        return await self._launch_accepted(context)
