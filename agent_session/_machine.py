@@ -23,7 +23,6 @@ of the rest of the decision.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -44,6 +43,7 @@ from agent_session._continuation import (
     resume_settled,
     retry_safe,
 )
+from agent_session._cut_records import CutChange, CutRecords
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
@@ -69,6 +69,7 @@ from agent_session._events import (
 )
 from agent_session._phases import Phase, next_phase
 from agent_session._rows import body_from_parts, cut_record, encode_body
+from agent_session._thinking import ThinkingHolder
 from agent_session._turn import StreamContext, TurnInput
 from message_queue import DispatchMode, EntryKind, MessageQueue, SendFailure, SendOptions
 from persistence import CutState, HistoryRow, RowKind
@@ -97,40 +98,6 @@ _STATE_OF: dict[EndedHow, CutState] = {
 }
 
 
-class ThinkingHolder:
-    """A turn's thinking level: the original, a pending mid-turn change, the applied one."""
-
-    __slots__ = ("applied", "original", "pending")
-
-    def __init__(self, original: str | None) -> None:
-        self.original = original
-        self.pending: str | None = None
-        self.applied: str | None = None
-
-    def for_step(self) -> str | None:
-        """The level a step prepares with; a pending change becomes applied here."""
-        if self.pending is not None:
-            self.applied, self.pending = self.pending, None
-        return self.applied if self.applied is not None else self.original
-
-    def at_cut(self) -> str | None:
-        """R20: ``pending ?? applied ?? original``."""
-        for level in (self.pending, self.applied):
-            if level is not None:
-                return level
-        return self.original
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CutChange:
-    """A cut record's state change waiting for its write, with the event that tells it."""
-
-    row_id: str
-    state: CutState
-    #: ``None``: nothing to tell (the cut was never told owed).
-    told: ContinuationEnded | None
-
-
 class TurnMachine:
     """One session's turn rules: inputs in, effects out (see the module docstring)."""
 
@@ -138,8 +105,6 @@ class TurnMachine:
     __slots__ = (
         "_abandon_partial",
         "_active_tools",
-        "_cut_rows",
-        "_ended_unwritten",
         "_known_models",
         "_resume_armed",
         "_resume_cap",
@@ -147,8 +112,6 @@ class TurnMachine:
         "_soft_stop",
         "_stamp",
         "_stream_n",
-        "_untold_owed",
-        "_untold_resume",
         "context",
         "continuation",
         "defer_drain",
@@ -157,9 +120,9 @@ class TurnMachine:
         "id",
         "manual_preflight",
         "model",
-        "pending",
         "phase",
         "queue",
+        "records",
         "scratchpad",
         "send_now_pending",
         "sweep_scheduled",
@@ -194,15 +157,8 @@ class TurnMachine:
         self._active_tools: set[str] = set()
         self._resume_armed = False  # a resume in flight can be aborted
         self.sweep_scheduled = False
-        self._cut_rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
-        #: Cut-record changes to commit, in marker order (``Flush`` writes, then tells).
-        self.pending: deque[CutChange] = deque()
-        #: A normal cut's ``owed``, told once the row carrying its record commits (R60).
-        self._untold_owed: ContinuationOwed | None = None
-        #: A resume's ``started``, told once the consumed cut's record commits.
-        self._untold_resume: ResumeAttempted | None = None
-        #: Cuts that ended while their row was being written: ended as soon as it is durable.
-        self._ended_unwritten: dict[str, tuple[CutState, ContinuationEnded]] = {}
+        #: Which row carries each cut's record; changes and decisions not yet written or told.
+        self.records = CutRecords()
         self.send_now_pending = False  # AS-18: the interrupted stream's abort drains
         self.defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
@@ -297,25 +253,22 @@ class TurnMachine:
             effects.append(AbortResume())
         if marker is not None:
             told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
-            self._change_record(marker.cut, _STATE_OF[how], told)
+            self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after the write
         return effects
-
-    def _change_record(self, cut: str, state: CutState, told: ContinuationEnded) -> None:
-        """PS-6: the durable record follows the marker; ``told`` tells it after the write."""
-        row_id = self._cut_rows.pop(cut, None)
-        if row_id is not None:
-            self.pending.append(CutChange(row_id, state, told))
-        else:
-            self._ended_unwritten[cut] = (state, told)  # its row is being written
 
     def take_change(self) -> CutChange | None:
         """The oldest record change waiting for its write (the shell writes, then tells)."""
-        return self.pending.popleft() if self.pending else None
+        return self.records.take()
+
+    @property
+    def pending(self) -> bool:
+        """Record changes are waiting for their write."""
+        return bool(self.records.pending)
 
     def adopt_owed(self, marker: Marker, row_id: str) -> None:
         """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``."""
         self.continuation, _ = owe(self.continuation, marker)
-        self._cut_rows[marker.cut] = row_id
+        self.records.carried_by(marker.cut, row_id)
 
     # ------------------------------------------------------------ the queue
 
@@ -583,10 +536,10 @@ class TurnMachine:
                 how=EndedHow.CONSUMED,
                 why=f"stream {stream} started",
             )
-            self._change_record(marker.cut, CutState.CONSUMED, told)
+            self.records.change(marker.cut, CutState.CONSUMED, told)
         resume = self.context.resume_of
         if resume is not None and cause is StartCause.RESUME:
-            self._untold_resume = ResumeAttempted(
+            self.records.untold_resume = ResumeAttempted(
                 session=self.id, cut=resume[0], attempt=resume[1], outcome="started"
             )
             self._resume_armed = False
@@ -594,7 +547,7 @@ class TurnMachine:
 
     def started_durable(self) -> list[Effect]:
         """The stream's start is durable: tell the resume's ``started``."""
-        started, self._untold_resume = self._untold_resume, None
+        started, self.records.untold_resume = self.records.untold_resume, None
         return [Emit(started)] if started is not None else []
 
     def tool_started(self, call: str) -> None:
@@ -631,7 +584,7 @@ class TurnMachine:
 
         ``owed`` is told once the row carrying the durable cut record commits (R60).
         """
-        self._untold_owed = self._owe(report)
+        self.records.untold_owed = self._owe(report)
 
     def _owe(self, report: QueuedStopReport) -> ContinuationOwed | None:
         if report.steps_remaining <= 0:
@@ -665,7 +618,7 @@ class TurnMachine:
     def final_row(self, ended: Ended) -> HistoryRow:
         """B5: the stream's final assistant row; a cut's row carries its cut record (R60)."""
         record = None
-        owed = self._untold_owed
+        owed = self.records.untold_owed
         if ended.queued_stop is not None and owed is not None and owed.cut == ended.stream:
             stop = ended.queued_stop
             record = cut_record(
@@ -682,32 +635,17 @@ class TurnMachine:
         """
         if row.cut is None or row.stream is None:
             return []
-        owed, self._untold_owed = self._untold_owed, None
+        owed, self.records.untold_owed = self.records.untold_owed, None
         stream, row_id = row.stream, row.row_id
 
         def written() -> list[Effect]:
-            return [Flush()] if self._cut_written(stream, row_id) else []
+            return [Flush()] if self.records.written(stream, row_id) else []
 
         return [Emit(owed), Feed(written)] if owed is not None else written()
 
-    def _cut_written(self, cut: str, row_id: str) -> bool:
-        ended = self._ended_unwritten.pop(cut, None)
-        if ended is None:
-            self._cut_rows[cut] = row_id
-            return False
-        state, told = ended
-        self.pending.append(CutChange(row_id, state, told))
-        return True
-
     def _tell_unwritten(self) -> list[Effect]:
         """A turn's outcome came and no row took the cut's record: tell what stayed untold."""
-        effects: list[Effect] = []
-        owed, self._untold_owed = self._untold_owed, None
-        if owed is not None:
-            effects.append(Emit(owed))
-        effects += [Emit(told) for _, told in self._ended_unwritten.values()]
-        self._ended_unwritten.clear()
-        return effects
+        return [Emit(event) for event in self.records.never_written()]
 
     # ------------------------------------------------------------ outcomes
 
@@ -828,11 +766,11 @@ class TurnMachine:
                 )
             )
             if row is not None:
-                self._cut_rows[aborted.stream] = row.row_id
+                self.records.carried_by(aborted.stream, row.row_id)
             if owed is not None:
                 effects.append(Emit(owed))
         elif owes and row is not None:  # written for a cut that the hard stop took back
-            self.pending.append(CutChange(row.row_id, CutState.VOIDED, None))
+            self.records.change_row(row.row_id, CutState.VOIDED)
         if soft_stop:
             effects.append(Feed(self._classify_cutter))
         effects.append(Flush())
