@@ -20,7 +20,15 @@ from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
-from persistence import CutState, OpState, SessionRecord, Store, UsageError
+from persistence import (
+    Boundary,
+    CutState,
+    CutStateChange,
+    OpState,
+    SessionRecord,
+    Store,
+    UsageError,
+)
 from stream_manager import (
     Clock,
     Model,
@@ -79,7 +87,8 @@ class Engine:
             max_stream_steps=self.config.max_stream_steps,
             tool_deadline_s=self.config.tool_deadline_s,
             cancel_grace_s=self.config.cancel_grace_s,
-            ledger=store,
+            store=store,
+            owner=lambda: self._owner,
             receipt_salt=self.config.receipt_salt,
             overlap_policy=OverlapPolicy(self.config.overlap_policy),
             observers=[self._on_stream_event],
@@ -89,12 +98,16 @@ class Engine:
         self._recovering: dict[str, anyio.Event] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
+        #: The store's owner token, read once when the engine opened it: every commit of the
+        #: engine carries it, so a store that changed owners since refuses them (StaleOwner).
+        self._owner: str | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
         await stack.enter_async_context(self.store)
+        self._owner = self.store.owner
         self._group = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
         self.manager.operations.bind(self._spawn)
@@ -125,7 +138,9 @@ class Engine:
                 acknowledged=False,
                 explanation="the process stopped while it was open; termination not confirmed",
             )
-            await self.store.put_operation(closed)
+            await self.store.commit(
+                closed.session, Boundary(operations=(closed,)), owner=self._owner
+            )
             self._emit(
                 ReceiptWritten(
                     session=closed.session,
@@ -196,7 +211,7 @@ class Engine:
         record fails validation is abandoned with the store's message and nothing is written
         (R61). Runs at start unless ``EngineConfig.recover_at_start`` is off.
         """
-        scan = await self.store.recoverable()
+        scan = await self.store.scan_recoverable()
         for session_id, problem in scan.corrupt:
             log.error("recovery of session %s abandoned: %s", session_id, problem)
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
@@ -226,9 +241,13 @@ class Engine:
             told.append(Recovered(session=sid, action="resume", why=why))
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
+        by_session: dict[str, list[CutStateChange]] = {}
         for sid, row_id, state in voids:
-            await self.store.set_cut_state(sid, row_id, state)
-            self._emit(Persisted(session=sid, what="cut-void", id=row_id))
+            by_session.setdefault(sid, []).append(CutStateChange(row_id=row_id, state=state))
+        for sid, changes in by_session.items():  # one boundary per session
+            await self.store.commit(sid, Boundary(cut_states=tuple(changes)), owner=self._owner)
+            for change in changes:
+                self._emit(Persisted(session=sid, what="cut-void", id=change.row_id))
         for event in told:
             self._emit(event)
         if resumed:
@@ -270,9 +289,10 @@ class Engine:
         if model not in self._models:
             raise UsageError(f"unknown model {model!r} for session {session_id!r}")
         record = SessionRecord(id=session_id, model=model)
-        await self.store.create_session(record)
-        rows = await self.store.history(session_id)
-        envelopes = await self.store.envelopes(session_id)
+        await self.store.commit(session_id, Boundary(create=record), owner=self._owner)
+        loaded = await self.store.load(session_id)
+        rows = () if loaded is None else loaded.rows
+        envelopes = () if loaded is None else loaded.envelopes
         return self._make_session(
             record,
             next_seq=1 + max((r.seq for r in rows), default=0),
@@ -292,6 +312,7 @@ class Engine:
             emit=self._emit,
             spawn=self._spawn,
             known_models=frozenset(self._models),
+            owner=self._owner,
             next_seq=next_seq,
             next_stream=next_stream,
         )

@@ -24,7 +24,7 @@ from agent_session._rows import (
     to_messages,
 )
 from message_queue import DispatchMode
-from persistence import HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
+from persistence import Boundary, HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
 from stream_manager import Persisted, Refused, StreamRequest, Withdrawn
 
 if TYPE_CHECKING:
@@ -33,10 +33,9 @@ if TYPE_CHECKING:
     from agent_session._effects import Effect
     from agent_session._events import EngineEvent
     from agent_session._machine import TurnMachine
+    from agent_session._session_store import SessionStore
     from agent_session._turn import StreamContext
-    from message_queue import CancelToken
-    from persistence import Store
-    from stream_manager import Ended, StreamInfo, StreamManager, StreamOutcome
+    from stream_manager import AbortSignal, Ended, StreamInfo, StreamManager, StreamOutcome
 
 log = logging.getLogger("turnkeeper.session")
 
@@ -50,7 +49,7 @@ class StreamLauncher:
         self,
         machine: TurnMachine,
         *,
-        store: Store,
+        store: SessionStore,
         manager: StreamManager,
         emit: Callable[[EngineEvent], None],
         perform: Callable[[list[Effect]], Awaitable[None]],
@@ -61,15 +60,15 @@ class StreamLauncher:
         self._emit = emit
         self._perform = perform
 
-    async def launch(self, context: StreamContext, abort: CancelToken) -> StreamOutcome:
+    async def launch(self, context: StreamContext, abort: AbortSignal) -> StreamOutcome:
         """AS-22: stream from history under ``context``; return the stream's outcome."""
         machine = self._machine
         session = machine.id
-        rows = await self._store.history(session)
+        rows = await self._store.rows()
         sentinel: HistoryRow | None = None
         if needs_continue_sentinel(rows):
             sentinel = machine.new_row(RowKind.SENTINEL, encode_body(RowBody(text=CONTINUE_TEXT)))
-            await self._store.append([sentinel])
+            await self._store.commit(Boundary(rows=(sentinel,)))
             self._emit(Persisted(session=session, what="sentinel", id=sentinel.row_id))
             rows = [*rows, sentinel]
         machine.launching(context)
@@ -106,7 +105,7 @@ class StreamLauncher:
 
     async def _delete_sentinel(self, sentinel: HistoryRow) -> None:
         try:
-            await self._store.delete_rows(sentinel.session, [sentinel.row_id])
+            await self._store.commit(Boundary(delete=(sentinel.row_id,)))
         except TurnkeeperError as error:  # the launch's own failure is what the caller reports
             log.warning("could not remove the sentinel %s: %s", sentinel.row_id, error)
 
@@ -116,16 +115,15 @@ class StreamLauncher:
     async def _write_envelope(self, info: StreamInfo) -> None:
         """B3: the durable turn envelope, written when the stream is constructed."""
         context = self._machine.context
-        await self._store.put_envelope(
-            TurnEnvelope(
-                session=info.session,
-                stream=info.stream,
-                model=info.model,
-                budget=info.budget,
-                cause=context.cause.value,
-                handle=context.correlation.handle_id if context.correlation else None,
-            )
+        envelope = TurnEnvelope(
+            session=info.session,
+            stream=info.stream,
+            model=info.model,
+            budget=info.budget,
+            cause=context.cause.value,
+            handle=context.correlation.handle_id if context.correlation else None,
         )
+        await self._store.commit(Boundary(envelope=envelope))
         self._emit(Persisted(session=info.session, what="envelope", id=info.stream))
 
     async def _started(self) -> None:
@@ -138,7 +136,7 @@ class StreamLauncher:
     async def _write_final(self, ended: Ended) -> None:
         """B5: the final assistant row; a cut's row carries the durable cut record (R60)."""
         row = self._machine.final_row(ended)
-        await self._store.append([row])
+        await self._store.commit(Boundary(rows=(row,)))
         what = "cut" if row.cut is not None else "assistant"
         self._emit(Persisted(session=row.session, what=what, id=row.row_id))
         await self._perform(self._machine.final_written(row))

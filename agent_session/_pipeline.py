@@ -23,7 +23,7 @@ from agent_session._turn import (
 )
 from agent_session.ports import PreStreamFailure
 from message_queue import EntryKind, SendFailure
-from persistence import HistoryRow, RowKind, TurnkeeperError
+from persistence import Boundary, HistoryRow, RowKind, TurnkeeperError
 from stream_manager import ErrorKind, Persisted, StreamFailed
 
 if TYPE_CHECKING:
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from agent_session._effects import Effect
     from agent_session._events import EngineEvent
     from agent_session._machine import TurnMachine
+    from agent_session._session_store import SessionStore
     from agent_session._turn import TurnInput
     from agent_session.ports import PreStreamGate
-    from persistence import Store
 
 log = logging.getLogger("turnkeeper.session")
 
@@ -50,7 +50,7 @@ class SendPipeline:
         self,
         machine: TurnMachine,
         *,
-        store: Store,
+        store: SessionStore,
         gate: PreStreamGate,
         emit: Callable[[EngineEvent], None],
         perform: Callable[[list[Effect]], Awaitable[None]],
@@ -89,7 +89,7 @@ class SendPipeline:
             return SendRefused(failure)
         row = self._user_row(turn)
         try:
-            await self._store.append([row])
+            await self._store.commit(Boundary(rows=(row,)))
         except TurnkeeperError as error:
             return SendRefused(SendFailure(type="store_write", message=str(error)))
         self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
@@ -148,7 +148,7 @@ class SendPipeline:
         failure = SendFailure(type="pre_stream", message=str(error))
         if turn.kind is EntryKind.USER and machine.validate(turn) is None:
             row = self._user_row(turn)
-            await self._store.append([row])
+            await self._store.commit(Boundary(rows=(row,)))
             self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
             await self._perform(machine.supersede(turn, "superseded by a refused send's row (R35)"))
             self._emit(
@@ -182,13 +182,12 @@ class SendPipeline:
 
     async def _rollback(self, turn: TurnInput, row: HistoryRow) -> PipelineResult:
         """AS-3: delete exactly this send's rows; if that fails and the row stays, accept."""
-        session = self._machine.id
         try:
-            deleted = await self._store.delete_rows(session, [row.row_id])
+            deleted = (await self._store.commit(Boundary(delete=(row.row_id,)))).deleted
         except TurnkeeperError:
             deleted = 0
         if deleted == 0:
-            remaining = {r.row_id for r in await self._store.history(session)}
+            remaining = {r.row_id for r in await self._store.rows()}
             if row.row_id in remaining:
                 log.warning("rollback of %s failed; accepting the entry", row.row_id)
                 return await self._accept_anyway(turn)

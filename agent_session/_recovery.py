@@ -2,7 +2,8 @@
 
 A crash may leave a turn cut at a tool boundary with its continuation owed: the row that ended
 the cut stream carries the durable cut record in state ``owed``. A new engine scans the store
-once (:meth:`persistence.Store.recoverable`) and, for each such session, decides here:
+once (:meth:`persistence.Store.scan_recoverable`, which only reads rows) and, for each such
+session, decides here:
 
 * the owed row is the session's tail (only sentinels or system rows after it, PS-6): rebuild
   the marker from the durable record (budget, model, fallback progress, correlation, goal
@@ -87,22 +88,29 @@ def marker_from(cut: CutRecord, stream: str) -> Marker:
 
 
 def plan_recovery(found: RecoverableCut, models: frozenset[str]) -> RecoveryPlan:
-    """What startup recovery does with one session's latest owed cut."""
+    """What startup recovery does with one session's latest owed cut.
+
+    The store hands over rows only (``Store.scan_recoverable``); this is the one place that
+    reads them: the last owed row is the live cut, the earlier owed ones are stale, and the
+    first row after it that is neither a sentinel nor a system row is what moved the
+    conversation on, if anything did.
+    """
     row, cut = found.row, found.row.cut
     assert cut is not None  # the scan returns rows with an owed record only
-    everything = (*found.stale, row.row_id)
+    stale = tuple(earlier.row_id for earlier in found.owed[:-1])
+    everything = (*stale, row.row_id)
     if row.stream is None:
         return Abandon(f"the owed row {row.row_id} names no stream", everything)
-    moved_on = [kind for kind in found.trailing if kind not in TAIL_KINDS]
-    if any(kind is not RowKind.USER for kind in moved_on):
-        answer = next(kind for kind in moved_on if kind is not RowKind.USER)
+    moved_on = [later for later in found.after if later.kind not in TAIL_KINDS]
+    answer = next((later.kind for later in moved_on if later.kind is not RowKind.USER), None)
+    if answer is not None:
         return Abandon(
             f"the cut on {row.row_id} is not the tail: a {answer.value} row follows it",
             everything,
         )
-    follower = found.follower
+    follower = moved_on[0] if moved_on else None
     try:
-        superseded = moved_on and follower is not None and not continues(follower, cut)
+        superseded = follower is not None and not continues(follower, cut)
     except CorruptRecord as error:  # R61: never read as "nothing follows"; nothing written
         return Abandon(f"the row after the cut on {row.row_id} is unreadable: {error}", ())
     if superseded:
@@ -119,9 +127,9 @@ def plan_recovery(found: RecoverableCut, models: frozenset[str]) -> RecoveryPlan
         return Abandon(
             f"the cut on {row.row_id} ran model {cut.model!r}, which this engine does not have; "
             "left owed",
-            found.stale,
+            stale,
         )
-    return Resume(marker=marker_from(cut, row.stream), row_id=row.row_id, stale=found.stale)
+    return Resume(marker=marker_from(cut, row.stream), row_id=row.row_id, stale=stale)
 
 
 def continues(follower: HistoryRow, cut: CutRecord) -> bool:

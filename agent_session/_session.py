@@ -54,6 +54,7 @@ from agent_session._launcher import StreamLauncher
 from agent_session._machine import TurnMachine
 from agent_session._phases import Phase
 from agent_session._pipeline import SendPipeline
+from agent_session._session_store import SessionStore
 from agent_session._turn import Accepted, SendRefused, TurnInput
 from agent_session.ports import PreStreamFailure
 from message_queue import (
@@ -69,9 +70,10 @@ from message_queue import (
     SendOptions,
     notify_all_canceled,
 )
-from persistence import Store, TurnkeeperError, UsageError
+from persistence import Boundary, CutStateChange, Store, TurnkeeperError, UsageError
 from stream_manager import (
     AbortReason,
+    AbortSignal,
     Persisted,
     Refused,
     StreamAborted,
@@ -131,11 +133,12 @@ class AgentSession:
         emit: Callable[[EngineEvent], None],
         spawn: Spawn,
         known_models: frozenset[str],
+        owner: str | None = None,
         next_seq: int = 1,
         next_stream: int = 1,
     ) -> None:
         self.id = session_id
-        self._store = store
+        self._store = records = SessionStore(store, session_id, owner)
         self._manager = manager
         self._gate = gate
         self._emit = emit
@@ -149,18 +152,18 @@ class AgentSession:
             next_stream=next_stream,
         )
         self._launcher = StreamLauncher(
-            self._machine, store=store, manager=manager, emit=emit, perform=self._perform
+            self._machine, store=records, manager=manager, emit=emit, perform=self._perform
         )
         self._pipeline = SendPipeline(
             self._machine,
-            store=store,
+            store=records,
             gate=gate,
             emit=emit,
             perform=self._perform,
             launch=self._launch_turn,
         )
-        self._prepared_abort: CancelToken | None = None
-        self._resume_abort: CancelToken | None = None
+        self._prepared_abort: AbortSignal | None = None
+        self._resume_abort: AbortSignal | None = None
         #: ``None`` while idle (made only when someone could wait: events are not free).
         self._idle: anyio.Event | None = None
         self._tasks = 0
@@ -250,7 +253,7 @@ class AgentSession:
             elif isinstance(effect, Feed):
                 await self._perform(effect.step())
             elif isinstance(effect, CommitRows):
-                await self._store.append(list(effect.rows))
+                await self._store.commit(Boundary(rows=effect.rows))
                 last = effect.rows[-1]
                 self._emit(Persisted(session=self.id, what=effect.what, id=last.row_id))
             else:
@@ -272,7 +275,7 @@ class AgentSession:
         elif isinstance(effect, Dispatch):
             self._dispatch(effect.turn, effect.token)
         elif isinstance(effect, StartResume):
-            abort = CancelToken()
+            abort = AbortSignal()
             self._resume_abort = abort
             marker, attempt = effect.marker, effect.attempt
             self._run(lambda: self._resume(marker, attempt, abort))
@@ -283,15 +286,16 @@ class AgentSession:
     def _abort(self, effect: AbortPrepared | AbortResume) -> None:
         if isinstance(effect, AbortPrepared):
             if self._prepared_abort is not None:
-                self._prepared_abort.cancel(effect.reason.value)
+                self._prepared_abort.fire(effect.reason)
         elif self._resume_abort is not None:
-            self._resume_abort.cancel("withdrawn")
+            self._resume_abort.fire(AbortReason.SYSTEM)  # its continuation ended: a system stop
 
     async def _flush(self) -> None:
         """Make every queued cut-record change durable, in order; then tell each."""
         machine = self._machine
         while (change := machine.take_change()) is not None:
-            await self._store.set_cut_state(self.id, change.row_id, change.state)
+            moved = CutStateChange(row_id=change.row_id, state=change.state)
+            await self._store.commit(Boundary(cut_states=(moved,)))
             self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
             if change.told is not None:
                 self._emit(change.told)
@@ -378,7 +382,7 @@ class AgentSession:
 
     async def _launch_turn(self, context: StreamContext) -> None:
         """AS-10, AS-22: an accepted turn's stream under a new abort signal, then its outcome."""
-        self._prepared_abort = abort = CancelToken()
+        self._prepared_abort = abort = AbortSignal()
         outcome = await self._launcher.launch(context, abort)
         await self._on_outcome(outcome, context)
 
@@ -405,7 +409,7 @@ class AgentSession:
         """
         self._machine.adopt_owed(marker, row_id)
 
-    async def _resume(self, marker: Marker, attempt: int, abort: CancelToken) -> None:
+    async def _resume(self, marker: Marker, attempt: int, abort: AbortSignal) -> None:
         """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""
         log.info(
             "Resuming turn stranded by a withdrawn queued message: cut=%s model=%s budget=%d "
@@ -420,8 +424,8 @@ class AgentSession:
         context = machine.resume_context(marker, attempt)
         try:
             await self._gate.check(self.id, "resume")
-            if abort.cancelled:
-                outcome: StreamOutcome = Withdrawn(abort.reason or "withdrawn")
+            if abort.reason is not None:
+                outcome: StreamOutcome = Withdrawn(abort.reason)
             else:
                 outcome = await self._launcher.launch(context, abort)
         except (PreStreamFailure, TurnkeeperError, OSError) as error:
@@ -660,7 +664,7 @@ class AgentSession:
         """
         self._alive()
         machine = self._machine
-        rows = await self._store.history(self.id)
+        rows = await self._store.rows()
         target = next((row for row in rows if row.row_id == row_id), None)
         if target is None:
             raise UsageError(f"session {self.id}: no history row {row_id!r} to edit")
@@ -673,10 +677,8 @@ class AgentSession:
             await self.wait_idle()
             machine.edit_settled()
             restored = self.restore_queue()
-            doomed = [
-                row.row_id for row in await self._store.history(self.id) if row.seq >= target.seq
-            ]
-            await self._store.delete_rows(self.id, doomed)
+            doomed = [row.row_id for row in await self._store.rows() if row.seq >= target.seq]
+            await self._store.commit(Boundary(delete=tuple(doomed)))
         finally:
             machine.defer_drain = False
         self.send(text)
@@ -698,8 +700,8 @@ class AgentSession:
 
         async def discard() -> None:
             await self._flush()
-            rows = await self._store.history(self.id)
-            await self._store.delete_rows(self.id, [row.row_id for row in rows])
+            rows = await self._store.rows()
+            await self._store.commit(Boundary(delete=tuple(row.row_id for row in rows)))
 
         self._run(discard)
 

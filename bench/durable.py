@@ -59,22 +59,8 @@ TK_NORMAL = "turnkeeper SqliteStore WAL NORMAL"
 TK_FULL = "turnkeeper SqliteStore WAL FULL"
 _TOOL_STEP = ScriptStep(tool_calls=(ScriptToolCall(tool="noop"),))
 _TEXT_STEP = ScriptStep(text="done")
-STORE_VERBS = (
-    "create_session",
-    "append",
-    "update_row",
-    "delete_rows",
-    "history",
-    "owed_cuts",
-    "set_cut_state",
-    "put_envelope",
-    "envelopes",
-    "put_operation",
-    "put_operations",
-    "operation",
-    "receipts",
-    "recoverable",
-)
+#: The store port's verbs.
+STORE_VERBS = ("commit", "load", "sessions", "scan_recoverable", "receipts")
 
 #: One timed turn of N steps, given the round number; returns µs per step.
 Turn = Callable[[int], Awaitable[float]]
@@ -291,9 +277,9 @@ def _count_verbs(store: SqliteStore, counts: Counter[str]) -> None:
     for verb in STORE_VERBS:
         original = getattr(store, verb)
 
-        def counted(*args: Any, _original: Any = original, _verb: str = verb) -> Any:
+        def counted(*args: Any, _original: Any = original, _verb: str = verb, **kw: Any) -> Any:
             counts[_verb] += 1
-            return _original(*args)
+            return _original(*args, **kw)
 
         setattr(store, verb, counted)
 

@@ -38,6 +38,7 @@ from agent_session import Engine, EngineConfig, EngineEvent
 from bench import recovery_peer
 from bench.step_overhead import NoopTool
 from persistence import (
+    Boundary,
     CutRecord,
     HistoryRow,
     RowKind,
@@ -95,9 +96,9 @@ async def seed(path: Path, sessions: int) -> None:
 
         async def one(index: int) -> None:
             sid = f"s{index}"
-            await store.create_session(SessionRecord(id=sid, model="M"))
-            await store.append(
-                [
+            left = Boundary(
+                create=SessionRecord(id=sid, model="M"),
+                rows=(
                     HistoryRow(session=sid, seq=1, row_id=f"{sid}:r1", kind=RowKind.USER),
                     HistoryRow(
                         session=sid,
@@ -107,11 +108,12 @@ async def seed(path: Path, sessions: int) -> None:
                         stream=f"{sid}/1",
                         cut=CutRecord(remaining=REMAINING, model="M", requested_model="M"),
                     ),
-                ]
+                ),
+                envelope=TurnEnvelope(
+                    session=sid, stream=f"{sid}/1", model="M", budget=8, cause="send"
+                ),
             )
-            await store.put_envelope(
-                TurnEnvelope(session=sid, stream=f"{sid}/1", model="M", budget=8, cause="send")
-            )
+            await store.commit(sid, left, owner=store.owner)
 
         for start in range(0, sessions, _BATCH):  # concurrent writers share transactions
             async with anyio.create_task_group() as group:
@@ -133,7 +135,7 @@ async def recover(path: Path, sessions: int) -> Recovery:
     model = ScriptedModel("M", [ScriptStep(text="done")] * sessions, record=False)
     begin = time.perf_counter()
     store = SqliteStore(path)
-    original_scan = store.recoverable
+    original_scan = store.scan_recoverable
     scan_s = 0.0
 
     async def timed_scan() -> object:
@@ -144,7 +146,7 @@ async def recover(path: Path, sessions: int) -> Recovery:
         finally:
             scan_s = time.perf_counter() - before
 
-    store.recoverable = timed_scan  # type: ignore[method-assign,assignment]
+    store.scan_recoverable = timed_scan  # type: ignore[method-assign,assignment]
     engine = Engine(
         store=store,
         models={"M": model},

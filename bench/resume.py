@@ -159,12 +159,14 @@ class StoreTimer:
         for verb in STORE_VERBS:
             original = getattr(store, verb)
 
-            async def timed(*args: Any, _original: Any = original, _verb: str = verb) -> Any:
+            async def timed(
+                *args: Any, _original: Any = original, _verb: str = verb, **kw: Any
+            ) -> Any:
                 if not self.active:
-                    return await _original(*args)
+                    return await _original(*args, **kw)
                 start = time.perf_counter_ns()
                 try:
-                    return await _original(*args)
+                    return await _original(*args, **kw)
                 finally:
                     self.calls.append((_verb, time.perf_counter_ns() - start))
 

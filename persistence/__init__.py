@@ -2,7 +2,8 @@
 
 Owns the records turnkeeper commits at its durable boundaries (plain msgspec Structs: history
 rows with their cut records, sessions, turn envelopes, operation receipts), the ``Store``
-protocol and its SQLite and in-memory implementations, migrations, and the read-only SQLite
+protocol (commit one session's durable boundary, load a session, scan for recovery, query
+receipts) and its SQLite and in-memory implementations, migrations, and the read-only SQLite
 open that ``turnkeeper inspect`` and ``receipts`` use, and the lock that gives a SQLite store
 one owning process. It also holds the root of turnkeeper's error tree, because it is the one
 package every other package may import.
@@ -15,6 +16,7 @@ from persistence._errors import (
     CorruptRecord,
     MigrationRequired,
     NotATurnkeeperStore,
+    StaleOwner,
     StoreError,
     StoreLocked,
     TurnkeeperError,
@@ -25,8 +27,11 @@ from persistence._memory import MemoryStore
 from persistence._sqlite import SqliteStore
 from persistence.records import (
     OPEN_OP_STATES,
+    Boundary,
+    Committed,
     CutRecord,
     CutState,
+    CutStateChange,
     HistoryRow,
     OperationRecord,
     OpState,
@@ -34,6 +39,7 @@ from persistence.records import (
     RecoverableCut,
     RecoveryScan,
     RowKind,
+    SessionLoad,
     SessionRecord,
     TurnEnvelope,
 )
@@ -41,9 +47,12 @@ from persistence.store import Store
 
 __all__ = [
     "OPEN_OP_STATES",
+    "Boundary",
+    "Committed",
     "CorruptRecord",
     "CutRecord",
     "CutState",
+    "CutStateChange",
     "HistoryRow",
     "MemoryStore",
     "MigrationRequired",
@@ -54,8 +63,10 @@ __all__ = [
     "RecoverableCut",
     "RecoveryScan",
     "RowKind",
+    "SessionLoad",
     "SessionRecord",
     "SqliteStore",
+    "StaleOwner",
     "Store",
     "StoreError",
     "StoreLocked",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence._errors import UsageError
+from persistence._errors import StaleOwner, UsageError
 from persistence.records import OPEN_OP_STATES, CutState, OperationRecord, OpState
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from persistence.records import HistoryRow, SessionRecord
+    from persistence.records import Boundary, HistoryRow, SessionRecord
 
 
 def row_key(session: str, row_id: str) -> str:
@@ -18,24 +18,68 @@ def row_key(session: str, row_id: str) -> str:
     return f"{session}/{row_id}"
 
 
-def check_batch(rows: Sequence[HistoryRow]) -> None:
-    """Refuse a batch that repeats a (session, row_id) or a (session, seq) within itself.
+def check_boundary(session: str, boundary: Boundary) -> None:
+    """Refuse a boundary holding a record of another session, or a key it repeats itself.
 
     Raises:
-        UsageError: Naming the repeated key.
+        UsageError: Naming the field (and the record) that is wrong; nothing is written.
     """
-    ids: set[tuple[str, str]] = set()
-    seqs: dict[tuple[str, int], str] = {}
+    create, rows, envelope, operations = (
+        boundary.create,
+        boundary.rows,
+        boundary.envelope,
+        boundary.operations,
+    )
+    if create is not None and create.id != session:
+        raise _foreign("create", create.id, session)
     for row in rows:
-        if (row.session, row.row_id) in ids:
+        if row.session != session:
+            index = rows.index(row)
+            raise _foreign(f"rows[{index}] (history row {row.row_id})", row.session, session)
+    if envelope is not None and envelope.session != session:
+        raise _foreign(f"envelope (stream {envelope.stream})", envelope.session, session)
+    for record in operations:
+        if record.session != session:
+            index = operations.index(record)
+            raise _foreign(f"operations[{index}] ({record.op_id})", record.session, session)
+    for change in boundary.cut_states:
+        cut_state(change.state)
+    if len(rows) > 1:
+        _check_rows(rows)
+
+
+def _foreign(field: str, belongs: str, session: str) -> UsageError:
+    return UsageError(
+        f"Boundary.{field} belongs to session {belongs!r}, not to {session!r}: a boundary "
+        "holds one session's records"
+    )
+
+
+def _check_rows(rows: Sequence[HistoryRow]) -> None:
+    """Refuse rows that repeat a row_id or a seq among themselves (one session's rows)."""
+    ids: set[str] = set()
+    seqs: dict[int, str] = {}
+    for row in rows:
+        if row.row_id in ids:
             raise UsageError(
-                f"history row {row_key(row.session, row.row_id)} appears twice in one append"
+                f"history row {row_key(row.session, row.row_id)} appears twice in one boundary"
             )
-        holder = seqs.get((row.session, row.seq))
+        holder = seqs.get(row.seq)
         if holder is not None:
             raise duplicate_seq(row, holder)
-        ids.add((row.session, row.row_id))
-        seqs[(row.session, row.seq)] = row.row_id
+        ids.add(row.row_id)
+        seqs[row.seq] = row.row_id
+
+
+def fence(session: str, current: str | None, given: str | None) -> None:
+    """Refuse a commit whose owner token is not the store's current owner.
+
+    Raises:
+        StaleOwner: ``given`` is not ``current`` (a store without an owner, closed or
+            read-only, owns nothing: every token is stale for it).
+    """
+    if current is None or given != current:
+        raise StaleOwner(session)
 
 
 def cut_state(value: CutState | str) -> CutState:
@@ -66,29 +110,21 @@ def session_conflict(stored: SessionRecord, given: SessionRecord) -> UsageError:
 
 
 def duplicate_row_id(row: HistoryRow) -> UsageError:
-    """The error for appending a row whose (session, row_id) is taken."""
+    """The error for adding a row whose (session, row_id) is taken."""
     return UsageError(f"history row {row_key(row.session, row.row_id)} already exists")
 
 
 def duplicate_seq(row: HistoryRow, holder: str) -> UsageError:
-    """The error for appending a row whose (session, seq) is held by row ``holder``."""
+    """The error for adding a row whose (session, seq) is held by row ``holder``."""
     return UsageError(
         f"seq {row.seq} of session {row.session!r} is already taken by history row "
-        f"{row_key(row.session, holder)} (appending {row_key(row.session, row.row_id)})"
+        f"{row_key(row.session, holder)} (adding {row_key(row.session, row.row_id)})"
     )
 
 
 def no_row(session: str, row_id: str) -> UsageError:
     """The error for a verb that names a history row the store does not hold."""
     return UsageError(f"no history row {row_key(session, row_id)}")
-
-
-def seq_mismatch(row: HistoryRow, stored_seq: int) -> UsageError:
-    """The error for updating a row with a seq other than the stored one."""
-    return UsageError(
-        f"history row {row_key(row.session, row.row_id)} has seq {stored_seq}, "
-        f"not {row.seq}; a row's seq never changes"
-    )
 
 
 def no_cut(session: str, row_id: str) -> UsageError:
@@ -100,6 +136,7 @@ def order_receipts(
     records: Sequence[OperationRecord],
     *,
     session: str | None,
+    op_id: str | None = None,
     states: frozenset[OpState] | None,
     recent: int | None,
 ) -> tuple[OperationRecord, ...]:
@@ -107,7 +144,9 @@ def order_receipts(
     chosen = [
         r
         for r in records
-        if (session is None or r.session == session) and (states is None or r.state in states)
+        if (session is None or r.session == session)
+        and (op_id is None or r.op_id == op_id)
+        and (states is None or r.state in states)
     ]
     indeterminate = [r for r in chosen if r.state is OpState.INDETERMINATE]
     running = [r for r in chosen if r.state in (OpState.REQUESTED, OpState.RUNNING)]

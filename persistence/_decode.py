@@ -21,6 +21,7 @@ from persistence.records import (
     RecoverableCut,
     RecoveryScan,
     RowKind,
+    SessionLoad,
     SessionRecord,
     TurnEnvelope,
 )
@@ -145,74 +146,56 @@ def recovery_scan(
     sessions: Sequence[Sequence[Any]],
     streams: Sequence[Sequence[Any]],
 ) -> RecoveryScan:
-    """Decode the raw scan: owed rows by session (the last one is the candidate)."""
+    """Decode the raw scan, by session: its owed rows, the rows after them, its record.
+
+    A session any of whose values fails validation is reported in ``corrupt`` (the first
+    problem found) and left out of ``cuts``.
+    """
     corrupt: dict[str, str] = {}
-    by_session: dict[str, list[HistoryRow]] = {}
-    for values in owed:
-        name = str(values[0])
-        try:
-            by_session.setdefault(name, []).append(decode_row(values))
-        except CorruptRecord as error:
-            corrupt.setdefault(name, str(error))
+    decoded: dict[str, dict[str, list[HistoryRow]]] = {"owed": {}, "after": {}}
+    for part, raw in (("owed", owed), ("after", trailing)):
+        for values in raw:
+            name = str(values[0])
+            try:
+                decoded[part].setdefault(name, []).append(decode_row(values))
+            except CorruptRecord as error:
+                corrupt.setdefault(name, str(error))
     records: dict[str, SessionRecord] = {}
     for values in sessions:
         try:
             records[str(values[0])] = decode_session(values)
         except CorruptRecord as error:
             corrupt.setdefault(str(values[0]), str(error))
-    after: dict[str, list[Sequence[Any]]] = {}
-    for values in trailing:
-        after.setdefault(str(values[0]), []).append(values)
     stream_ids: dict[str, list[str]] = {}
     for name, stream in streams:
         stream_ids.setdefault(str(name), []).append(str(stream))
-    cuts: list[RecoverableCut] = []
-    for name, rows in by_session.items():
-        if name in corrupt or name not in records:
-            continue
-        last = rows[-1]
-        tail = after.get(name, [])
-        try:
-            moved_on = _trailing(name, tail)
-        except CorruptRecord as error:
-            corrupt[name] = str(error)
-            continue
-        kinds, follower = moved_on
-        cuts.append(
-            RecoverableCut(
-                session=records[name],
-                row=last,
-                trailing=kinds,
-                follower=follower,
-                stale=tuple(r.row_id for r in rows[:-1]),
-                last_seq=max([last.seq, *(int(values[1]) for values in tail)]),
-                streams=tuple(stream_ids.get(name, ())),
-            )
+    cuts = [
+        RecoverableCut(
+            session=records[name],
+            owed=tuple(rows),
+            after=tuple(decoded["after"].get(name, ())),
+            streams=tuple(stream_ids.get(name, ())),
         )
+        for name, rows in decoded["owed"].items()
+        if name not in corrupt and name in records
+    ]
     return RecoveryScan(cuts=tuple(cuts), corrupt=tuple(sorted(corrupt.items())))
 
 
-#: Rows that leave a cut at its session's tail (see ``RecoverableCut``).
-_TAIL_KINDS = frozenset({RowKind.SENTINEL, RowKind.SYSTEM})
-
-
-def _trailing(
-    session: str, tail: Sequence[Sequence[Any]]
-) -> tuple[tuple[RowKind, ...], HistoryRow | None]:
-    """The kinds of the rows after a cut, and the first of them that moved the turn on.
+def decode_load(
+    session: Sequence[Sequence[Any]],
+    rows: Sequence[Sequence[Any]],
+    envelopes: Sequence[Sequence[Any]],
+) -> SessionLoad | None:
+    """Build a session's load from its raw rows; ``None`` when there is no session row.
 
     Raises:
-        CorruptRecord: A row's kind is not a kind, or the follower fails validation.
+        CorruptRecord: The session, a row or an envelope fails validation.
     """
-    kinds: list[RowKind] = []
-    follower: HistoryRow | None = None
-    for values in tail:
-        try:
-            kind = RowKind(values[3])
-        except ValueError:
-            key = _checks.row_key(session, f"seq {values[1]}")
-            raise CorruptRecord("history_rows", key, f"$.kind: {values[3]!r}") from None
-        kinds.append(kind)
-        if follower is None and kind not in _TAIL_KINDS:
-            follower = decode_row(values)
-    return tuple(kinds), follower
+    if not session:
+        return None
+    return SessionLoad(
+        record=decode_session(session[0]),
+        rows=tuple(decode_row(values) for values in rows),
+        envelopes=tuple(decode_envelope(values) for values in envelopes),
+    )

@@ -58,6 +58,26 @@ class StoreLocked(StoreError):
         self.this_process = this_process
 
 
+class StaleOwner(UsageError):
+    """A commit named an owner token that is not the store's current owner; nothing was written.
+
+    The fence of a store shared by several processes: every commit carries the token its
+    writer got when it came to own the store (``Store.owner``), and a writer that no longer
+    owns it (the store was closed and reopened, or, with leases, another process took over)
+    is refused before anything of its boundary lands.
+
+    Attributes:
+        session: The session the refused boundary was for.
+    """
+
+    def __init__(self, session: str) -> None:
+        super().__init__(
+            f"commit for session {session!r} refused: its owner token is not this store's "
+            "current owner (the store was reopened or is owned by another process since)"
+        )
+        self.session = session
+
+
 class CorruptRecord(TurnkeeperError):
     """A stored value failed validation when it was read back.
 

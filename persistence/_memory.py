@@ -1,8 +1,8 @@
 """The in-memory store: plain dicts, the same behaviour as SQLite, nothing durable.
 
 Records are frozen Structs, so the store shares them with callers; it never hands out its own
-containers. Every verb checks everything before it changes anything, and contains no ``await``,
-so a verb is atomic with respect to other tasks. Closing keeps the contents: a closed and
+containers. A commit checks everything before it changes anything, and contains no ``await``,
+so it is atomic with respect to other tasks. Closing keeps the contents: a closed and
 reopened ``MemoryStore`` holds what it held, like a database file.
 """
 
@@ -16,6 +16,8 @@ import msgspec
 from persistence import _checks
 from persistence._errors import UsageError
 from persistence.records import (
+    Boundary,
+    Committed,
     CutState,
     HistoryRow,
     OperationRecord,
@@ -23,13 +25,13 @@ from persistence.records import (
     ReceiptQuery,
     RecoverableCut,
     RecoveryScan,
-    RowKind,
+    SessionLoad,
     SessionRecord,
     TurnEnvelope,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Sequence, Set
     from types import TracebackType
 
 
@@ -45,6 +47,11 @@ class _SessionData:
         self.envelopes: dict[str, TurnEnvelope] = {}
 
 
+_EMPTY = _SessionData(SessionRecord(id="", model=""))
+_NONE: frozenset[str] = frozenset()
+_NOTHING = Committed()
+
+
 class MemoryStore:
     """A :class:`~persistence.Store` held in memory (tests, ``--memory`` runs)."""
 
@@ -54,13 +61,20 @@ class MemoryStore:
         self._open = False
         self._owner: str | None = None
 
+    @classmethod
+    def opened(cls) -> MemoryStore:
+        """A new store, already open (no I/O to wait for): a stream manager's own receipts."""
+        store = cls()
+        store._open, store._owner = True, secrets.token_hex(16)
+        return store
+
     def __repr__(self) -> str:
         rows = sum(len(data.by_id) for data in self._sessions.values())
         state = "open" if self._open else "closed"
         return f"<MemoryStore {state} sessions={len(self._sessions)} rows={rows}>"
 
     async def open(self) -> None:
-        """Open the store.
+        """Open the store, minting a new owner token.
 
         Raises:
             UsageError: The store is already open.
@@ -80,7 +94,7 @@ class MemoryStore:
         """This owner's token: random hex minted at open, ``None`` while closed.
 
         As in ``SqliteStore.owner``: one object is one owner (a second open of an open store
-        is refused), and a reopen mints a new token.
+        is refused), and a reopen mints a new token, so a commit with the old one is refused.
         """
         return self._owner
 
@@ -102,186 +116,140 @@ class MemoryStore:
         if not self._open:
             raise _checks.not_open()
 
-    def _session(self, session: str) -> _SessionData:
-        data = self._sessions.get(session)
-        if data is None:
-            raise _checks.unknown_session(session)
-        return data
+    # -- writes ---------------------------------------------------------------------------------
 
-    async def create_session(self, record: SessionRecord) -> None:
-        """Create a session; idempotent for an identical record.
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Make one boundary of ``session`` durable, all or nothing (see ``Store.commit``).
 
         Raises:
-            UsageError: A session with this id exists with different fields.
+            StaleOwner: ``owner`` is not the current owner.
+            UsageError: See ``Store.commit``; nothing is written.
         """
+        if not self._open:
+            raise _checks.not_open()
+        _checks.fence(session, self._owner, owner)
+        _checks.check_boundary(session, boundary)
+        if (
+            boundary.create is None
+            and boundary.envelope is None
+            and not (boundary.rows or boundary.delete or boundary.cut_states)
+        ):  # receipts only, the most frequent boundary: nothing to check against the store
+            for record in boundary.operations:
+                self._operations[record.op_id] = record
+            return _NOTHING
+        deleted = self._apply(session, boundary)
+        return Committed(deleted=deleted) if deleted else _NOTHING
+
+    def _apply(self, session: str, boundary: Boundary) -> int:
+        """Check the boundary against the store, then write it; how many rows it deleted."""
+        data, create = self._sessions.get(session), boundary.create
+        if create is not None and data is not None and data.record != create:
+            raise _checks.session_conflict(data.record, create)
+        existing = data if data is not None else _EMPTY
+        doomed = {r for r in boundary.delete if r in existing.by_id} if boundary.delete else _NONE
+        if boundary.rows or boundary.envelope is not None:
+            if data is None and create is None:
+                raise _checks.unknown_session(session)
+            self._check_rows(existing, doomed, boundary.rows)
+        cuts = self._check_cuts(session, existing, doomed, boundary) if boundary.cut_states else ()
+        # Everything is checked: from here on nothing raises.
+        if data is None and create is not None:
+            data = self._sessions[session] = _SessionData(create)
+        if data is not None:
+            for row_id in doomed:
+                del data.by_seq[data.by_id.pop(row_id).seq]
+            for row in boundary.rows:
+                data.by_id[row.row_id] = row
+                data.by_seq[row.seq] = row.row_id
+            for row in cuts:
+                data.by_id[row.row_id] = row
+            if boundary.envelope is not None:
+                data.envelopes[boundary.envelope.stream] = boundary.envelope
+        for record in boundary.operations:
+            self._operations[record.op_id] = record
+        return len(doomed)
+
+    @staticmethod
+    def _check_rows(data: _SessionData, doomed: Set[str], rows: Sequence[HistoryRow]) -> None:
+        for row in rows:
+            if row.row_id in data.by_id and row.row_id not in doomed:
+                raise _checks.duplicate_row_id(row)
+            holder = data.by_seq.get(row.seq)
+            if holder is not None and holder not in doomed:
+                raise _checks.duplicate_seq(row, holder)
+
+    @staticmethod
+    def _check_cuts(
+        session: str, data: _SessionData, doomed: Set[str], boundary: Boundary
+    ) -> list[HistoryRow]:
+        """The rows the boundary's cut states leave, checked (nothing is changed yet)."""
+        added = {row.row_id: row for row in boundary.rows}
+        moved: dict[str, HistoryRow] = {}
+        for change in boundary.cut_states:
+            row = moved.get(change.row_id) or added.get(change.row_id)
+            if row is None and change.row_id not in doomed:
+                row = data.by_id.get(change.row_id)
+            if row is None:
+                raise _checks.no_row(session, change.row_id)
+            if row.cut is None:
+                raise _checks.no_cut(session, change.row_id)
+            cut = msgspec.structs.replace(row.cut, state=_checks.cut_state(change.state))
+            moved[change.row_id] = msgspec.structs.replace(row, cut=cut)
+        return list(moved.values())
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def load(self, session: str) -> SessionLoad | None:
+        """The session's record, its rows by seq and its envelopes; ``None`` when unknown."""
         self._check_open()
-        data = self._sessions.get(record.id)
+        data = self._sessions.get(session)
         if data is None:
-            self._sessions[record.id] = _SessionData(record)
-        elif data.record != record:
-            raise _checks.session_conflict(data.record, record)
+            return None
+        return SessionLoad(
+            record=data.record,
+            rows=tuple(data.by_id[data.by_seq[seq]] for seq in sorted(data.by_seq)),
+            envelopes=tuple(data.envelopes.values()),
+        )
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session, ordered by id."""
         self._check_open()
         return [self._sessions[key].record for key in sorted(self._sessions)]
 
-    async def append(self, rows: Sequence[HistoryRow]) -> None:
-        """Append history rows atomically.
-
-        Raises:
-            UsageError: An unknown session, or a (session, row_id) or (session, seq) already
-                taken; nothing of the batch is written.
-        """
-        self._check_open()
-        _checks.check_batch(rows)
-        for row in rows:
-            data = self._session(row.session)
-            if row.row_id in data.by_id:
-                raise _checks.duplicate_row_id(row)
-            holder = data.by_seq.get(row.seq)
-            if holder is not None:
-                raise _checks.duplicate_seq(row, holder)
-        for row in rows:
-            data = self._sessions[row.session]
-            data.by_id[row.row_id] = row
-            data.by_seq[row.seq] = row.row_id
-
-    async def update_row(self, row: HistoryRow) -> None:
-        """Replace the kind, body, stream and cut of the existing row (session, row_id).
-
-        Raises:
-            UsageError: No such row, or the stored row has a different seq.
-        """
-        self._check_open()
-        data = self._sessions.get(row.session)
-        stored = None if data is None else data.by_id.get(row.row_id)
-        if data is None or stored is None:
-            raise _checks.no_row(row.session, row.row_id)
-        if stored.seq != row.seq:
-            raise _checks.seq_mismatch(row, stored.seq)
-        data.by_id[row.row_id] = row
-
-    async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
-        """Delete rows of one session atomically; return how many existed and were deleted."""
-        self._check_open()
-        data = self._sessions.get(session)
-        if data is None:
-            return 0
-        deleted = 0
-        for row_id in set(row_ids):
-            row = data.by_id.pop(row_id, None)
-            if row is not None:
-                del data.by_seq[row.seq]
-                deleted += 1
-        return deleted
-
-    async def history(self, session: str) -> list[HistoryRow]:
-        """The session's rows, ordered by seq (empty for an unknown session)."""
-        self._check_open()
-        data = self._sessions.get(session)
-        if data is None:
-            return []
-        return [data.by_id[data.by_seq[seq]] for seq in sorted(data.by_seq)]
-
-    async def owed_cuts(self, session: str | None = None) -> list[HistoryRow]:
-        """Rows whose cut record is owed, ordered by (session, seq); one session or all."""
-        self._check_open()
-        names = sorted(self._sessions) if session is None else [session]
-        owed: list[HistoryRow] = []
-        for name in names:
-            owed.extend(
-                row
-                for row in await self.history(name)
-                if row.cut is not None and row.cut.state == CutState.OWED
-            )
-        return owed
-
-    async def recoverable(self) -> RecoveryScan:
-        """Every session with an owed cut record, with what recovery needs to resume it."""
+    async def scan_recoverable(self) -> RecoveryScan:
+        """Every session with an owed cut record: its owed rows and the rows after them."""
         self._check_open()
         cuts: list[RecoverableCut] = []
         for name in sorted(self._sessions):
-            rows = await self.history(name)
-            owed = [r for r in rows if r.cut is not None and r.cut.state == CutState.OWED]
-            if not owed:
-                continue
-            last = owed[-1]
             data = self._sessions[name]
-            after = [r for r in rows if r.seq > last.seq]
-            cuts.append(
-                RecoverableCut(
-                    session=data.record,
-                    row=last,
-                    trailing=tuple(r.kind for r in after),
-                    follower=next(
-                        (r for r in after if r.kind not in (RowKind.SENTINEL, RowKind.SYSTEM)),
-                        None,
-                    ),
-                    stale=tuple(r.row_id for r in owed[:-1]),
-                    last_seq=rows[-1].seq,
-                    streams=tuple(data.envelopes),
+            rows = [data.by_id[data.by_seq[seq]] for seq in sorted(data.by_seq)]
+            owed = [r for r in rows if r.cut is not None and r.cut.state is CutState.OWED]
+            if owed:
+                after = tuple(r for r in rows if r.seq > owed[-1].seq)
+                streams = tuple(data.envelopes)
+                cuts.append(
+                    RecoverableCut(
+                        session=data.record, owed=tuple(owed), after=after, streams=streams
+                    )
                 )
-            )
         return RecoveryScan(cuts=tuple(cuts))
-
-    async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
-        """Set the state of the cut record on row (session, row_id).
-
-        Raises:
-            UsageError: No such row, or the row has no cut record.
-        """
-        self._check_open()
-        data = self._sessions.get(session)
-        row = None if data is None else data.by_id.get(row_id)
-        if data is None or row is None:
-            raise _checks.no_row(session, row_id)
-        if row.cut is None:
-            raise _checks.no_cut(session, row_id)
-        cut = msgspec.structs.replace(row.cut, state=_checks.cut_state(state))
-        data.by_id[row_id] = msgspec.structs.replace(row, cut=cut)
-
-    async def put_envelope(self, envelope: TurnEnvelope) -> None:
-        """Write a turn envelope, replacing the one with the same (session, stream).
-
-        Raises:
-            UsageError: The envelope's session does not exist.
-        """
-        self._check_open()
-        self._session(envelope.session).envelopes[envelope.stream] = envelope
-
-    async def envelopes(self, session: str) -> list[TurnEnvelope]:
-        """The session's turn envelopes, in the order they were first written."""
-        self._check_open()
-        data = self._sessions.get(session)
-        return [] if data is None else list(data.envelopes.values())
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Write an operation's receipt, replacing the one with the same ``op_id``."""
-        self._check_open()
-        self._operations[record.op_id] = record
-
-    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
-        """Write receipts, each replacing the one with the same ``op_id``."""
-        self._check_open()
-        for record in records:
-            self._operations[record.op_id] = record
-
-    async def operation(self, op_id: str) -> OperationRecord | None:
-        """The receipt ``op_id``, or ``None``."""
-        self._check_open()
-        return self._operations.get(op_id)
 
     async def receipts(
         self,
         session: str | None = None,
         *,
+        op_id: str | None = None,
         states: frozenset[OpState] | None = None,
         recent: int | None = None,
     ) -> ReceiptQuery:
         """Open receipts first (indeterminate, then requested and running), then recent others."""
         self._check_open()
+        if op_id is not None:
+            found = self._operations.get(op_id)
+            candidates = [] if found is None else [found]
+        else:
+            candidates = list(self._operations.values())
         records = _checks.order_receipts(
-            list(self._operations.values()), session=session, states=states, recent=recent
+            candidates, session=session, op_id=op_id, states=states, recent=recent
         )
         return ReceiptQuery(records=records)

@@ -2,8 +2,8 @@
 
 Cost model (``docs/persistence.md``): one aiosqlite call is a thread hop of about 180 µs while
 the commit itself is about 26 µs, so the number of calls sets the price of a durable write.
-Every write verb is one *job* (``_writes``) run on the connection's thread inside one
-transaction, one aiosqlite call; with group commit (the default) the jobs of concurrent writers
+Every commit (one boundary) is one *job* (``_writes``) run on the connection's thread inside
+one transaction, one aiosqlite call; with group commit (the default) the jobs of concurrent writers
 share that call and its transaction (``_group``), and reads are jobs too, riding in the same
 calls. The connection runs in autocommit mode (``isolation_level=None``); only the migration
 opens a transaction of several calls.
@@ -21,18 +21,11 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import aiosqlite
 import anyio
-import msgspec
 
 from persistence import _checks, _lock, _writes
 from persistence._checkpoint import Checkpointer
 from persistence._connection import Translate, connect, file_facts, one, transaction
-from persistence._decode import (
-    decode_envelope,
-    decode_operation,
-    decode_row,
-    decode_session,
-    recovery_scan,
-)
+from persistence._decode import decode_load, decode_operation, decode_session, recovery_scan
 from persistence._errors import (
     CorruptRecord,
     MigrationRequired,
@@ -44,18 +37,17 @@ from persistence._errors import (
 from persistence._group import GroupCommit
 from persistence._migrations import Migration, load_migrations
 from persistence.records import (
-    CutState,
-    HistoryRow,
+    Boundary,
+    Committed,
     OperationRecord,
     OpState,
     ReceiptQuery,
     RecoveryScan,
+    SessionLoad,
     SessionRecord,
-    TurnEnvelope,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from types import TracebackType
 
     from persistence._lock import HeldLock
@@ -68,22 +60,7 @@ _SYNCHRONOUS: dict[str, str] = {
     "FULL": "PRAGMA synchronous = FULL",
 }
 
-SELECT_HISTORY = (
-    "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
-    "FROM history_rows WHERE session = ? ORDER BY seq"
-)
-SELECT_OWED = (
-    "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
-    "FROM history_rows WHERE cut_state = ? ORDER BY session, seq"
-)
-SELECT_OWED_IN_SESSION = (
-    "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
-    "FROM history_rows WHERE cut_state = ? AND session = ? ORDER BY seq"
-)
 SELECT_SESSIONS = "SELECT id, record FROM sessions ORDER BY id"
-SELECT_ENVELOPES = (
-    "SELECT session, stream, record FROM turn_envelopes WHERE session = ? ORDER BY rowid"
-)
 SELECT_VERSION_TABLE = (
     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
 )
@@ -96,7 +73,7 @@ SELECT_VERSION = "SELECT version FROM schema_version"
 INSERT_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 UPDATE_VERSION = "UPDATE schema_version SET version = ?"
 
-_ENCODE = msgspec.json.Encoder().encode
+_NOTHING = Committed()
 
 
 # -- migrations -------------------------------------------------------------------------------
@@ -254,9 +231,11 @@ class SqliteStore:
         """This owner's token: random hex minted when the open took the file's lock.
 
         ``None`` while the store is closed, and always for a read-only store (it owns nothing).
-        A later reopen mints a new one. Today the lock is what fences a stale owner (the kernel
-        drops it with its holder); the token is there for a store shared by several processes,
-        which would record it and refuse the writes of an owner that is no longer current.
+        A later reopen mints a new one, and :meth:`commit` refuses every other token
+        (:class:`~persistence.StaleOwner`). Between processes the lock is what makes one
+        owner (the kernel drops it with its holder); the token fences a writer of this
+        process that outlived its open, and is the fence a store shared by several processes
+        (with leases) checks in the same transaction as the write.
         """
         return None if self._held is None else self._held.owner
 
@@ -430,18 +409,42 @@ class SqliteStore:
         """``(transactions, writes)`` committed since the store was made (group commit's gain)."""
         return self._group.batches, self._group.jobs
 
-    # -- sessions -------------------------------------------------------------------------------
+    # -- writes ---------------------------------------------------------------------------------
 
-    async def create_session(self, record: SessionRecord) -> None:
-        """Create a session; idempotent for an identical record (one call).
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Make one boundary of ``session`` durable in one transaction (one aiosqlite call).
+
+        The owner is checked twice: here, and again on the connection's thread inside the
+        transaction (a reopen between the two cannot let a stale writer through).
 
         Raises:
-            UsageError: A session with this id exists with different fields.
-            CorruptRecord: The stored session with this id fails validation.
+            StaleOwner: ``owner`` is not this store's current owner.
+            UsageError: See ``Store.commit``; nothing of the boundary is written.
+            CorruptRecord: A stored value the commit had to read fails validation.
         """
-        stored = await self._write(_writes.create_session(record.id, _ENCODE(record)))
-        if stored is not None and (existing := decode_session(stored)) != record:
-            raise _checks.session_conflict(existing, record)
+        self._writer()
+        _checks.fence(session, self.owner, owner)
+        _checks.check_boundary(session, boundary)
+
+        def fence() -> None:  # on the connection's thread, under the store's lock
+            _checks.fence(session, self.owner, owner)
+
+        job = _writes.commit(session, boundary, self._path, fence)
+        if job is None:
+            return _NOTHING
+        deleted: int = await self._write(job)
+        return Committed(deleted=deleted) if deleted else _NOTHING
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def load(self, session: str) -> SessionLoad | None:
+        """The session's record, rows by seq and envelopes, read in one snapshot (one call).
+
+        Raises:
+            CorruptRecord: A value of the session fails validation (it is reported, never
+                skipped).
+        """
+        return decode_load(*await self._read(_writes.load(session)))
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session, ordered by id.
@@ -452,130 +455,21 @@ class SqliteStore:
         rows = await self._read(_writes.select(SELECT_SESSIONS, ()))
         return [decode_session(row) for row in rows]
 
-    # -- history --------------------------------------------------------------------------------
-
-    async def append(self, rows: Sequence[HistoryRow]) -> None:
-        """Append history rows in one transaction (one call).
-
-        Raises:
-            UsageError: An unknown session, or a (session, row_id) or (session, seq) already
-                taken; nothing of the batch is written.
-        """
-        _checks.check_batch(rows)
-        self._writer()
-        if rows:
-            await self._write(_writes.append(rows, self._path))
-
-    async def update_row(self, row: HistoryRow) -> None:
-        """Replace the kind, body, stream and cut of the existing row (one call).
-
-        Raises:
-            UsageError: No such row, or the stored row has a different seq.
-        """
-        shape = await self._write(_writes.update_row(row))
-        if shape is None:
-            return
-        if not shape:
-            raise _checks.no_row(row.session, row.row_id)
-        raise _checks.seq_mismatch(row, int(shape[0]))
-
-    async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
-        """Delete rows of one session in one statement; return how many were deleted."""
-        self._writer()
-        if not row_ids:
-            return 0
-        deleted: int = await self._write(_writes.delete_rows(session, row_ids))
-        return deleted
-
-    async def history(self, session: str) -> list[HistoryRow]:
-        """The session's rows, ordered by seq (empty for an unknown session).
-
-        Concurrent reads and writes share one aiosqlite call (see ``_group``).
-
-        Raises:
-            CorruptRecord: A row fails validation (it is reported, never skipped).
-        """
-        rows = await self._read(_writes.select(SELECT_HISTORY, (session,)))
-        return [decode_row(row) for row in rows]
-
-    async def owed_cuts(self, session: str | None = None) -> list[HistoryRow]:
-        """Rows whose cut record is owed, ordered by (session, seq), read through the index.
-
-        Raises:
-            CorruptRecord: An owed row fails validation.
-        """
-        if session is None:
-            job = _writes.select(SELECT_OWED, (CutState.OWED.value,))
-        else:
-            job = _writes.select(SELECT_OWED_IN_SESSION, (CutState.OWED.value, session))
-        return [decode_row(row) for row in await self._read(job)]
-
-    async def recoverable(self) -> RecoveryScan:
+    async def scan_recoverable(self) -> RecoveryScan:
         """Every session with an owed cut record, read in one call (PS-6's startup scan).
 
-        A session whose owed row or session record fails validation is reported in
-        ``corrupt`` and left out; nothing is written.
+        The owed rows are read through the partial index on ``cut_state``. A session whose
+        owed rows, later rows or record fail validation is reported in ``corrupt`` and left
+        out; nothing is written.
         """
         owed, trailing, sessions, streams = await self._read(_writes.scan_recoverable)
         return recovery_scan(owed, trailing, sessions, streams)
-
-    async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
-        """Set the state of the cut record on a row (one call), in the column and the record.
-
-        Raises:
-            UsageError: No such row, or the row has no cut record.
-            CorruptRecord: The stored cut record is not JSON (nothing is written).
-        """
-        value = _checks.cut_state(state).value
-        shape = await self._write(_writes.set_cut_state(session, row_id, value))
-        if shape is None:
-            return
-        if not shape:
-            raise _checks.no_row(session, row_id)
-        raise _checks.no_cut(session, row_id)
-
-    # -- envelopes ------------------------------------------------------------------------------
-
-    async def put_envelope(self, envelope: TurnEnvelope) -> None:
-        """Write a turn envelope, replacing the one with the same (session, stream) (one call).
-
-        Raises:
-            UsageError: The envelope's session does not exist.
-        """
-        job = _writes.put_envelope(envelope.session, envelope.stream, _ENCODE(envelope))
-        await self._write(job)
-
-    async def envelopes(self, session: str) -> list[TurnEnvelope]:
-        """The session's turn envelopes, in the order they were first written.
-
-        Raises:
-            CorruptRecord: An envelope fails validation.
-        """
-        rows = await self._read(_writes.select(SELECT_ENVELOPES, (session,)))
-        return [decode_envelope(row) for row in rows]
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Write an operation's receipt, replacing the one with the same ``op_id`` (one call)."""
-        await self._write(_writes.put_operations((record,)))
-
-    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
-        """Write receipts in one transaction (one call), each replacing its ``op_id``'s."""
-        if records:
-            await self._write(_writes.put_operations(records))
-
-    async def operation(self, op_id: str) -> OperationRecord | None:
-        """The receipt ``op_id``, or ``None``.
-
-        Raises:
-            CorruptRecord: The stored receipt fails validation (it stays where it is).
-        """
-        rows = await self._read(_writes.select(SELECT_OPERATION, (op_id,)))
-        return decode_operation(rows[0]) if rows else None
 
     async def receipts(
         self,
         session: str | None = None,
         *,
+        op_id: str | None = None,
         states: frozenset[OpState] | None = None,
         recent: int | None = None,
     ) -> ReceiptQuery:
@@ -583,7 +477,9 @@ class SqliteStore:
 
         A row that fails validation is reported by id in ``corrupt`` and skipped.
         """
-        if session is None:
+        if op_id is not None:
+            job = _writes.select(SELECT_OPERATION, (op_id,))
+        elif session is None:
             job = _writes.select(SELECT_OPERATIONS, ())
         else:
             job = _writes.select(SELECT_OPERATIONS_IN_SESSION, (session,))
@@ -594,5 +490,7 @@ class SqliteStore:
                 records.append(decode_operation(row))
             except CorruptRecord as error:
                 corrupt.append((str(row[0]), str(error)))
-        ordered = _checks.order_receipts(records, session=session, states=states, recent=recent)
+        ordered = _checks.order_receipts(
+            records, session=session, op_id=op_id, states=states, recent=recent
+        )
         return ReceiptQuery(records=ordered, corrupt=tuple(corrupt))

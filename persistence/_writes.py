@@ -7,21 +7,23 @@ statement entirely) or inside a savepoint of its own. So a job that raises has w
 and the others in its transaction are committed. Jobs never commit: the transaction's owner
 does, once, for every job in it, and only then tells anyone that their write is durable.
 
-Jobs return raw facts (row counts, a stored row's shape) and leave interpreting them (decoding,
-naming the error) to the verbs in ``_sqlite``, which run on the event loop.
+A write job names its own refusal (it must, to undo its savepoint before it raises); read jobs
+return raw rows and leave decoding them to the verbs in ``_sqlite``, on the event loop.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 
 from persistence import _checks
+from persistence._decode import decode_session
 from persistence._errors import CorruptRecord, UsageError
-from persistence.records import HistoryRow, OperationRecord
+from persistence.records import Boundary, HistoryRow, OperationRecord, SessionRecord
 
 T = TypeVar("T")
 
@@ -33,10 +35,6 @@ _ENCODE = msgspec.json.Encoder().encode
 INSERT_ROW = (
     "INSERT INTO history_rows (session, seq, row_id, kind, stream, cut_state, cut, body) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-UPDATE_ROW = (
-    "UPDATE history_rows SET kind = ?, stream = ?, cut_state = ?, cut = ?, body = ? "
-    "WHERE session = ? AND row_id = ? AND seq = ?"
 )
 DELETE_ROWS = (
     "DELETE FROM history_rows WHERE session = ? AND row_id IN (SELECT value FROM json_each(?))"
@@ -89,116 +87,151 @@ def operation_params(record: OperationRecord) -> tuple[object, ...]:
     )
 
 
-def create_session(session_id: str, record: bytes) -> Job[Sequence[Any] | None]:
-    """Insert a session unless its id exists; the stored row when it did (to compare)."""
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A boundary encoded on the event loop, ready to run on the connection's thread."""
 
-    def job(db: sqlite3.Connection) -> Sequence[Any] | None:
-        if db.execute(INSERT_SESSION, (session_id, record)).rowcount == 1:
-            return None
-        stored = db.execute(SELECT_SESSION, (session_id,)).fetchone()
-        return None if stored is None else tuple(stored)
+    session: str
+    path: str
+    create: SessionRecord | None
+    created: bytes | None
+    doomed: str | None
+    rows: list[tuple[HistoryRow, tuple[object, ...]]]
+    cuts: list[tuple[str, str]]
+    envelope: tuple[str, str, bytes] | None
+    operations: list[tuple[object, ...]]
 
-    return job
-
-
-def append(rows: Sequence[HistoryRow], path: str) -> Job[None]:
-    """Insert history rows, all or none; a refusal names the row it tripped over."""
-    params = [row_params(row) for row in rows]
-
-    def job(db: sqlite3.Connection) -> None:
-        db.execute("SAVEPOINT append_rows")
-        try:
-            db.executemany(INSERT_ROW, params)
-        except sqlite3.IntegrityError as exc:
-            db.execute("ROLLBACK TO append_rows")
-            db.execute("RELEASE append_rows")
-            raise _append_refusal(db, rows, exc, path) from None
-        db.execute("RELEASE append_rows")
-
-    return job
+    @property
+    def statements(self) -> int:
+        """How many statements it runs (a batch of receipts is one ``executemany``)."""
+        return (
+            (self.created is not None)
+            + (self.doomed is not None)
+            + len(self.rows)
+            + len(self.cuts)
+            + (self.envelope is not None)
+            + min(len(self.operations), 1)
+        )
 
 
-def _append_refusal(
-    db: sqlite3.Connection, rows: Sequence[HistoryRow], exc: sqlite3.IntegrityError, path: str
-) -> UsageError:
-    """Name the row a refused append tripped over (slow path: a few queries per row)."""
-    for row in rows:
-        if db.execute(SELECT_SESSION, (row.session,)).fetchone() is None:
-            return _checks.unknown_session(row.session)
-        if db.execute(SELECT_ROW_SHAPE, (row.session, row.row_id)).fetchone() is not None:
-            return _checks.duplicate_row_id(row)
-        holder = db.execute(SELECT_SEQ_HOLDER, (row.session, row.seq)).fetchone()
-        if holder is not None:
-            return _checks.duplicate_seq(row, str(holder[0]))
-    return UsageError(f"{path}: append refused: {exc}")
+def commit(
+    session: str, boundary: Boundary, path: str, fence: Callable[[], None]
+) -> Job[int] | None:
+    """One boundary of ``session``, all or nothing; the job returns how many rows it deleted.
 
-
-def update_row(row: HistoryRow) -> Job[Sequence[Any] | None]:
-    """Replace a row's kind, body, stream and cut; ``None``, or the stored shape when refused."""
-    params = row_params(row)
-
-    def job(db: sqlite3.Connection) -> Sequence[Any] | None:
-        cursor = db.execute(UPDATE_ROW, (*params[3:], row.session, row.row_id, row.seq))
-        if cursor.rowcount == 1:
-            return None
-        return _shape(db, row.session, row.row_id)
-
-    return job
-
-
-def delete_rows(session: str, row_ids: Sequence[str]) -> Job[int]:
-    """Delete rows of one session in one statement; how many were deleted."""
-    ids = _ENCODE(list(row_ids)).decode()
+    ``None`` for an empty boundary (nothing to run). ``fence`` runs first, on the connection's
+    thread inside the transaction, and raises when the writer no longer owns the store. A
+    boundary of one statement runs bare (SQLite undoes a failed statement whole); one of
+    several runs in a savepoint of its own, so a refusal anywhere undoes all of it.
+    """
+    envelope = boundary.envelope
+    plan = _Plan(
+        session=session,
+        path=path,
+        create=boundary.create,
+        created=None if boundary.create is None else _ENCODE(boundary.create),
+        doomed=_ENCODE(list(boundary.delete)).decode() if boundary.delete else None,
+        rows=[(row, row_params(row)) for row in boundary.rows],
+        cuts=[(c.row_id, _checks.cut_state(c.state).value) for c in boundary.cut_states],
+        envelope=None if envelope is None else (session, envelope.stream, _ENCODE(envelope)),
+        operations=[operation_params(record) for record in boundary.operations],
+    )
+    statements = plan.statements
+    if statements == 0:
+        return None
+    bare = statements == 1 and len(plan.operations) <= 1
 
     def job(db: sqlite3.Connection) -> int:
-        return db.execute(DELETE_ROWS, (session, ids)).rowcount
+        fence()
+        if bare:
+            return _apply(db, plan)
+        db.execute("SAVEPOINT boundary")
+        try:
+            deleted = _apply(db, plan)
+        except BaseException:
+            db.execute("ROLLBACK TO boundary")
+            db.execute("RELEASE boundary")
+            raise
+        db.execute("RELEASE boundary")
+        return deleted
 
     return job
 
 
-def set_cut_state(session: str, row_id: str, value: str) -> Job[Sequence[Any] | None]:
-    """Set a cut record's state (column and record); ``None``, or the row's shape if refused.
-
-    Raises:
-        CorruptRecord: The stored cut record is not JSON (nothing is written).
-    """
-
-    def job(db: sqlite3.Connection) -> Sequence[Any] | None:
+def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
+    """Run a boundary's statements in order; how many rows it deleted."""
+    if plan.create is not None and plan.created is not None:
+        _create(db, plan.create, plan.created)
+    deleted = 0
+    if plan.doomed is not None:
+        deleted = db.execute(DELETE_ROWS, (plan.session, plan.doomed)).rowcount
+    for row, params in plan.rows:
         try:
-            cursor = db.execute(SET_CUT_STATE, (value, value, session, row_id))
-        except sqlite3.OperationalError as exc:
-            if "JSON" not in str(exc):
-                raise
-            raise CorruptRecord(
-                "history_rows", _checks.row_key(session, row_id), f"$.cut: {exc}"
-            ) from None
-        if cursor.rowcount == 1:
-            return None
-        return _shape(db, session, row_id)
-
-    return job
-
-
-def _shape(db: sqlite3.Connection, session: str, row_id: str) -> Sequence[Any]:
-    """``(seq, has_cut)`` of a stored row, or ``()`` when there is no such row."""
-    found = db.execute(SELECT_ROW_SHAPE, (session, row_id)).fetchone()
-    return () if found is None else tuple(found)
-
-
-def put_envelope(session: str, stream: str, record: bytes) -> Job[None]:
-    """Write a turn envelope (upsert by session and stream).
-
-    Raises:
-        UsageError: The envelope's session does not exist.
-    """
-
-    def job(db: sqlite3.Connection) -> None:
+            db.execute(INSERT_ROW, params)
+        except sqlite3.IntegrityError as exc:
+            raise _row_refusal(db, row, exc, plan.path) from None
+    for row_id, value in plan.cuts:
+        _set_cut_state(db, plan.session, row_id, value)
+    if plan.envelope is not None:
         try:
-            db.execute(PUT_ENVELOPE, (session, stream, record))
+            db.execute(PUT_ENVELOPE, plan.envelope)
         except sqlite3.IntegrityError:
-            raise _checks.unknown_session(session) from None
+            raise _checks.unknown_session(plan.session) from None
+    if len(plan.operations) == 1:
+        db.execute(PUT_OPERATION, plan.operations[0])
+    elif plan.operations:
+        db.executemany(PUT_OPERATION, plan.operations)
+    return deleted
 
-    return job
+
+def _create(db: sqlite3.Connection, record: SessionRecord, blob: bytes) -> None:
+    """Insert a session unless its id exists with an identical record.
+
+    Raises:
+        UsageError: The id exists with other fields.
+        CorruptRecord: The stored session fails validation.
+    """
+    if db.execute(INSERT_SESSION, (record.id, blob)).rowcount == 1:
+        return
+    stored = db.execute(SELECT_SESSION, (record.id,)).fetchone()
+    if stored is not None and (existing := decode_session(tuple(stored))) != record:
+        raise _checks.session_conflict(existing, record)
+
+
+def _row_refusal(
+    db: sqlite3.Connection, row: HistoryRow, exc: sqlite3.IntegrityError, path: str
+) -> UsageError:
+    """Name what a refused row tripped over (slow path: a few queries)."""
+    if db.execute(SELECT_SESSION, (row.session,)).fetchone() is None:
+        return _checks.unknown_session(row.session)
+    if db.execute(SELECT_ROW_SHAPE, (row.session, row.row_id)).fetchone() is not None:
+        return _checks.duplicate_row_id(row)
+    holder = db.execute(SELECT_SEQ_HOLDER, (row.session, row.seq)).fetchone()
+    if holder is not None:
+        return _checks.duplicate_seq(row, str(holder[0]))
+    return UsageError(f"{path}: history row refused: {exc}")
+
+
+def _set_cut_state(db: sqlite3.Connection, session: str, row_id: str, value: str) -> None:
+    """Set a cut record's state (column and record).
+
+    Raises:
+        UsageError: No such row, or the row has no cut record.
+        CorruptRecord: The stored cut record is not JSON.
+    """
+    try:
+        cursor = db.execute(SET_CUT_STATE, (value, value, session, row_id))
+    except sqlite3.OperationalError as exc:
+        if "JSON" not in str(exc):
+            raise
+        raise CorruptRecord(
+            "history_rows", _checks.row_key(session, row_id), f"$.cut: {exc}"
+        ) from None
+    if cursor.rowcount == 1:
+        return
+    if db.execute(SELECT_ROW_SHAPE, (session, row_id)).fetchone() is None:
+        raise _checks.no_row(session, row_id)
+    raise _checks.no_cut(session, row_id)
 
 
 def select(sql: str, params: Sequence[object]) -> Job[list[Any]]:
@@ -210,22 +243,27 @@ def select(sql: str, params: Sequence[object]) -> Job[list[Any]]:
     return job
 
 
-def put_operations(records: Sequence[OperationRecord]) -> Job[None]:
-    """Write receipts (upsert by op id), all or none."""
-    params = [operation_params(record) for record in records]
+SELECT_HISTORY = (
+    "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
+    "FROM history_rows WHERE session = ? ORDER BY seq"
+)
+SELECT_ENVELOPES = (
+    "SELECT session, stream, record FROM turn_envelopes WHERE session = ? ORDER BY rowid"
+)
 
-    def job(db: sqlite3.Connection) -> None:
-        if len(params) == 1:
-            db.execute(PUT_OPERATION, params[0])
-            return
-        db.execute("SAVEPOINT put_operations")
-        try:
-            db.executemany(PUT_OPERATION, params)
-        except BaseException:
-            db.execute("ROLLBACK TO put_operations")
-            db.execute("RELEASE put_operations")
-            raise
-        db.execute("RELEASE put_operations")
+#: The raw load: the session row (none or one), its history rows, its envelopes.
+Load = tuple[list[Any], list[Any], list[Any]]
+
+
+def load(session: str) -> Job[Load]:
+    """A session's record, rows and envelopes, read in one snapshot."""
+
+    def job(db: sqlite3.Connection) -> Load:
+        return (
+            db.execute(SELECT_SESSION, (session,)).fetchall(),
+            db.execute(SELECT_HISTORY, (session,)).fetchall(),
+            db.execute(SELECT_ENVELOPES, (session,)).fetchall(),
+        )
 
     return job
 

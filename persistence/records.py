@@ -116,31 +116,42 @@ class HistoryRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """A session whose latest owed cut record startup recovery looks at (PS-6).
+    """A session with an owed cut record, as startup recovery reads it (PS-6).
 
-    ``row`` is the session's last row with an owed cut record; ``trailing`` the kinds of the
-    rows after it, in order (a tail of sentinels and system rows still leaves the cut at the
-    tail); ``follower`` the first of those rows that is neither a sentinel nor a system row
-    (what moved the conversation on, if anything did); ``stale`` the ids of earlier rows of
-    the session whose record is still owed.
+    Plain facts, no decisions: what the rows mean (which owed record is the live one, what
+    moved the conversation on) is decided above storage, in ``agent_session._recovery``.
+
+    Attributes:
+        session: The session's record.
+        owed: Every row of the session whose cut record is ``owed``, by seq (never empty).
+        after: Every row after the last of them, by seq.
+        streams: The session's turn envelopes' stream ids, in first-written order (to
+            number the next stream).
     """
 
     session: SessionRecord
-    row: HistoryRow
-    trailing: tuple[RowKind, ...] = ()
-    follower: HistoryRow | None = None
-    stale: tuple[str, ...] = ()
-    last_seq: int
-    #: The session's turn envelopes' stream ids (to number the next stream).
+    owed: tuple[HistoryRow, ...]
+    after: tuple[HistoryRow, ...] = ()
     streams: tuple[str, ...] = ()
+
+    @property
+    def row(self) -> HistoryRow:
+        """The session's last row with an owed cut record."""
+        return self.owed[-1]
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the session's last row."""
+        return (self.after or self.owed)[-1].seq
 
 
 class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What startup recovery needs from the store, read at once (one call in SQLite)."""
 
     cuts: tuple[RecoverableCut, ...] = ()
-    #: ``(session, what was wrong)`` for every owed row or session that failed validation:
-    #: those sessions are left out of ``cuts`` and nothing of theirs is changed.
+    #: ``(session, what was wrong)`` for every session whose owed rows, later rows or record
+    #: failed validation: those sessions are left out of ``cuts`` and nothing of theirs is
+    #: changed.
     corrupt: tuple[tuple[str, str], ...] = ()
 
 
@@ -194,7 +205,9 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         session: The session the call ran in.
         stream: The stream whose step made the call.
         call_id: The model's tool-call id.
-        capability: The tool's layer and name, e.g. ``client:bash`` or ``provider:web_search``.
+        capability: The tool's kind and name, ``kind:name`` (``stream_manager.Capability``'s
+            text), e.g. ``client:bash`` or ``provider:web_search``; a stored value of another
+            shape (an unknown kind, no name) is corrupt.
         target: A salted digest of what the call acted on (never the arguments themselves).
         started_at: When the record was written (clock seconds).
         deadline_at: The call's absolute deadline (clock seconds), if it has one.
@@ -215,7 +228,7 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     session: str
     stream: str
     call_id: str
-    capability: str
+    capability: Annotated[str, msgspec.Meta(pattern=r"^(client|provider|completion):(?s:.)")]
     target: str
     started_at: float
     deadline_at: float | None = None
@@ -240,3 +253,66 @@ class ReceiptQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     records: tuple[OperationRecord, ...] = ()
     corrupt: tuple[tuple[str, str], ...] = ()
+
+
+class CutStateChange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A boundary's move of the cut record on one of its session's rows.
+
+    Attributes:
+        row_id: The row carrying the cut record (it may be one the same boundary adds).
+        state: The record's new state.
+    """
+
+    row_id: str
+    state: CutState
+
+
+class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What one durable boundary of one session makes durable, in one transaction.
+
+    Every part is optional; every record must belong to the boundary's session. A store
+    applies the parts in this order: ``create``, ``delete``, ``rows``, ``cut_states``,
+    ``envelope``, ``operations`` (so a boundary may replace a row by deleting and re-adding its
+    id, and may move the cut record of a row it adds).
+
+    Attributes:
+        create: Create the session (idempotent for an identical record).
+        rows: History rows to add; a taken (session, row_id) or (session, seq) is refused.
+        delete: Ids of rows to delete (ids that do not exist are skipped and not counted).
+        cut_states: Cut records to move.
+        envelope: A turn envelope to write, replacing the one with its (session, stream).
+        operations: Receipts to write, each replacing the one with its op id. They need no
+            session record (a stream manager used without a session writes them too).
+    """
+
+    create: SessionRecord | None = None
+    rows: tuple[HistoryRow, ...] = ()
+    delete: tuple[str, ...] = ()
+    cut_states: tuple[CutStateChange, ...] = ()
+    envelope: TurnEnvelope | None = None
+    operations: tuple[OperationRecord, ...] = ()
+
+
+class Committed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What a committed boundary did that its caller cannot know beforehand.
+
+    Attributes:
+        deleted: How many of the boundary's ``delete`` ids named rows that existed (and are
+            now deleted).
+    """
+
+    deleted: int = 0
+
+
+class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One session as the store holds it, read at once (one call in SQLite).
+
+    Attributes:
+        record: The session's record.
+        rows: Its history rows, by seq.
+        envelopes: Its turn envelopes, in the order they were first written.
+    """
+
+    record: SessionRecord
+    rows: tuple[HistoryRow, ...] = ()
+    envelopes: tuple[TurnEnvelope, ...] = ()

@@ -1,10 +1,13 @@
 """The Store port: the few verbs the engine needs from durable storage.
 
 Two implementations share one conformance suite (``tests/persistence``): ``MemoryStore`` for
-tests and ``--memory`` runs, ``SqliteStore`` for everything durable. The port stays narrow so a
-PostgreSQL implementation with leases can be added without widening it much.
+tests and ``--memory`` runs, ``SqliteStore`` for everything durable. The port is shaped by the
+engine's durable boundaries: one :meth:`Store.commit` per boundary of one session (what the
+boundary makes durable is a :class:`~persistence.Boundary`), one :meth:`Store.load` per
+session, one scan for startup recovery and one receipts query. A PostgreSQL store with leases
+implements the same verbs; the owner token every commit carries is its fence.
 
-Every verb is one durable boundary: when it returns, what it wrote is committed (and with
+A commit is one durable boundary: when it returns, what it wrote is committed (and with
 ``synchronous=FULL``, on disk); when it raises, it wrote nothing.
 """
 
@@ -13,28 +16,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, Self
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from types import TracebackType
 
     from persistence.records import (
-        CutState,
-        HistoryRow,
-        OperationRecord,
+        Boundary,
+        Committed,
         OpState,
         ReceiptQuery,
         RecoveryScan,
+        SessionLoad,
         SessionRecord,
-        TurnEnvelope,
     )
 
 
 class Store(Protocol):
-    """Durable storage for sessions, their history rows and turn envelopes.
+    """Durable storage for sessions: history rows, cut records, turn envelopes, receipts.
 
-    A store is opened before use and closed after; ``async with store:`` does both. Misuse (a
-    duplicate key, an unknown session or row, a closed store) raises
-    :class:`~persistence.UsageError`; a stored value that fails validation when read raises
-    :class:`~persistence.CorruptRecord`.
+    A store is opened before use and closed after; ``async with store:`` does both. Opening a
+    read-write store makes its opener the store's owner (:attr:`owner`). Misuse (a duplicate
+    key, an unknown session or row, a record of another session, a closed store) raises
+    :class:`~persistence.UsageError`; a commit by a writer that is not the current owner
+    raises its subclass :class:`~persistence.StaleOwner`; a stored value that fails
+    validation when read raises :class:`~persistence.CorruptRecord`.
     """
 
     async def open(self) -> None:
@@ -58,91 +61,56 @@ class Store(Protocol):
         """Close the store."""
         ...
 
-    async def create_session(self, record: SessionRecord) -> None:
-        """Create a session.
+    @property
+    def owner(self) -> str | None:
+        """The current owner's token, minted when the store was opened read-write.
 
-        Idempotent for an identical record.
+        ``None`` while the store is closed or read-only (it owns nothing then). A writer reads
+        it once, when it comes to own the store, and passes it to every :meth:`commit`.
+        """
+        ...
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Make one durable boundary of ``session`` durable, all of it or nothing.
+
+        The parts are applied in the order ``create``, ``delete``, ``rows``, ``cut_states``,
+        ``envelope``, ``operations``, in one transaction.
 
         Raises:
-            UsageError: A session with this id exists with different fields.
+            StaleOwner: ``owner`` is not the store's current owner.
+            UsageError: A record of the boundary belongs to another session (the message
+                names the field); the session does not exist (for rows, cut states and the
+                envelope; operations need none); a row's (session, row_id) or (session,
+                seq) is taken; a cut state names a row that does not exist or has no cut
+                record; ``create`` differs from the stored session with that id; the store
+                is closed or read-only. Nothing of the boundary is written.
+            CorruptRecord: A stored value the commit had to read fails validation (nothing
+                is written).
+        """
+        ...
+
+    async def load(self, session: str) -> SessionLoad | None:
+        """The session's record, its rows by seq and its envelopes; ``None`` when unknown.
+
+        Raises:
+            CorruptRecord: A stored value of the session fails validation.
         """
         ...
 
     async def sessions(self) -> list[SessionRecord]:
-        """Every session, ordered by id."""
-        ...
-
-    async def append(self, rows: Sequence[HistoryRow]) -> None:
-        """Append history rows, all in one transaction (rows may span sessions).
+        """Every session, ordered by id.
 
         Raises:
-            UsageError: A row's session does not exist, or its (session, row_id) or
-                (session, seq) is already taken (in the store or earlier in the batch). None
-                of the batch is written.
+            CorruptRecord: A stored session fails validation.
         """
         ...
 
-    async def update_row(self, row: HistoryRow) -> None:
-        """Replace the kind, body, stream and cut of the existing row (session, row_id).
+    async def scan_recoverable(self) -> RecoveryScan:
+        """Every session with an owed cut record, with the rows recovery reads (one read).
 
-        Raises:
-            UsageError: No such row, or the stored row has a different seq.
-        """
-        ...
-
-    async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
-        """Delete rows of one session atomically; return how many existed and were deleted."""
-        ...
-
-    async def history(self, session: str) -> list[HistoryRow]:
-        """The session's rows, ordered by seq (empty for an unknown session)."""
-        ...
-
-    async def owed_cuts(self, session: str | None = None) -> list[HistoryRow]:
-        """Rows whose cut record is owed, ordered by (session, seq); one session or all."""
-        ...
-
-    async def recoverable(self) -> RecoveryScan:
-        """Every session with an owed cut record, with what recovery needs to resume it.
-
-        A session whose owed row or record fails validation is reported in ``corrupt`` (never
-        read as "nothing owed") and left out of ``cuts``.
-        """
-        ...
-
-    async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
-        """Set the state of the cut record on row (session, row_id).
-
-        Raises:
-            UsageError: No such row, or the row has no cut record.
-        """
-        ...
-
-    async def put_envelope(self, envelope: TurnEnvelope) -> None:
-        """Write a turn envelope, replacing the one with the same (session, stream).
-
-        Raises:
-            UsageError: The envelope's session does not exist.
-        """
-        ...
-
-    async def envelopes(self, session: str) -> list[TurnEnvelope]:
-        """The session's turn envelopes, in the order they were first written."""
-        ...
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Write an operation's receipt, replacing the one with the same ``op_id`` (one call)."""
-        ...
-
-    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
-        """Write receipts all in one transaction, each replacing its ``op_id``'s (one call)."""
-        ...
-
-    async def operation(self, op_id: str) -> OperationRecord | None:
-        """The receipt ``op_id``, or ``None``.
-
-        Raises:
-            CorruptRecord: The stored receipt fails validation (it stays where it is).
+        The store only reads: what the rows mean is ``agent_session._recovery``'s to decide.
+        A session whose owed rows, later rows or record fail validation is reported in
+        ``corrupt`` (never read as "nothing owed") and left out of ``cuts``.
         """
         ...
 
@@ -150,6 +118,7 @@ class Store(Protocol):
         self,
         session: str | None = None,
         *,
+        op_id: str | None = None,
         states: frozenset[OpState] | None = None,
         recent: int | None = None,
     ) -> ReceiptQuery:
@@ -157,6 +126,7 @@ class Store(Protocol):
 
         Args:
             session: Only this session's receipts.
+            op_id: Only the receipt with this op id (at most one).
             states: Only receipts in these states.
             recent: At most this many of the others (terminal ones), newest first; ``None``
                 for all of them.

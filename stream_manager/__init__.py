@@ -2,17 +2,19 @@
 
 Owns the step loop, the step budget shared by every cut and resume of one logical turn, the
 stop conditions, the fallback chain and its progress, soft and hard stops and their abort
-reasons, the launch probe hook (``StreamRequest.refuse_stream_start``; the session supplies no
-probe yet), tool calls as operations (deadlines, cancellation, receipts), the ``Model``,
-``Tool`` and ``Clock`` ports, the clocks, the ``ScriptedModel`` and ``FunctionModel``. The MCP
-tool adapter is ``stream_manager.mcp`` (optional extra; not imported here). Auto-retry, which
-would spend the same budget, is not built.
+reasons (a caller's ``AbortSignal`` fires with one), the launch probe hook
+(``StreamRequest.refuse_stream_start``; the session supplies no probe yet), tool calls as
+operations (deadlines, cancellation, receipts, a tool's ``Capability``), the ``Model``, ``Tool``
+and ``Clock`` ports, the clocks, the ``ScriptedModel`` and ``FunctionModel``. The MCP tool
+adapter is ``stream_manager.mcp`` (optional extra; not imported here). Auto-retry, which would
+spend the same budget, is not built.
 
 May import ``message_queue`` and ``persistence``. Must never import ``agent_session``. The
 decision modules (``_budget``, ``_fallback``, ``_stop``, ``_validate``) are pure: no I/O, no
 awaits, no clock.
 """
 
+from stream_manager._abort import AbortSignal
 from stream_manager._budget import StepBudget, initial_budget
 from stream_manager._events import (
     AbortReason,
@@ -38,7 +40,7 @@ from stream_manager._events import (
 )
 from stream_manager._fallback import Hop, ModelFallbackProgress, NoHop, plan_hop, start_progress
 from stream_manager._loop import StreamManager
-from stream_manager._op_parts import Ledger, MemoryLedger, OverlapPolicy, operation_id
+from stream_manager._op_parts import OverlapPolicy, operation_id
 from stream_manager._op_states import CancelWhy, OutcomeCode
 from stream_manager._operations import OperationRunner
 from stream_manager._parts import (
@@ -74,7 +76,15 @@ from stream_manager.errors import (
     TerminationUnconfirmed,
     UnknownModel,
 )
-from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolContext, ToolKind
+from stream_manager.ports import (
+    Capability,
+    Clock,
+    Model,
+    ModelRequest,
+    Tool,
+    ToolContext,
+    ToolKind,
+)
 from stream_manager.scripted import (
     CallBehaviours,
     FunctionModel,
@@ -86,9 +96,11 @@ from stream_manager.scripted import (
 __all__ = [
     "AbortMetadata",
     "AbortReason",
+    "AbortSignal",
     "Aborted",
     "CallBehaviours",
     "CancelWhy",
+    "Capability",
     "ChatMessage",
     "Clock",
     "Ended",
@@ -101,9 +113,7 @@ __all__ = [
     "FunctionModel",
     "Hop",
     "LaunchRefused",
-    "Ledger",
     "LoopStopped",
-    "MemoryLedger",
     "Model",
     "ModelError",
     "ModelFallbackProgress",

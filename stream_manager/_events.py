@@ -8,7 +8,7 @@ attached, so an unobserved engine pays nothing for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 
 import msgspec
@@ -206,3 +206,25 @@ StreamEvent = (
 )
 
 Observer = Callable[[StreamEvent], None]
+
+
+class Emitter:
+    """The observers of one stream manager, and the one way its parts report to them.
+
+    The manager, its step-loop processor and its operation runner share one emitter; a part
+    checks :attr:`observers` before it builds an event, so an unobserved manager pays nothing.
+    """
+
+    __slots__ = ("observers",)
+
+    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+        self.observers: list[Observer] = list(observers)
+
+    def add(self, observer: Observer) -> None:
+        """Report every later event to ``observer`` too (synchronously, in order)."""
+        self.observers.append(observer)
+
+    def emit(self, event: StreamEvent) -> None:
+        """Hand ``event`` to every observer, in the order they were added."""
+        for observer in self.observers:
+            observer(event)

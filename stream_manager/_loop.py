@@ -9,8 +9,10 @@ stream is stopped first; the caller's abort signal and the launch probe are chec
 registration, and again after the awaited envelope write; only then does processing begin
 with ``stream-start``.
 
-Processing a launched stream (the step loop, tool boundaries, fallback, endings) is
-``_processing.StreamProcessing``, which this class inherits.
+Processing a launched stream (the step loop, tool boundaries, fallback, endings) is the job
+of a ``_processing.StreamProcessor`` the manager holds; tool calls are operations of an
+``_operations.OperationRunner`` it holds (``manager.operations``); both report through the
+manager's ``Emitter``.
 
 Stops: ``request_stop_nowait`` marks a soft stop, or cancels processing for a hard one (which
 then emits exactly one ``stream-abort``); a completed stream emits nothing; with nothing
@@ -23,20 +25,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import anyio
-import anyio.abc
 
 from stream_manager._budget import StepBudget, initial_budget
 from stream_manager._events import (
     AbortReason,
+    Emitter,
     LaunchRefused,
     Observer,
     StreamAborted,
     StreamStarted,
 )
 from stream_manager._fallback import start_progress
-from stream_manager._op_parts import Ledger, OverlapPolicy
+from stream_manager._op_parts import OverlapPolicy
 from stream_manager._operations import OperationRunner
-from stream_manager._processing import StreamProcessing
+from stream_manager._processing import StreamProcessor
 from stream_manager._request import (
     Refused,
     StreamInfo,
@@ -51,10 +53,11 @@ from stream_manager.ports import Clock, Model, Tool, ToolKind
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
-    from message_queue import CancelToken
+    from persistence import Store
+    from stream_manager._abort import AbortSignal
 
 
-class StreamManager(StreamProcessing):
+class StreamManager:
     """Runs the streams of every session of one engine; at most one stream per session."""
 
     def __init__(
@@ -67,33 +70,37 @@ class StreamManager(StreamProcessing):
         max_stream_steps: int = 100,
         tool_deadline_s: float = 60.0,
         cancel_grace_s: float = 5.0,
-        ledger: Ledger | None = None,
+        store: Store | None = None,
+        owner: Callable[[], str | None] | None = None,
         receipt_salt: str = "turnkeeper",
         overlap_policy: OverlapPolicy = OverlapPolicy.BLOCK,
         observers: Iterable[Observer] = (),
     ) -> None:
         initial_budget(None, max_stream_steps)  # validates it
-        self._models = dict(models)
-        self._tools = dict(tools or {})
+        tools = dict(tools or {})
         self._fallbacks = {k: tuple(v) for k, v in (fallbacks or {}).items()}
-        self._clock = clock
         self.max_stream_steps = max_stream_steps
-        self._observers: list[Observer] = list(observers)
+        self._events = Emitter(observers)
         self._ops = OperationRunner(
-            tools=self._tools,
+            tools=tools,
             clock=clock,
             default_deadline_s=tool_deadline_s,
             grace_s=cancel_grace_s,
-            ledger=ledger,
+            store=store,
+            owner=owner,
             salt=receipt_salt,
             policy=overlap_policy,
-            emit=self._emit,
+            emit=self._events.emit,
         )
-        self._completion_tools = tuple(
-            name for name, tool in self._tools.items() if tool.kind == ToolKind.COMPLETION
+        self._processor = StreamProcessor(
+            models=models,
+            operations=self._ops,
+            events=self._events,
+            completion_tools=tuple(
+                name for name, tool in tools.items() if tool.kind == ToolKind.COMPLETION
+            ),
         )
         self._streams: dict[str, ActiveStream] = {}
-        self._groups: dict[str, anyio.abc.TaskGroup] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._counters: dict[str, int] = {}
 
@@ -101,7 +108,7 @@ class StreamManager(StreamProcessing):
 
     def add_observer(self, observer: Observer) -> None:
         """Report every event to ``observer`` (synchronously, in order)."""
-        self._observers.append(observer)
+        self._events.add(observer)
 
     # ------------------------------------------------------------ queries
 
@@ -125,7 +132,7 @@ class StreamManager(StreamProcessing):
             UnknownModel: the request names a model the manager does not have.
         """
         budget = initial_budget(request.step_budget, self.max_stream_steps)
-        if request.model not in self._models:
+        if not self._processor.knows(request.model):
             raise UnknownModel(f"unknown model {request.model!r}")
         if budget.exhausted:
             return self._refuse(request, "the turn has no steps left")
@@ -164,13 +171,15 @@ class StreamManager(StreamProcessing):
         self, request: StreamRequest, budget: StepBudget
     ) -> ActiveStream | StreamOutcome:
         session = request.session
-        if _fired(request.abort):
-            return Withdrawn(_reason_of(request.abort))
+        fired = _fired(request.abort)
+        if fired is not None:
+            return Withdrawn(fired)
         existing = self._streams.get(session)
         if existing is not None:
             await self.stop_stream(session, reason=AbortReason.SYSTEM)
-            if _fired(request.abort):
-                return Withdrawn(_reason_of(request.abort))
+            fired = _fired(request.abort)
+            if fired is not None:
+                return Withdrawn(fired)
         refusal = request.refuse_stream_start() if request.refuse_stream_start else None
         if refusal is not None:
             return self._refuse(request, refusal)
@@ -194,22 +203,18 @@ class StreamManager(StreamProcessing):
             except BaseException:
                 stream.move(StreamState.ABORTED)
                 raise
-        if (
-            _fired(request.abort)
-            or stream.hard_reason is not None
-            or self._streams.get(stream.session) is not stream
-        ):
+        withdrawn = self._withdrawal(stream, request.abort)
+        if withdrawn is not None:
             stream.move(StreamState.ABORTED)
-            reason = _reason_of(request.abort) if _fired(request.abort) else "stopped"
-            return Withdrawn(reason)
+            return withdrawn
         refusal = request.refuse_stream_start() if request.refuse_stream_start else None
         if refusal is not None:
             stream.move(StreamState.ABORTED)
             return self._refuse(request, refusal)
         stream.scope = anyio.CancelScope()
         stream.move(StreamState.STREAMING)
-        if self._observers:
-            self._emit(
+        if self._events.observers:
+            self._events.emit(
                 StreamStarted(
                     session=stream.session,
                     stream=stream.id,
@@ -222,11 +227,23 @@ class StreamManager(StreamProcessing):
         if request.on_started is not None:
             with anyio.CancelScope(shield=True):
                 await request.on_started()
-        return await self._process(stream, request)
+        return await self._processor.run(stream, request)
+
+    def _withdrawal(self, stream: ActiveStream, abort: AbortSignal | None) -> Withdrawn | None:
+        """SM-3's re-check after the envelope write: why the launch is taken back, if it is."""
+        fired = _fired(abort)
+        if fired is not None:
+            return Withdrawn(fired)  # the caller's signal
+        if stream.hard_reason is not None:
+            return Withdrawn(stream.hard_reason)  # hard-stopped while it was starting
+        if self._streams.get(stream.session) is not stream:
+            # Replaced: the replacing launch hard-stopped it with ``system`` (SM-1).
+            return Withdrawn(AbortReason.SYSTEM)
+        return None
 
     def _refuse(self, request: StreamRequest, why: str) -> Refused:
-        if self._observers:
-            self._emit(LaunchRefused(session=request.session, why=why))
+        if self._events.observers:
+            self._events.emit(LaunchRefused(session=request.session, why=why))
         return Refused(why)
 
     def _next_stream_id(self, session: str) -> str:
@@ -234,10 +251,12 @@ class StreamManager(StreamProcessing):
         self._counters[session] = number
         return f"{session}/{number}"
 
-    def _link_abort(self, stream: ActiveStream, abort: CancelToken | None) -> Callable[[str], None]:
-        def on_abort(reason: str) -> None:
+    def _link_abort(
+        self, stream: ActiveStream, abort: AbortSignal | None
+    ) -> Callable[[AbortReason], None]:
+        def on_abort(reason: AbortReason) -> None:
             if stream.state is StreamState.STREAMING:
-                self._hard_stop(stream, _abort_reason(reason))
+                self._hard_stop(stream, reason)
 
         if abort is not None:
             abort.add_listener(on_abort)
@@ -286,8 +305,8 @@ class StreamManager(StreamProcessing):
         stream.scope.cancel()
 
     def _synthetic_abort(self, session: str, reason: AbortReason) -> None:
-        if self._observers:
-            self._emit(StreamAborted(session=session, stream="", reason=reason, remaining=0))
+        if self._events.observers:
+            self._events.emit(StreamAborted(session=session, stream="", reason=reason, remaining=0))
 
     @property
     def operations(self) -> OperationRunner:
@@ -295,19 +314,9 @@ class StreamManager(StreamProcessing):
         return self._ops
 
 
-def _fired(token: CancelToken | None) -> bool:
-    return token is not None and token.cancelled
-
-
-def _reason_of(token: CancelToken | None) -> str:
-    return (token.reason if token is not None else None) or "aborted"
-
-
-def _abort_reason(reason: str) -> AbortReason:
-    try:
-        return AbortReason(reason)
-    except ValueError:
-        return AbortReason.SYSTEM
+def _fired(abort: AbortSignal | None) -> AbortReason | None:
+    """The reason the caller's signal fired with; ``None``: no signal, or not fired."""
+    return abort.reason if abort is not None else None
 
 
 __all__ = ["StreamManager"]

@@ -1,86 +1,33 @@
 """The pieces an operation is made of (see ``_operations`` for how they move).
 
-The ledger port, the overlap policy, one-shot flags, the stream's worker task and the state of
-an operation in flight.
+The overlap policy and its guard, one-shot flags, the stream's worker task and the state of an
+operation in flight. (Receipts go through the ``persistence.Store`` port.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import msgspec
 
-from persistence import OperationRecord, OpState, ReceiptQuery
+from persistence import OperationRecord
 from stream_manager._op_states import CancelWhy
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.clock import Timer
-from stream_manager.ports import Tool
+from stream_manager.ports import Capability, Tool
+
+log = logging.getLogger("turnkeeper.operations")
 
 _encoder = msgspec.json.Encoder()
 
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
-
-
-class Ledger(Protocol):
-    """Where receipts go: a ``persistence.Store`` is one."""
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Write a receipt durably (upsert by op id)."""
-        ...
-
-    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
-        """Write receipts durably, in one transaction (upsert by op id)."""
-        ...
-
-    async def receipts(
-        self,
-        session: str | None = None,
-        *,
-        states: frozenset[OpState] | None = None,
-        recent: int | None = None,
-    ) -> ReceiptQuery:
-        """Receipts, open ones first."""
-        ...
-
-
-class MemoryLedger:
-    """A ledger in memory, for a StreamManager used without a store."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, OperationRecord] = {}
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Keep the receipt."""
-        self.records[record.op_id] = record
-
-    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
-        """Keep the receipts."""
-        for record in records:
-            self.records[record.op_id] = record
-
-    async def receipts(
-        self,
-        session: str | None = None,
-        *,
-        states: frozenset[OpState] | None = None,
-        recent: int | None = None,
-    ) -> ReceiptQuery:
-        """Every receipt kept (filters applied)."""
-        del recent
-        return ReceiptQuery(
-            records=tuple(
-                r
-                for r in self.records.values()
-                if (session is None or r.session == session)
-                and (states is None or r.state in states)
-            )
-        )
 
 
 class OverlapPolicy(enum.StrEnum):
@@ -92,6 +39,45 @@ class OverlapPolicy(enum.StrEnum):
     WARN = "warn"
     #: Refuse any call in the session while one of its operations is indeterminate.
     SESSION = "session"
+
+
+class OverlapGuard:
+    """OP-9: the indeterminate operations, and the later calls they block (by policy).
+
+    An operation holds its session's target while it is indeterminate. A target is the
+    capability's text and a digest of the arguments (``client:bash#<digest>``), so one target
+    means one capability and one set of arguments.
+    """
+
+    def __init__(self, policy: OverlapPolicy) -> None:
+        self._policy = policy
+        #: (session, target) -> the indeterminate operation holding it.
+        self._held: dict[tuple[str, str], str] = {}
+
+    def hold(self, record: OperationRecord) -> None:
+        """``record`` is indeterminate: it holds its session's target."""
+        self._held[(record.session, record.target)] = record.op_id
+
+    def release(self, record: OperationRecord) -> None:
+        """``record`` was resolved late: it holds nothing any more."""
+        key = (record.session, record.target)
+        if self._held.get(key) == record.op_id:
+            del self._held[key]
+
+    def blocker(self, op_id: str, session: str, capability: Capability, target: str) -> str | None:
+        """The indeterminate operation that refuses call ``op_id``, or ``None``: it may run."""
+        if self._policy is OverlapPolicy.SESSION:
+            return next((op for (s, _), op in self._held.items() if s == session), None)
+        blocker = self._held.get((session, target))
+        if blocker is not None and self._policy is OverlapPolicy.WARN:
+            log.warning(
+                "%s runs although %s, on the same %s target, is indeterminate (overlap: warn)",
+                op_id,
+                blocker,
+                capability.text,
+            )
+            return None
+        return blocker
 
 
 def operation_id(stream: str, step: int, index: int) -> str:

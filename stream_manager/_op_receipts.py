@@ -1,40 +1,99 @@
-"""Receipts: writing them, their events, and provider-executed calls (``docs/operations.md``).
+"""Receipts: writing them and their events, and provider-executed calls (``docs/operations.md``).
 
-:class:`ReceiptWriter` is the half of :class:`~stream_manager._operations.OperationRunner`
-that writes receipts and reports them (``persisted``, ``receipt``), and that gives
-provider-executed calls their receipts: their result completes them; a stream cut before it
-arrives leaves them ``indeterminate`` (OP-7).
+:class:`ReceiptWriter` writes receipts durably and reports them (``persisted``, ``receipt``);
+the :class:`~stream_manager._operations.OperationRunner` holds one and writes every receipt
+through it. :class:`ProviderCalls` gives provider-executed calls their receipts: their result
+completes them; a stream cut before it arrives leaves them ``indeterminate`` (OP-7).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from persistence import OperationRecord, OpState
+from persistence import Boundary, OperationRecord, OpState, Store
 from stream_manager._events import OperationStarted, Persisted, ReceiptWritten, StreamEvent
-from stream_manager._op_parts import Ledger
+from stream_manager._op_parts import OverlapGuard
 from stream_manager._op_states import OutcomeCode, advance, requested, target_digest
 from stream_manager._parts import ToolCallPart, ToolResultPart
-from stream_manager.ports import Clock, ToolKind
+from stream_manager.ports import Capability, Clock, ToolKind
 
 
 class ReceiptWriter:
-    """Writes receipts and reports them; receipts of provider-executed calls."""
+    """Writes receipts durably and reports them."""
 
-    ledger: Ledger
-    _emit: Callable[[StreamEvent], None] | None
-    _clock: Clock
-    _salt: str
-    _provider: dict[str, OperationRecord]
-    _indeterminate: dict[tuple[str, str, str], str]
+    def __init__(
+        self,
+        *,
+        store: Store,
+        owner: Callable[[], str | None],
+        emit: Callable[[StreamEvent], None] | None,
+    ) -> None:
+        self.store = store
+        #: The owner token every receipt commit carries (read at each write: the engine's).
+        self._owner = owner
+        self._emit = emit
 
-    # ------------------------------------------------------------ provider-executed calls
+    # ------------------------------------------------------------ writes and events
 
-    async def provider_started(
+    async def _write(self, record: OperationRecord) -> None:
+        await self.store.commit(record.session, Boundary(operations=(record,)), owner=self._owner())
+        if self._emit is not None:
+            self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
+
+    async def _write_all(self, records: list[OperationRecord]) -> None:
+        """Write a step's receipts in one durable write (their events come from the caller)."""
+        if records:  # one step's calls: one session's boundary
+            boundary = Boundary(operations=tuple(records))
+            await self.store.commit(records[0].session, boundary, owner=self._owner())
+
+    #: What the runner and the provider calls write through.
+    write = _write
+    write_all = _write_all
+
+    def receipt_event(self, record: OperationRecord, tool: str) -> None:
+        """``receipt``: ``record`` (of a call to ``tool``) reached a new state."""
+        if self._emit is not None:
+            self._emit(
+                ReceiptWritten(
+                    session=record.session,
+                    op=record.op_id,
+                    tool=tool,
+                    state=record.state.value,
+                    acknowledged=record.termination_acknowledged,
+                    resolved_late=record.resolved_late,
+                )
+            )
+
+
+class ProviderCalls:
+    """Receipts of provider-executed calls (OP-7): they run inside the model's response.
+
+    A call's receipt is written ``running`` when its part arrives and ends when its result
+    does; a stream that ends first leaves its open calls ``indeterminate``.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        salt: str,
+        receipts: ReceiptWriter,
+        guard: OverlapGuard,
+        emit: Callable[[StreamEvent], None] | None,
+    ) -> None:
+        self._clock = clock
+        self._salt = salt
+        self._receipts = receipts
+        self._guard = guard
+        self._emit = emit
+        #: Call id -> the open operation's record and its tool's name.
+        self._open: dict[str, tuple[OperationRecord, str]] = {}
+
+    async def started(
         self, *, session: str, stream: str, step: int, index: int, call: ToolCallPart
     ) -> None:
         """A provider-executed call began inside the model's response: it runs already."""
-        capability = f"{ToolKind.PROVIDER.value}:{call.name}"
+        capability = Capability(kind=ToolKind.PROVIDER, name=call.name)
         now = self._clock.now()
         record = requested(
             op_id=f"{stream}/{step}/p{index}",
@@ -47,8 +106,8 @@ class ReceiptWriter:
             deadline_at=None,
         )
         record = advance(record, OpState.RUNNING, now=now)
-        self._provider[call.call_id] = record
-        await self._write(record)
+        self._open[call.call_id] = (record, call.name)
+        await self._receipts.write(record)
         if self._emit is not None:  # no deadline: the provider runs it, not us
             self._emit(
                 OperationStarted(
@@ -56,23 +115,24 @@ class ReceiptWriter:
                 )
             )
 
-    async def provider_ended(self, result: ToolResultPart) -> None:
+    async def ended(self, result: ToolResultPart) -> None:
         """The provider's result arrived: the operation completed (or failed)."""
-        record = self._provider.pop(result.call_id, None)
-        if record is None:
+        opened = self._open.pop(result.call_id, None)
+        if opened is None:
             return
+        record = opened[0]
         state = OpState.FAILED if result.is_error else OpState.COMPLETED
         outcome = OutcomeCode.CAPABILITY_ERROR if result.is_error else OutcomeCode.OK
         record = advance(record, state, now=self._clock.now(), outcome=outcome)
-        await self._write(record)
-        self._receipt_event(record, result.name)
+        await self._receipts.write(record)
+        self._receipts.receipt_event(record, result.name)
 
-    async def provider_cut(self, stream: str) -> None:
+    async def cut(self, stream: str) -> None:
         """OP-7: the stream ended before these results: nobody can confirm they stopped."""
-        for call_id, record in list(self._provider.items()):
+        for call_id, (record, tool) in list(self._open.items()):
             if record.stream != stream:
                 continue
-            del self._provider[call_id]
+            del self._open[call_id]
             closed = advance(
                 record,
                 OpState.INDETERMINATE,
@@ -82,33 +142,6 @@ class ReceiptWriter:
                 explanation="provider-executed; the stream ended before its result, "
                 "termination not confirmed",
             )
-            self._indeterminate[(closed.session, closed.capability, closed.target)] = closed.op_id
-            await self._write(closed)
-            self._receipt_event(closed, closed.capability.split(":", 1)[1])
-
-    # ------------------------------------------------------------ writes and events
-
-    async def _write(self, record: OperationRecord) -> None:
-        await self.ledger.put_operation(record)
-        if self._emit is not None:
-            self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
-
-    async def _write_all(self, records: list[OperationRecord]) -> None:
-        """Write a step's receipts in one durable write (their events come from the caller)."""
-        if len(records) == 1:
-            await self.ledger.put_operation(records[0])
-        elif records:
-            await self.ledger.put_operations(records)
-
-    def _receipt_event(self, record: OperationRecord, tool: str) -> None:
-        if self._emit is not None:
-            self._emit(
-                ReceiptWritten(
-                    session=record.session,
-                    op=record.op_id,
-                    tool=tool,
-                    state=record.state.value,
-                    acknowledged=record.termination_acknowledged,
-                    resolved_late=record.resolved_late,
-                )
-            )
+            self._guard.hold(closed)
+            await self._receipts.write(closed)
+            self._receipts.receipt_event(closed, tool)

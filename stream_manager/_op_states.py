@@ -31,6 +31,7 @@ from typing import Final
 import msgspec
 
 from persistence import OperationRecord, OpState, TurnkeeperError
+from stream_manager.ports import Capability
 
 
 class OutcomeCode(StrEnum):
@@ -104,18 +105,18 @@ def requested(
     session: str,
     stream: str,
     call_id: str,
-    capability: str,
+    capability: Capability,
     target: str,
     now: float,
     deadline_at: float | None,
 ) -> OperationRecord:
-    """OP-1: the record written before anything runs."""
+    """OP-1: the record written before anything runs (the capability stored as its text)."""
     return OperationRecord(
         op_id=op_id,
         session=session,
         stream=stream,
         call_id=call_id,
-        capability=capability,
+        capability=capability.text,
         target=target,
         started_at=now,
         deadline_at=deadline_at,
@@ -168,7 +169,7 @@ def cancel_requested(record: OperationRecord, *, now: float, why: CancelWhy) -> 
 _encoder = msgspec.json.Encoder(order="sorted")
 
 
-def target_digest(capability: str, args: Mapping[str, object], salt: str) -> str:
+def target_digest(capability: Capability, args: Mapping[str, object], salt: str) -> str:
     """OP-11: a privacy-minimised target: the capability and a salted digest of the arguments.
 
     Two calls with the same capability and arguments share a target (the overlap guard, OP-9);
@@ -179,4 +180,4 @@ def target_digest(capability: str, args: Mapping[str, object], salt: str) -> str
     except (TypeError, msgspec.EncodeError):
         payload = repr(sorted(args.items(), key=lambda item: item[0])).encode()
     digest = hashlib.blake2b(payload, key=salt.encode()[:64], digest_size=8).hexdigest()
-    return f"{capability}#{digest}"
+    return f"{capability.text}#{digest}"

@@ -30,17 +30,20 @@ nothing, and from the engine's shutdown on nothing is resolved. Provider-execute
 receipts too (and ``op-start``, without a deadline): their result completes them; a stream cut
 before it arrives leaves them ``indeterminate`` (OP-7).
 
-The decisions are ``_op_states``'s; this module awaits.
+The decisions are ``_op_states``'s; this module awaits. The runner holds its collaborators:
+a :class:`~stream_manager._op_receipts.ReceiptWriter` writes and reports every receipt, an
+:class:`~stream_manager._op_parts.OverlapGuard` keeps the indeterminate operations (OP-9), and
+:class:`~stream_manager._op_receipts.ProviderCalls` (``provider_calls``) gives
+provider-executed calls their receipts.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 
 import anyio
 
-from persistence import OperationRecord, OpState
+from persistence import MemoryStore, OperationRecord, OpState, Store
 from stream_manager._events import (
     OpBlocked,
     OpCancelRequested,
@@ -49,9 +52,8 @@ from stream_manager._events import (
     StreamEvent,
 )
 from stream_manager._op_parts import (
-    Ledger,
-    MemoryLedger,
     Op,
+    OverlapGuard,
     OverlapPolicy,
     Spawn,
     Worker,
@@ -59,7 +61,7 @@ from stream_manager._op_parts import (
     failed_result,
     operation_id,
 )
-from stream_manager._op_receipts import ReceiptWriter
+from stream_manager._op_receipts import ProviderCalls, ReceiptWriter
 from stream_manager._op_states import (
     UNCONFIRMED,
     UNCONFIRMED_AT_SHUTDOWN,
@@ -72,12 +74,10 @@ from stream_manager._op_states import (
 )
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import TerminationUnconfirmed
-from stream_manager.ports import Clock, Tool, ToolContext, ToolKind
-
-log = logging.getLogger("turnkeeper.operations")
+from stream_manager.ports import Capability, Clock, Tool, ToolContext, ToolKind
 
 
-class OperationRunner(ReceiptWriter):
+class OperationRunner:
     """Runs tool calls as operations with deadlines, cancellation and durable receipts."""
 
     def __init__(
@@ -88,7 +88,8 @@ class OperationRunner(ReceiptWriter):
         default_deadline_s: float,
         emit: Callable[[StreamEvent], None] | None,
         grace_s: float = 5.0,
-        ledger: Ledger | None = None,
+        store: Store | None = None,
+        owner: Callable[[], str | None] | None = None,
         salt: str = "turnkeeper",
         policy: OverlapPolicy = OverlapPolicy.BLOCK,
     ) -> None:
@@ -97,13 +98,18 @@ class OperationRunner(ReceiptWriter):
         self._deadline_s = default_deadline_s
         self._grace_s = grace_s
         self._emit = emit
-        self.ledger: Ledger = ledger if ledger is not None else MemoryLedger()
         self._salt = salt
-        self._policy = policy
+        # Without a store, receipts go to a store of the runner's own (it is that one's owner).
+        receipts = store if store is not None else MemoryStore.opened()
+        self._receipts = ReceiptWriter(
+            store=receipts, owner=owner or (lambda: receipts.owner), emit=emit
+        )
+        self._guard = OverlapGuard(policy)
+        #: Receipts of provider-executed calls (OP-7); the step loop reports their parts.
+        self.provider_calls = ProviderCalls(
+            clock=clock, salt=salt, receipts=self._receipts, guard=self._guard, emit=emit
+        )
         self._spawn: Spawn | None = None
-        #: (session, capability, target) -> the indeterminate operation holding it (OP-9).
-        self._indeterminate: dict[tuple[str, str, str], str] = {}
-        self._provider: dict[str, OperationRecord] = {}  # open provider-executed operations
         self._running: dict[str, Op] = {}  # op id -> the operation whose execute runs
         self._workers: dict[str, Worker] = {}  # stream id -> its executing task
         self._spawns: dict[str, Spawn] = {}
@@ -130,8 +136,7 @@ class OperationRunner(ReceiptWriter):
     def remember_indeterminate(self, record: OperationRecord) -> None:
         """Load an indeterminate receipt into the overlap guard (at startup)."""
         if record.state is OpState.INDETERMINATE:
-            key = (record.session, record.capability, record.target)
-            self._indeterminate[key] = record.op_id
+            self._guard.hold(record)
 
     # ------------------------------------------------------------ the step's calls
 
@@ -161,7 +166,9 @@ class OperationRunner(ReceiptWriter):
         if first is not None:  # it runs at once: requested and running, one write
             first.record = advance(first.record, OpState.RUNNING, now=first.record.started_at)
         try:
-            await self._write_all([a.record if isinstance(a, Op) else a[0] for a in admitted])
+            await self._receipts.write_all(
+                [a.record if isinstance(a, Op) else a[0] for a in admitted]
+            )
         except anyio.get_cancelled_exc_class():
             if first is not None and unstarted is not None:
                 first.record = unstarted  # it never ran
@@ -199,7 +206,7 @@ class OperationRunner(ReceiptWriter):
         now = self._clock.now()
         for op in ops:
             op.record = cancel_requested(op.record, now=now, why=why)
-        await self._write_all([a.record if isinstance(a, Op) else a[0] for a in admitted])
+        await self._receipts.write_all([a.record if isinstance(a, Op) else a[0] for a in admitted])
         for item in admitted:
             self._admitted(item)
         if self._emit is not None:
@@ -236,7 +243,7 @@ class OperationRunner(ReceiptWriter):
         """
         tool = self._tools.get(call.name)
         kind = tool.kind if tool is not None else ToolKind.CLIENT
-        capability = f"{ToolKind(kind).value}:{call.name}"
+        capability = Capability(kind=ToolKind(kind), name=call.name)
         target = target_digest(capability, call.args, self._salt)
         now = self._clock.now()
         record = requested(
@@ -249,7 +256,7 @@ class OperationRunner(ReceiptWriter):
             now=now,
             deadline_at=now + self._deadline_of(tool, call),
         )
-        blocker = self._blocker(record.op_id, session, capability, target)
+        blocker = self._guard.blocker(record.op_id, session, capability, target)
         if blocker is None:
             return Op(record=record, call=call, tool=tool)
         record = advance(
@@ -289,7 +296,7 @@ class OperationRunner(ReceiptWriter):
                     session=record.session, op=record.op_id, tool=name, blocked_by=record.blocked_by
                 )
             )
-            self._receipt_event(record, name)
+            self._receipts.receipt_event(record, name)
 
     def _deadline_of(self, tool: Tool | None, call: ToolCallPart) -> float:
         own = getattr(tool, "deadline_for", None)
@@ -298,20 +305,6 @@ class OperationRunner(ReceiptWriter):
             if isinstance(value, int | float) and value > 0:
                 return float(value)
         return self._deadline_s
-
-    def _blocker(self, op_id: str, session: str, capability: str, target: str) -> str | None:
-        if self._policy is OverlapPolicy.SESSION:
-            return next((op for (s, _, _), op in self._indeterminate.items() if s == session), None)
-        blocker = self._indeterminate.get((session, capability, target))
-        if blocker is not None and self._policy is OverlapPolicy.WARN:
-            log.warning(
-                "%s runs although %s, on the same %s target, is indeterminate (overlap: warn)",
-                op_id,
-                blocker,
-                capability,
-            )
-            return None
-        return blocker
 
     # ------------------------------------------------------------ workers
 
@@ -349,12 +342,12 @@ class OperationRunner(ReceiptWriter):
                 acknowledged=True,
                 explanation="no such tool; nothing ran",
             )
-            await self._write(op.record)
-            self._receipt_event(op.record, op.call.name)
+            await self._receipts.write(op.record)
+            self._receipts.receipt_event(op.record, op.call.name)
             return failed_result(op.call, f"unknown tool {op.call.name!r}")
         if op.record.state is OpState.REQUESTED:  # it waited behind a sibling
             op.record = advance(op.record, OpState.RUNNING, now=now)
-            await self._write(op.record)
+            await self._receipts.write(op.record)
         assert op.record.deadline_at is not None
         op.timers.append(self._clock.call_at(op.record.deadline_at, op.on_deadline))
         self._worker(op.record.stream, spawn).submit(op)
@@ -429,8 +422,8 @@ class OperationRunner(ReceiptWriter):
             state = OpState.COMPLETED
             outcome = OutcomeCode.COMPLETION_SIGNAL_LOST if lost else OutcomeCode.OK
         op.record = advance(op.record, state, now=self._clock.now(), outcome=outcome)
-        await self._write(op.record)
-        self._receipt_event(op.record, op.call.name)
+        await self._receipts.write(op.record)
+        self._receipts.receipt_event(op.record, op.call.name)
         return result
 
     # ------------------------------------------------------------ cancellation
@@ -462,7 +455,7 @@ class OperationRunner(ReceiptWriter):
         op.cancelling = True
         op.why = why
         op.record = cancel_requested(op.record, now=self._clock.now(), why=why)
-        await self._write(op.record)
+        await self._receipts.write(op.record)
         if self._emit is not None:
             self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
         op.scope.cancel()
@@ -470,7 +463,7 @@ class OperationRunner(ReceiptWriter):
     async def _request_cancel_before_dispatch(self, op: Op, why: CancelWhy) -> None:
         """OP-3 for a call still waiting behind a sibling: its request is durable at once."""
         op.record = cancel_requested(op.record, now=self._clock.now(), why=why)
-        await self._write(op.record)
+        await self._receipts.write(op.record)
         if self._emit is not None:
             self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
 
@@ -485,8 +478,8 @@ class OperationRunner(ReceiptWriter):
             acknowledged=True,
             explanation="cancelled before it was dispatched; nothing ran",
         )
-        await self._write(op.record)
-        self._receipt_event(op.record, op.call.name)
+        await self._receipts.write(op.record)
+        self._receipts.receipt_event(op.record, op.call.name)
 
     async def _finalize(self, op: Op, spawn: Spawn) -> None:
         """Wait, at most the grace interval, for the acknowledgement; write the receipt.
@@ -529,10 +522,9 @@ class OperationRunner(ReceiptWriter):
                 if op.why is CancelWhy.SHUTDOWN
                 else UNCONFIRMED,
             )
-            key = (op.record.session, op.record.capability, op.record.target)
-            self._indeterminate[key] = op.record.op_id
-        await self._write(op.record)
-        self._receipt_event(op.record, op.call.name)
+            self._guard.hold(op.record)
+        await self._receipts.write(op.record)
+        self._receipts.receipt_event(op.record, op.call.name)
 
     async def _late(self, op: Op, *, deadline: bool) -> None:
         """The same layer ends after all: resolve the indeterminate receipt, recorded late."""
@@ -541,7 +533,5 @@ class OperationRunner(ReceiptWriter):
         if op.unconfirmed or self._closing:
             return  # no acknowledgement: the receipt already says what is known
         with anyio.CancelScope(shield=True):
-            key = (op.record.session, op.record.capability, op.record.target)
-            if self._indeterminate.get(key) == op.record.op_id:
-                del self._indeterminate[key]
+            self._guard.release(op.record)
             await self._write_cancel_outcome(op, deadline=deadline)

@@ -8,8 +8,9 @@ left, never a fresh ceiling (R37). Client tool calls run one at a time (SM-6) as
 only when every result has settled are the stop conditions evaluated (SM-5, SM-7), and a pure
 queued-message stop is reported synchronously before ``stream-end`` (SM-8).
 
-:class:`StreamProcessing` is the half of :class:`~stream_manager._loop.StreamManager` that
-runs a launched stream; the manager (launch, stops, queries) inherits it.
+:class:`StreamProcessor` runs a launched stream; the
+:class:`~stream_manager._loop.StreamManager` (launch, stops, queries) holds one and hands it
+each stream once it is processing.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ import anyio.abc
 
 from stream_manager._events import (
     AbortReason,
+    Emitter,
     ErrorKind,
     FellBack,
     LoopStopped,
-    Observer,
     StepCompleted,
     StreamAborted,
-    StreamEvent,
     StreamFailed,
     ToolCallEnded,
     ToolCallStarted,
@@ -62,10 +62,10 @@ from stream_manager._stop import RequiredTools, StopWhy, decide_stop
 from stream_manager._stream import ActiveStream, StreamState
 from stream_manager._validate import malformed
 from stream_manager.errors import ErrorType, ModelError, is_retryable
-from stream_manager.ports import Clock, Model, ModelRequest
+from stream_manager.ports import Model, ModelRequest
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Mapping
 
 
 #: SM-17: in-stream retries after an empty completion.
@@ -93,22 +93,35 @@ class _Stopped:
 _STOPPED = _Stopped()
 
 
-class StreamProcessing:
-    """Processing a launched stream: the step loop, tool boundaries, fallback and endings."""
+class StreamProcessor:
+    """Runs a launched stream to its end: the step loop, tool boundaries, fallback, endings.
 
-    _models: dict[str, Model]
-    _fallbacks: dict[str, tuple[str, ...]]
-    _clock: Clock
-    _observers: list[Observer]
-    _ops: OperationRunner
-    _completion_tools: tuple[str, ...]
-    _groups: dict[str, anyio.abc.TaskGroup]
+    The :class:`~stream_manager._loop.StreamManager` launches a stream, then hands it to
+    :meth:`run`. The processor owns the models and, while a stream runs without an engine
+    group, that stream's task group for its tool tasks; tool calls go to the operation runner.
+    """
 
-    def _emit(self, event: StreamEvent) -> None:
-        for observer in self._observers:
-            observer(event)
+    def __init__(
+        self,
+        *,
+        models: Mapping[str, Model],
+        operations: OperationRunner,
+        events: Emitter,
+        completion_tools: tuple[str, ...],
+    ) -> None:
+        self._models = dict(models)
+        self._ops = operations
+        self._events = events
+        self._completion_tools = completion_tools
+        #: Stream id -> the stream's own group for tool tasks (when no engine group is bound).
+        self._groups: dict[str, anyio.abc.TaskGroup] = {}
 
-    async def _process(self, stream: ActiveStream, request: StreamRequest) -> StreamOutcome:
+    def knows(self, model: str) -> bool:
+        """Whether ``model`` is one of the processor's models."""
+        return model in self._models
+
+    async def run(self, stream: ActiveStream, request: StreamRequest) -> StreamOutcome:
+        """Process ``stream`` (launched: ``STREAMING``, its scope set) to its outcome."""
         if self._ops.bound:  # tool tasks run in the engine's group: no group of our own
             outcome = await self._process_in(stream, request)
         else:
@@ -136,7 +149,7 @@ class StreamProcessing:
                 outcome = await self._loop(stream, request, list(request.messages), required)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._ops.provider_cut(stream.id)  # OP-7
+                await self._ops.provider_calls.cut(stream.id)  # OP-7
             self._ops.stream_closed(stream.id)
         return outcome
 
@@ -261,11 +274,11 @@ class StreamProcessing:
     ) -> None:
         """Provider-executed calls are operations too (OP-7): their results end them."""
         if isinstance(part, ToolCallPart) and part.provider_executed:
-            await self._ops.provider_started(
+            await self._ops.provider_calls.started(
                 session=stream.session, stream=stream.id, step=step, index=index, call=part
             )
         elif isinstance(part, ToolResultPart) and part.provider_executed:
-            await self._ops.provider_ended(part)
+            await self._ops.provider_calls.ended(part)
 
     def _on_part(
         self,
@@ -280,8 +293,8 @@ class StreamProcessing:
         if isinstance(part, Finish):
             stream.step_open = False
             stream.budget = stream.budget.charge()
-            if self._observers:
-                self._emit(
+            if self._events.observers:
+                self._events.emit(
                     StepCompleted(
                         session=stream.session,
                         stream=stream.id,
@@ -292,8 +305,8 @@ class StreamProcessing:
             return True
         if isinstance(part, ToolCallPart):
             calls[part.call_id] = part
-            if self._observers:
-                self._emit(
+            if self._events.observers:
+                self._events.emit(
                     ToolCallStarted(
                         session=stream.session,
                         stream=stream.id,
@@ -310,8 +323,8 @@ class StreamProcessing:
 
     def _tool_ended(self, stream: ActiveStream, result: ToolResultPart, *, provider: bool) -> None:
         """``tool-call-end``: a provider's result arrived, or a client call was executed."""
-        if self._observers:
-            self._emit(
+        if self._events.observers:
+            self._events.emit(
                 ToolCallEnded(
                     session=stream.session,
                     stream=stream.id,
@@ -340,8 +353,8 @@ class StreamProcessing:
         if decision.to not in self._models:
             note = f"fallback model {decision.to!r} could not be started"
             return self._fail(stream, ErrorType.MODEL_REFUSAL, note)
-        if self._observers:
-            self._emit(
+        if self._events.observers:
+            self._events.emit(
                 FellBack(
                     session=stream.session,
                     stream=stream.id,
@@ -414,8 +427,8 @@ class StreamProcessing:
                 steps_remaining=stream.budget.remaining,
                 fallback_progress=stream.progress,
             )
-        if self._observers:
-            self._emit(LoopStopped(session=stream.session, stream=stream.id, why=why))
+        if self._events.observers:
+            self._events.emit(LoopStopped(session=stream.session, stream=stream.id, why=why))
         if report is not None and request.on_queued_message_stop is not None:
             request.on_queued_message_stop(report)  # synchronously, before stream-end (R1)
         stream.move(StreamState.COMPLETED)
@@ -433,8 +446,8 @@ class StreamProcessing:
         if request.on_complete is not None:
             with anyio.CancelScope(shield=True):
                 await request.on_complete(ended)
-        if self._observers:
-            self._emit(
+        if self._events.observers:
+            self._events.emit(
                 StreamEndedEvent(
                     session=stream.session,
                     stream=stream.id,
@@ -455,8 +468,8 @@ class StreamProcessing:
         else:
             kind = ErrorKind.TERMINAL
         stream.move(StreamState.ERROR)
-        if self._observers:
-            self._emit(
+        if self._events.observers:
+            self._events.emit(
                 StreamFailed(
                     session=stream.session,
                     stream=stream.id,
@@ -492,8 +505,8 @@ class StreamProcessing:
             fallback_progress=stream.progress,
             required_tool_satisfied=stream.required_in_step,
         )
-        if self._observers:
-            self._emit(
+        if self._events.observers:
+            self._events.emit(
                 StreamAborted(
                     session=stream.session,
                     stream=stream.id,

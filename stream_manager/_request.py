@@ -19,7 +19,8 @@ from stream_manager._fallback import ModelFallbackProgress
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from message_queue import CancelToken, Correlation
+    from message_queue import Correlation
+    from stream_manager._abort import AbortSignal
     from stream_manager._parts import ChatMessage, FinishReason, Part
     from stream_manager._stop import StopWhy
     from stream_manager.errors import ErrorType
@@ -89,8 +90,9 @@ class StreamRequest:
     refuse_stream_start: Callable[[], str | None] | None = None
     #: SM-3's durable turn-envelope write, awaited after registration.
     on_stream_constructed: Callable[[StreamInfo], Awaitable[None]] | None = None
-    #: The caller's abort signal (SM-2); firing it during processing is a hard stop.
-    abort: CancelToken | None = None
+    #: The caller's abort signal (SM-2): fired before processing began, the launch is
+    #: ``Withdrawn`` with its reason; fired during processing, a hard stop with that reason.
+    abort: AbortSignal | None = None
     #: Awaited (shielded) right after ``stream-start`` and before the first step: what the
     #: start makes durable (the consumed continuation's record) lands before the model runs.
     on_started: Callable[[], Awaitable[None]] | None = None
@@ -153,9 +155,13 @@ class Refused:
 
 @dataclass(frozen=True, slots=True)
 class Withdrawn:
-    """The caller's abort signal fired before processing began (SM-2): nothing started."""
+    """The launch was taken back before processing began (SM-2, SM-3): nothing started.
 
-    reason: str
+    ``reason`` is the caller's signal's reason, or the hard stop's (``system`` when another
+    launch of the session replaced this one).
+    """
+
+    reason: AbortReason
 
 
 StreamOutcome = Ended | Aborted | Failed | Refused | Withdrawn

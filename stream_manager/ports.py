@@ -9,17 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import msgspec
 
 from message_queue import Correlation
-from stream_manager._parts import ChatMessage
+from stream_manager._parts import ChatMessage, Part, ToolCallPart, ToolResultPart
 from stream_manager.clock import Timer
-
-if TYPE_CHECKING:
-    from stream_manager.clock import Timer
-from stream_manager._parts import Part, ToolCallPart, ToolResultPart
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +59,21 @@ class ToolKind(StrEnum):
     PROVIDER = "provider"
     #: A required tool: its successful result ends the turn.
     COMPLETION = "completion"
+
+
+class Capability(msgspec.Struct, frozen=True, gc=False):
+    """What a tool call uses: the tool's kind and its name (OP-9, OP-11).
+
+    A receipt stores and shows it as :attr:`text` (``client:bash``, ``provider:web_search``).
+    """
+
+    kind: ToolKind
+    name: str
+
+    @property
+    def text(self) -> str:
+        """The capability as a receipt stores it: ``kind:name``."""
+        return f"{self.kind.value}:{self.name}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -76,7 +76,8 @@ def integrity(db: Path) -> str:
 async def _user_rows(store: SqliteStore) -> dict[str, bytes]:
     rows: dict[str, bytes] = {}
     for session in await store.sessions():
-        for row in await store.history(session.id):
+        loaded = await store.load(session.id)
+        for row in () if loaded is None else loaded.rows:
             if row.kind is RowKind.USER:
                 rows[row.row_id] = row.body
     return rows
@@ -84,7 +85,7 @@ async def _user_rows(store: SqliteStore) -> dict[str, bytes]:
 
 async def _corrupt(store: SqliteStore, when: str) -> list[tuple[str, str]]:
     found = [(f"receipt {op} ({when})", detail) for op, detail in (await store.receipts()).corrupt]
-    scan = await store.recoverable()
+    scan = await store.scan_recoverable()
     found.extend((f"cut of session {sid} ({when})", detail) for sid, detail in scan.corrupt)
     return found
 
@@ -99,16 +100,18 @@ async def _look_after_recovery(db: Path, facts: RecoveryFacts) -> None:
     async with SqliteStore(db, readonly=True) as store:
         facts.user_rows_after_recovery = await _user_rows(store)
         facts.corrupt.extend(await _corrupt(store, "after recovery"))
-        for row in await store.owed_cuts():
-            history = await store.history(row.session)
-            facts.owed_after_recovery.append(
-                OwedCut(
-                    session=row.session,
-                    row_id=row.row_id,
-                    stream=row.stream,
-                    unanswered_user=_unanswered_user(row, history),
+        for found in (await store.scan_recoverable()).cuts:
+            loaded = await store.load(found.session.id)
+            history = () if loaded is None else loaded.rows
+            for row in found.owed:
+                facts.owed_after_recovery.append(
+                    OwedCut(
+                        session=row.session,
+                        row_id=row.row_id,
+                        stream=row.stream,
+                        unanswered_user=_unanswered_user(row, history),
+                    )
                 )
-            )
         still_open = await store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
         facts.open_ops_after_recovery = [(r.op_id, r.state.value) for r in still_open.records]
 

@@ -40,7 +40,8 @@ async def check_expectations(
         if started != count:
             failures.append(f"streams.{session}: expected {count} stream-start, got {started}")
     for session, count in expect.unanswered.items():
-        actual_count = unanswered(await store.history(session))
+        loaded = await store.load(session)
+        actual_count = unanswered(list(loaded.rows) if loaded is not None else [])
         if actual_count != count:
             failures.append(f"unanswered.{session}: expected {count}, got {actual_count}")
     if expect.receipts:

@@ -7,30 +7,29 @@ own; cancelled, it acknowledges after ``ack_delay_ms`` or (``on_cancel = "ignore
 tool call may override any of these for that call (read from the run's ``CallBehaviours``).
 
 ``Faults`` counts ``fail_next`` requests: it is the engine's ``PreStreamGate``, and
-``FaultyStore`` wraps the store so that the next N writes fail (and, after a ``crash``, every
-write is refused).
+``FaultyStore`` wraps the store port so that the next N commits fail (and, after a ``crash``,
+every commit is refused).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import anyio
 
 from agent_session.harness.scenario import ToolSpec
 from agent_session.ports import PreStreamFailure
 from persistence import (
-    CutState,
-    HistoryRow,
-    OperationRecord,
+    Boundary,
+    Committed,
     OpState,
     ReceiptQuery,
     RecoveryScan,
+    SessionLoad,
     SessionRecord,
     Store,
-    TurnEnvelope,
     TurnkeeperError,
 )
 from stream_manager import (
@@ -42,6 +41,8 @@ from stream_manager import (
     ToolKind,
     ToolResultPart,
 )
+
+T = TypeVar("T")
 
 
 class ScenarioTool:
@@ -191,10 +192,13 @@ class Faults:
 
 
 class FaultyStore:
-    """A store whose next writes fail while ``store_write`` failures are armed.
+    """The one wrapper over the store port: faults on ``commit``, every call counted.
 
-    It also counts calls in flight, so the virtual-time driver can tell "every task waits for
-    the database thread" from "every task is idle" (a blocked task is not a finished one).
+    While ``store_write`` failures are armed, the next commits fail (:class:`InjectedFailure`);
+    after a ``crash`` (``crashed``), every commit is refused (:class:`ProcessCrashed`). Either
+    way nothing of the boundary reaches the store. It counts calls in flight, so the
+    virtual-time driver can tell "every task waits for the database thread" from "every task
+    is idle" (a blocked task is not a finished one).
     """
 
     def __init__(self, inner: Store, faults: Faults) -> None:
@@ -203,14 +207,8 @@ class FaultyStore:
         self._in_flight = 0
         self._settled = anyio.Event()
         self._settled.set()
-        #: Set by a ``crash`` action: every later write through this wrapper is refused.
+        #: Set by a ``crash`` action: every later commit through this wrapper is refused.
         self.crashed = False
-
-    def _write(self, what: str) -> None:
-        if self.crashed:
-            raise ProcessCrashed(f"the process crashed: no {what} is written")
-        if self._faults.take("store_write"):
-            raise InjectedFailure(f"injected store write failure ({what})")
 
     @property
     def in_flight(self) -> int:
@@ -230,6 +228,18 @@ class FaultyStore:
         self._in_flight -= 1
         if self._in_flight == 0:
             self._settled.set()
+
+    async def _counted(self, call: Awaitable[T]) -> T:
+        self._enter()
+        try:
+            return await call
+        finally:
+            self._leave()
+
+    @property
+    def owner(self) -> str | None:
+        """The wrapped store's owner token."""
+        return self._inner.owner
 
     async def open(self) -> None:
         """Open the wrapped store."""
@@ -251,136 +261,56 @@ class FaultyStore:
     ) -> None:
         await self.close()
 
-    async def create_session(self, record: SessionRecord) -> None:
-        """Create a session (a write)."""
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Commit a boundary, unless a failure is armed or the process crashed."""
         self._enter()
         try:
-            self._write("session")
-            await self._inner.create_session(record)
+            what = _parts(session, boundary)
+            if self.crashed:
+                raise ProcessCrashed(f"the process crashed: no {what} is written")
+            if self._faults.take("store_write"):
+                raise InjectedFailure(f"injected store write failure ({what})")
+            return await self._inner.commit(session, boundary, owner=owner)
         finally:
             self._leave()
+
+    async def load(self, session: str) -> SessionLoad | None:
+        """A session's record, rows and envelopes."""
+        return await self._counted(self._inner.load(session))
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session."""
-        self._enter()
-        try:
-            return await self._inner.sessions()
-        finally:
-            self._leave()
+        return await self._counted(self._inner.sessions())
 
-    async def append(self, rows: Sequence[HistoryRow]) -> None:
-        """Append rows (a write)."""
-        self._enter()
-        try:
-            self._write("append")
-            await self._inner.append(rows)
-        finally:
-            self._leave()
-
-    async def update_row(self, row: HistoryRow) -> None:
-        """Replace a row (a write)."""
-        self._enter()
-        try:
-            self._write("update_row")
-            await self._inner.update_row(row)
-        finally:
-            self._leave()
-
-    async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
-        """Delete rows (a write)."""
-        self._enter()
-        try:
-            self._write("delete_rows")
-            return await self._inner.delete_rows(session, row_ids)
-        finally:
-            self._leave()
-
-    async def history(self, session: str) -> list[HistoryRow]:
-        """A session's history."""
-        self._enter()
-        try:
-            return await self._inner.history(session)
-        finally:
-            self._leave()
-
-    async def owed_cuts(self, session: str | None = None) -> list[HistoryRow]:
-        """Rows whose cut is owed."""
-        self._enter()
-        try:
-            return await self._inner.owed_cuts(session)
-        finally:
-            self._leave()
-
-    async def recoverable(self) -> RecoveryScan:
+    async def scan_recoverable(self) -> RecoveryScan:
         """The startup scan."""
-        self._enter()
-        try:
-            return await self._inner.recoverable()
-        finally:
-            self._leave()
-
-    async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
-        """Move a cut record (a write)."""
-        self._enter()
-        try:
-            self._write("set_cut_state")
-            await self._inner.set_cut_state(session, row_id, state)
-        finally:
-            self._leave()
-
-    async def put_envelope(self, envelope: TurnEnvelope) -> None:
-        """Write a turn envelope (a write)."""
-        self._enter()
-        try:
-            self._write("put_envelope")
-            await self._inner.put_envelope(envelope)
-        finally:
-            self._leave()
-
-    async def envelopes(self, session: str) -> list[TurnEnvelope]:
-        """A session's turn envelopes."""
-        self._enter()
-        try:
-            return await self._inner.envelopes(session)
-        finally:
-            self._leave()
-
-    async def put_operation(self, record: OperationRecord) -> None:
-        """Write a receipt (a write)."""
-        self._enter()
-        try:
-            self._write("put_operation")
-            await self._inner.put_operation(record)
-        finally:
-            self._leave()
-
-    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
-        """Write receipts in one transaction (a write)."""
-        self._enter()
-        try:
-            self._write("put_operations")
-            await self._inner.put_operations(records)
-        finally:
-            self._leave()
-
-    async def operation(self, op_id: str) -> OperationRecord | None:
-        """One receipt."""
-        self._enter()
-        try:
-            return await self._inner.operation(op_id)
-        finally:
-            self._leave()
+        return await self._counted(self._inner.scan_recoverable())
 
     async def receipts(
         self,
         session: str | None = None,
         *,
+        op_id: str | None = None,
         states: frozenset[OpState] | None = None,
         recent: int | None = None,
     ) -> ReceiptQuery:
         """Receipts, open ones first."""
-        self._enter()
-        try:
-            return await self._inner.receipts(session, states=states, recent=recent)
-        finally:
-            self._leave()
+        query = self._inner.receipts(session, op_id=op_id, states=states, recent=recent)
+        return await self._counted(query)
+
+
+def _parts(session: str, boundary: Boundary) -> str:
+    """What a boundary writes, for messages: ``commit of s1 (rows, envelope)``."""
+    parts = [
+        name
+        for name, present in (
+            ("create", boundary.create is not None),
+            ("delete", bool(boundary.delete)),
+            ("rows", bool(boundary.rows)),
+            ("cut_states", bool(boundary.cut_states)),
+            ("envelope", boundary.envelope is not None),
+            ("operations", bool(boundary.operations)),
+        )
+        if present
+    ]
+    return f"commit of {session} ({', '.join(parts) or 'nothing'})"

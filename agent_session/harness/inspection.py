@@ -113,10 +113,17 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         return 2
     try:
         sessions = [s for s in await opened.sessions() if session is None or s.id == session]
-        owed = await opened.owed_cuts(session)
+        scan = await opened.scan_recoverable()
         query = await opened.receipts(session)
     finally:
         await opened.close()
+    owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
+    for sid, detail in scan.corrupt:
+        if session in (None, sid):
+            print(
+                f"turnkeeper inspect: skipped corrupt cut of session {sid}: {detail}",
+                file=sys.stderr,
+            )
     owed_rows: list[dict[str, Any]] = [
         {
             "session": row.session,

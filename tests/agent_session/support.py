@@ -32,6 +32,7 @@ from stream_manager import (
     ToolResultPart,
     VirtualClock,
 )
+from tests import store_kit
 
 T = TypeVar("T")
 
@@ -110,7 +111,7 @@ class Rig:
         await self.time.settle(self.engine)
 
     async def history(self, session: str = "s1") -> list[HistoryRow]:
-        return await self.store.history(session)
+        return await store_kit.history(self.store, session)
 
     async def kinds(self, session: str = "s1") -> list[RowKind]:
         return [row.kind for row in await self.history(session)]

@@ -77,6 +77,7 @@ from tests.agent_session.test_as_send_rules import (
     wake_tool,
     withdraw_at_first_stream_end,
 )
+from tests.store_kit import history
 
 # ---------------------------------------------------------------- helpers
 
@@ -888,7 +889,7 @@ async def test_as22_r34_a_withdrawn_resume_removes_its_sentinel() -> None:
     hold = Hold()
 
     async def hold_the_resumes_envelope(_: object) -> None:
-        if any(row.kind is RowKind.SENTINEL for row in await store.history("s1")):
+        if any(row.kind is RowKind.SENTINEL for row in await history(store, "s1")):
             await hold.wait()
 
     store.before_envelope = hold_the_resumes_envelope

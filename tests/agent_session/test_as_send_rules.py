@@ -42,7 +42,17 @@ from message_queue import (
     SendFailure,
     SendOptions,
 )
-from persistence import HistoryRow, MemoryStore, RowKind, StoreError, TurnEnvelope, UsageError
+from persistence import (
+    Boundary,
+    Committed,
+    HistoryRow,
+    MemoryStore,
+    RowKind,
+    SessionLoad,
+    StoreError,
+    TurnEnvelope,
+    UsageError,
+)
 from stream_manager import (
     ScriptStep,
     StreamAborted,
@@ -129,41 +139,38 @@ AsyncRowsHook = Callable[[Sequence[HistoryRow]], Awaitable[None]]
 
 
 class HookStore(MemoryStore):
-    """A MemoryStore whose writes and reads can be intercepted by a test."""
+    """A MemoryStore whose commits can be intercepted by a test (by what they carry)."""
 
     def __init__(self) -> None:
         super().__init__()
+        #: Awaited before a commit that carries rows.
         self.before_append: AsyncRowsHook | None = None
+        #: Called with the rows a ``load`` read, before they are returned.
         self.before_history: Callable[[list[HistoryRow]], None] | None = None
+        #: Awaited before a commit that carries a turn envelope.
         self.before_envelope: Callable[[TurnEnvelope], Awaitable[None]] | None = None
-        #: ``None``: delete normally; an int: report that count and delete nothing.
+        #: ``None``: delete normally; an int: report that count and write nothing.
         self.delete_reports: int | None = None
         #: Delete normally but report this count (a failure report after a real delete).
         self.delete_misreports: int | None = None
 
-    async def append(self, rows: Sequence[HistoryRow]) -> None:
-        if self.before_append is not None:
-            await self.before_append(rows)
-        await super().append(rows)
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        if boundary.rows and self.before_append is not None:
+            await self.before_append(boundary.rows)
+        if boundary.envelope is not None and self.before_envelope is not None:
+            await self.before_envelope(boundary.envelope)
+        if boundary.delete and self.delete_reports is not None:
+            return Committed(deleted=self.delete_reports)
+        done = await super().commit(session, boundary, owner=owner)
+        if boundary.delete and self.delete_misreports is not None:
+            return Committed(deleted=self.delete_misreports)
+        return done
 
-    async def history(self, session: str) -> list[HistoryRow]:
-        rows = await super().history(session)
-        if self.before_history is not None:
-            self.before_history(rows)
-        return rows
-
-    async def put_envelope(self, envelope: TurnEnvelope) -> None:
-        if self.before_envelope is not None:
-            await self.before_envelope(envelope)
-        await super().put_envelope(envelope)
-
-    async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
-        if self.delete_reports is not None:
-            return self.delete_reports
-        deleted = await super().delete_rows(session, row_ids)
-        if self.delete_misreports is not None:
-            return self.delete_misreports
-        return deleted
+    async def load(self, session: str) -> SessionLoad | None:
+        loaded = await super().load(session)
+        if loaded is not None and self.before_history is not None:
+            self.before_history(list(loaded.rows))
+        return loaded
 
 
 class Hold:

@@ -60,6 +60,7 @@ from tests.agent_session.test_st_rules import (
     starts,
     text_of,
 )
+from tests.store_kit import owed
 
 
 def provider_call(tool: str) -> Callable[[EngineEvent], bool]:
@@ -167,7 +168,7 @@ async def test_as18_r6_send_now_on_a_resumed_stream_runs_the_user_entry_resumes_
         assert not s.owes()
         await r.settle()
         assert not s.owes()
-        assert await r.store.owed_cuts() == []
+        assert await owed(r.store) == []
         kinds = await r.kinds()
     assert [(e.stream, e.reason.value) for e in r.of(StreamAborted)] == [("s1/2", "user")]
     assert [e.entry for e in r.of(EntryDequeued)] == ["w1", "u", "w2"]
@@ -339,7 +340,7 @@ async def test_r22_a_hard_stop_during_the_abort_handlers_awaits_owes_nothing() -
         r.session().send("search")
         await r.settle()
         hook.check()
-        assert await r.store.owed_cuts() == []  # the record written for it is voided
+        assert await owed(r.store) == []  # the record written for it is voided
         assert not r.session().owes()
     assert [e.reason.value for e in r.of(StreamAborted) if e.stream] == ["queued-message"]
     assert r.of(ContinuationOwed) == []
@@ -671,7 +672,7 @@ async def test_r60_st5_a_stop_while_the_cut_row_commits_leaves_no_owed_record() 
         assert [e.remaining for e in r.of(ContinuationOwed)] == [6]
         assert hows(r) == ["withdrawn"]
         assert outcomes(r) == []
-        assert await r.store.owed_cuts() == []  # a restart resumes nothing
+        assert await owed(r.store) == []  # a restart resumes nothing
         (cut_row,) = [row for row in await r.history() if row.cut is not None]
         assert cut_row.cut is not None
         assert cut_row.cut.state is CutState.WITHDRAWN

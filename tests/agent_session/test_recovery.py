@@ -29,8 +29,10 @@ from persistence import (
     TurnEnvelope,
 )
 from stream_manager import FellBack, Persisted, ScriptStep, StreamStarted
+from tests import store_kit
 from tests.agent_session.support import T_, HookTool, X, session_rig
 from tests.operations.support import LedgerStore
+from tests.store_kit import commit
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -80,15 +82,18 @@ async def seed(
 ) -> None:
     """What a process that crashed right after a cut leaves behind."""
     async with store:
-        await store.create_session(SessionRecord(id=sid, model="M"))
         rows = [
             row(sid, 1, RowKind.USER),
             row(sid, 2, RowKind.ASSISTANT, stream=f"{sid}/1", cut=record or cut()),
         ]
         rows += [row(sid, 3 + n, kind) for n, kind in enumerate(after)]
-        await store.append(rows)
-        await store.put_envelope(
-            TurnEnvelope(session=sid, stream=f"{sid}/1", model="M", budget=8, cause="send")
+        await commit(store, sid, create=SessionRecord(id=sid, model="M"), rows=rows)
+        await commit(
+            store,
+            sid,
+            envelope=TurnEnvelope(
+                session=sid, stream=f"{sid}/1", model="M", budget=8, cause="send"
+            ),
         )
 
 
@@ -111,7 +116,7 @@ async def test_ps6_an_owed_normal_cut_is_resumed_at_startup_under_its_remaining_
         assert [m.role for m in request.messages][-1] == "user"  # the [CONTINUE] sentinel
         assert r.session().owes() is False
         # R60: the durable record followed the marker: consumed, so no second recovery.
-        assert await r.store.owed_cuts() == []
+        assert await store_kit.owed(r.store) == []
     async with session_rig({"M": []}, store=store, sessions=()) as again:
         await again.settle()
         assert again.of(Recovered) == []
@@ -145,7 +150,7 @@ async def test_ps6_r60_every_field_of_the_durable_record_reaches_the_resumed_str
         (hop,) = r.of(FellBack)
         assert (hop.from_, hop.to, hop.refused) == ("beta", "gamma", ("alpha", "beta"))
         assert not r.models["alpha"].requests  # the requested model is not asked again
-        assert await r.store.owed_cuts() == []
+        assert await store_kit.owed(r.store) == []
 
 
 async def test_ps6_a_cut_followed_only_by_its_sentinel_gets_no_second_sentinel(
@@ -195,8 +200,10 @@ def correlated(remaining: int) -> CutRecord:
 async def follow(store: Store, body: bytes) -> None:
     """The row a crashed process made durable after the cut, and then streamed nothing for."""
     async with store:
-        await store.append(
-            [HistoryRow(session="s1", seq=3, row_id="s1:r3", kind=RowKind.USER, body=body)]
+        await commit(
+            store,
+            "s1",
+            rows=[HistoryRow(session="s1", seq=3, row_id="s1:r3", kind=RowKind.USER, body=body)],
         )
 
 
@@ -222,7 +229,7 @@ async def test_ps6_a_cut_followed_by_a_row_that_continues_it_resumes_after_that_
         assert (start.cause, start.budget, start.handle) == ("resume", 4, "h1")
         assert r.models["M"].requests[0].messages[-1].text == "monitors finished"
         assert RowKind.SENTINEL not in await r.kinds()
-        assert await r.store.owed_cuts() == []
+        assert await store_kit.owed(r.store) == []
 
 
 @pytest.mark.parametrize(
@@ -244,7 +251,7 @@ async def test_ps6_r35_a_cut_superseded_by_a_durable_row_is_withdrawn_not_resume
         assert "R35" in event.why
         assert "s1:r3" in event.why
         assert r.of(StreamStarted) == []
-        assert await r.store.owed_cuts() == []
+        assert await store_kit.owed(r.store) == []
         (stored,) = [h for h in await r.history() if h.cut is not None]
         assert stored.cut is not None
         assert stored.cut.state is CutState.WITHDRAWN
@@ -257,7 +264,7 @@ async def test_ps6_a_record_with_no_steps_left_owes_nothing_and_is_voided(store:
         await r.settle()
         assert [e.action for e in r.of(Recovered)] == ["abandon"]
         assert r.of(StreamStarted) == []
-        assert await r.store.owed_cuts() == []
+        assert await store_kit.owed(r.store) == []
 
 
 async def test_ps6_a_cut_on_a_model_this_engine_lacks_stays_owed_untouched(store: Store) -> None:
@@ -267,19 +274,21 @@ async def test_ps6_a_cut_on_a_model_this_engine_lacks_stays_owed_untouched(store
         (event,) = r.of(Recovered)
         assert (event.action, "'gone'" in event.why) == ("abandon", True)
         assert r.of(StreamStarted) == []
-        assert [h.row_id for h in await r.store.owed_cuts()] == ["s1:r2"]
+        assert [h.row_id for h in await store_kit.owed(r.store)] == ["s1:r2"]
 
 
 async def test_ps6_only_the_latest_owed_cut_of_a_session_is_resumed(store: Store) -> None:
     async with store:
-        await store.create_session(SessionRecord(id="s1", model="M"))
-        await store.append(
-            [
+        await commit(
+            store,
+            "s1",
+            create=SessionRecord(id="s1", model="M"),
+            rows=[
                 row("s1", 1, RowKind.USER),
                 row("s1", 2, RowKind.ASSISTANT, stream="s1/1", cut=cut(remaining=5)),
                 row("s1", 3, RowKind.SENTINEL),
                 row("s1", 4, RowKind.ASSISTANT, stream="s1/2", cut=cut(remaining=2)),
-            ]
+            ],
         )
     async with session_rig({"M": [X()]}, store=store, sessions=()) as r:
         await r.settle()
@@ -296,7 +305,7 @@ async def test_ps6_recovery_can_be_turned_off(store: Store) -> None:
         await r.settle()
         assert r.of(Recovered) == []
         assert r.of(StreamStarted) == []
-        assert len(await r.store.owed_cuts()) == 1
+        assert len(await store_kit.owed(r.store)) == 1
 
 
 async def test_r61_a_malformed_cut_record_abandons_that_session_only_and_is_left_as_is(
@@ -359,7 +368,7 @@ async def test_r60_a_crash_right_after_a_real_cut_is_resumed_by_the_next_engine(
         (start,) = again.of(StreamStarted)
         assert (start.cause, start.budget) == ("resume", 6)
         assert again.models["M"].requests, "the resumed stream called the model"
-        assert await again.store.owed_cuts() == []
+        assert await store_kit.owed(again.store) == []
 
 
 async def test_r60_a_real_cut_after_a_hop_survives_a_crash_with_its_chain_and_correlation(
@@ -402,7 +411,7 @@ async def test_r60_a_real_cut_after_a_hop_survives_a_crash_with_its_chain_and_co
         assert (start.model, start.budget, start.handle) == ("beta", owed[0], "h1")
         (hop,) = a.of(FellBack)
         assert (hop.from_, hop.to, hop.refused) == ("beta", "gamma", ("alpha", "beta"))
-        assert await a.store.owed_cuts() == []
+        assert await store_kit.owed(a.store) == []
 
 
 class CountingGate:
@@ -438,4 +447,4 @@ async def test_ps6_recovered_resumes_start_at_most_recovery_concurrency_at_once(
         await r.settle()
         assert gate.most == 3
         assert len(r.of(StreamStarted)) == 10
-        assert await r.store.owed_cuts() == []
+        assert await store_kit.owed(r.store) == []

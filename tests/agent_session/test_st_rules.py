@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -50,11 +50,14 @@ from agent_session._continuation import (
 )
 from message_queue import CancelToken, Correlation, EntryKind, SendOptions
 from persistence import (
+    Boundary,
+    Committed,
     CutRecord,
     CutState,
     HistoryRow,
     MemoryStore,
     RowKind,
+    SessionLoad,
     SessionRecord,
     StoreError,
     TurnEnvelope,
@@ -76,6 +79,7 @@ from stream_manager import (
     ToolCallStarted,
 )
 from tests.agent_session.support import T_, HookTool, P, Rig, X, session_rig
+from tests.store_kit import commit, owed
 
 #: A delegated turn's correlation (``C``) and an unrelated one.
 C = Correlation(handle_id="h1", owner_session="ow", turn_id="t1")
@@ -147,7 +151,11 @@ class Gate:
 
 
 class TrapStore(MemoryStore):
-    """A MemoryStore whose n-th ``history`` / ``append`` / ``put_envelope`` can hold or fail."""
+    """A MemoryStore whose n-th ``history`` / ``append`` / ``put_envelope`` can hold or fail.
+
+    The names count store calls by what they carry: ``history`` is a ``load``, ``append`` a
+    commit with rows, ``put_envelope`` a commit with a turn envelope.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -176,17 +184,16 @@ class TrapStore(MemoryStore):
         if trap is not None and await trap.spring():
             raise StoreError(f"trapped {verb} #{n}")
 
-    async def history(self, session: str) -> list[HistoryRow]:
+    async def load(self, session: str) -> SessionLoad | None:
         await self._spring("history")
-        return await super().history(session)
+        return await super().load(session)
 
-    async def append(self, rows: Sequence[HistoryRow]) -> None:
-        await self._spring("append")
-        await super().append(rows)
-
-    async def put_envelope(self, envelope: TurnEnvelope) -> None:
-        await self._spring("put_envelope")
-        await super().put_envelope(envelope)
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        if boundary.rows:
+            await self._spring("append")
+        if boundary.envelope is not None:
+            await self._spring("put_envelope")
+        return await super().commit(session, boundary, owner=owner)
 
 
 class Once:
@@ -738,7 +745,7 @@ async def assert_withdrawn_durably(r: Rig, why: str, cut: str = "s1/1") -> None:
     assert [(e.cut, e.how.value, e.why) for e in r.of(ContinuationEnded)] == [
         (cut, "withdrawn", why)
     ]
-    assert await r.store.owed_cuts() == []
+    assert await owed(r.store) == []
     (row,) = [row for row in await r.history() if row.cut is not None]
     assert row.stream == cut
     assert row.cut is not None
@@ -818,9 +825,11 @@ async def test_st5_r25_a_stream_error_withdraws_and_the_cut_record_follows() -> 
     )
     store = MemoryStore()
     async with store:  # what an earlier process left: a cut owed on s1:r2
-        await store.create_session(SessionRecord(id="s1", model="M"))
-        await store.append(
-            [
+        await commit(
+            store,
+            "s1",
+            create=SessionRecord(id="s1", model="M"),
+            rows=[
                 HistoryRow(
                     session="s1",
                     seq=1,
@@ -837,10 +846,8 @@ async def test_st5_r25_a_stream_error_withdraws_and_the_cut_record_follows() -> 
                     stream="s1/1",
                     cut=record,
                 ),
-            ]
-        )
-        await store.put_envelope(
-            TurnEnvelope(session="s1", stream="s1/1", model="M", budget=8, cause="send")
+            ],
+            envelope=TurnEnvelope(session="s1", stream="s1/1", model="M", budget=8, cause="send"),
         )
     marker = Marker(cut="s1/1", model="B", step_budget=3, progress=progress)
 

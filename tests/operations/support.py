@@ -26,15 +26,7 @@ import msgspec
 from agent_session import AgentSession, Engine, EngineConfig, EngineEvent
 from agent_session.harness.fakes import Faults, FaultyStore
 from agent_session.harness.virtual_time import VirtualTime
-from persistence import (
-    CutState,
-    HistoryRow,
-    MemoryStore,
-    OperationRecord,
-    SessionRecord,
-    Store,
-    TurnEnvelope,
-)
+from persistence import Boundary, Committed, MemoryStore, OperationRecord, Store
 from stream_manager import (
     CallBehaviours,
     ChatMessage,
@@ -58,6 +50,7 @@ from stream_manager import (
     ToolResultPart,
     VirtualClock,
 )
+from tests import store_kit
 
 T = TypeVar("T")
 
@@ -286,7 +279,11 @@ class OpTool:
 
 
 class LedgerStore(FaultyStore):
-    """A store wrapper: receipt writes logged in order, database calls counted, crashable."""
+    """The fault wrapper, with receipt writes logged in order; a crash drops every commit.
+
+    Unlike ``FaultyStore``'s crash (commits refused), a crashed ledger drops commits quietly:
+    the test's process goes on as if they were written, the file never sees them.
+    """
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner, Faults())
@@ -312,44 +309,14 @@ class LedgerStore(FaultyStore):
         """The states ``op``'s receipt was written with, in order."""
         return [w.state.value for w in self.writes if w.op_id == op]
 
-    async def put_operation(self, record: OperationRecord) -> None:
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Log the boundary's receipts (one tuple per transaction); after a crash, drop it."""
         if self.crashed:
-            return
-        self.writes.append(record)
-        self.write_calls.append((record.op_id,))
-        await super().put_operation(record)
-
-    async def put_operations(self, records: Sequence[OperationRecord]) -> None:
-        if self.crashed:
-            return
-        self.writes.extend(records)
-        self.write_calls.append(tuple(r.op_id for r in records))
-        await super().put_operations(records)
-
-    async def create_session(self, record: SessionRecord) -> None:
-        if not self.crashed:
-            await super().create_session(record)
-
-    async def append(self, rows: Sequence[HistoryRow]) -> None:
-        if not self.crashed:
-            await super().append(rows)
-
-    async def update_row(self, row: HistoryRow) -> None:
-        if not self.crashed:
-            await super().update_row(row)
-
-    async def delete_rows(self, session: str, row_ids: Sequence[str]) -> int:
-        if self.crashed:
-            return 0
-        return await super().delete_rows(session, row_ids)
-
-    async def set_cut_state(self, session: str, row_id: str, state: CutState) -> None:
-        if not self.crashed:
-            await super().set_cut_state(session, row_id, state)
-
-    async def put_envelope(self, envelope: TurnEnvelope) -> None:
-        if not self.crashed:
-            await super().put_envelope(envelope)
+            return Committed()
+        if boundary.operations:
+            self.writes.extend(boundary.operations)
+            self.write_calls.append(tuple(r.op_id for r in boundary.operations))
+        return await super().commit(session, boundary, owner=owner)
 
 
 # ---------------------------------------------------------------- the rig
@@ -390,7 +357,7 @@ class OpRig:
         await self.time.run_until(when)
 
     async def receipt(self, op: str) -> OperationRecord:
-        record = await self.store.operation(op)
+        record = await store_kit.receipt(self.store, op)
         assert record is not None, f"no receipt {op}"
         return record
 

@@ -26,6 +26,7 @@ from stream_manager import (
     ToolKind,
     VirtualClock,
 )
+from tests import store_kit
 from tests.operations.conftest import Backend
 from tests.operations.support import (
     DEADLINE_S,
@@ -47,7 +48,7 @@ from tests.operations.test_op_rules import receipt_events
 
 
 async def stored(store: Store, op: str) -> OperationRecord:
-    record = await store.operation(op)
+    record = await store_kit.receipt(store, op)
     assert record is not None, f"no receipt {op}"
     return record
 
@@ -176,7 +177,7 @@ async def test_op7_op10_a_crash_leaves_open_receipts_indeterminate_for_a_replace
         # They live in the store, not in the conversation: discarding the history keeps them.
         r2.session().discard_context()
         await r2.settle()
-        assert await r2.store.history("s1") == []
+        assert await store_kit.history(r2.store, "s1") == []
         assert [rec.op_id for rec in (await r2.store.receipts(recent=1)).records] == [
             running,
             waiting,
@@ -256,7 +257,7 @@ async def test_op10_receipts_are_queryable_by_id_and_as_open_plus_recent_n(
         stuck = op_id(1, 2, 0)
         for op in [*ids, stuck]:
             assert (await r.receipt(op)).op_id == op
-        assert await r.store.operation("s1/9/9/9") is None
+        assert await store_kit.receipt(r.store, "s1/9/9/9") is None
         assert [rec.op_id for rec in (await r.store.receipts(recent=2)).records] == [
             stuck,
             ids[2],

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from persistence import OperationRecord, OpState, SqliteStore
 from persistence._checkpoint import CHECKPOINT_EVERY
+from tests.store_kit import commit, put_receipts
 
 from .helpers import session
 
@@ -39,7 +40,7 @@ async def test_the_checkpointer_copies_the_wal_into_the_database_while_writes_go
 ) -> None:
     path = tmp_path / "tk.db"
     async with SqliteStore(path) as store:
-        await store.create_session(session())
+        await commit(store, "s1", create=session())
         checkpointer = store._checkpointer
         assert checkpointer is not None
         await checkpointer.settle()
@@ -49,7 +50,7 @@ async def test_the_checkpointer_copies_the_wal_into_the_database_while_writes_go
         # depends on the thread's speed; each round here asks for exactly one.
         for round_ in range(2):
             for n in range(CHECKPOINT_EVERY):
-                await store.put_operation(receipt(round_ * CHECKPOINT_EVERY + n))
+                await put_receipts(store, receipt(round_ * CHECKPOINT_EVERY + n))
             await checkpointer.settle()
             assert checkpointer.runs == round_ + 1
         assert checkpointer.failures == 0

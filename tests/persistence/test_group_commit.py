@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from persistence import OperationRecord, OpState, SqliteStore, UsageError
+from persistence import Boundary, OperationRecord, OpState, SqliteStore, UsageError
+from tests.store_kit import commit, history, put_receipts
 
 from .helpers import envelope, plain_sqlite, row, session
 
@@ -48,11 +49,11 @@ async def test_concurrent_writers_share_transactions_and_each_is_durable_when_to
     path = tmp_path / "tk.db"
     seen_at_return: dict[str, bool] = {}
     async with SqliteStore(path) as store:
-        await store.create_session(session())
+        await commit(store, "s1", create=session())
         before = store.commits
 
         async def writer(n: int) -> None:
-            await store.put_operation(receipt(n))
+            await put_receipts(store, receipt(n))
             # Told durable: another connection must see it now (not after a later commit).
             seen_at_return[f"op{n}"] = f"op{n}" in stored_op_ids(path)
 
@@ -70,11 +71,11 @@ async def test_concurrent_writers_share_transactions_and_each_is_durable_when_to
 async def test_without_group_commit_every_write_is_its_own_transaction(tmp_path: Path) -> None:
     path = tmp_path / "tk.db"
     async with SqliteStore(path, group_commit=False) as store:
-        await store.create_session(session())
+        await commit(store, "s1", create=session())
         before = store.commits
         async with anyio.create_task_group() as group:
             for n in range(10):
-                group.start_soon(store.put_operation, receipt(n))
+                group.start_soon(put_receipts, store, receipt(n))
         assert (store.commits[0] - before[0], store.commits[1] - before[1]) == (10, 10)
     assert stored_op_ids(path) == {f"op{n}" for n in range(10)}
 
@@ -85,30 +86,29 @@ async def test_a_refused_write_in_a_shared_transaction_loses_nothing_of_the_othe
     path = tmp_path / "tk.db"
     errors: list[BaseException] = []
     async with SqliteStore(path) as store:
-        await store.create_session(session())
-        await store.append([row(1)])
+        await commit(store, "s1", create=session(), rows=[row(1)])
         before = store.commits
 
-        async def bad_append() -> None:
-            try:
-                await store.append([row(2), row(1)])  # seq 1 taken: refused, whole batch
+        async def bad_rows() -> None:
+            try:  # seq 1 taken: refused, the whole boundary (its receipt too)
+                await commit(store, "s1", rows=[row(2), row(1)], operations=[receipt(98)])
             except UsageError as error:
                 errors.append(error)
 
         async def bad_envelope() -> None:
             try:
-                await store.put_envelope(envelope(sid="nobody"))
+                await commit(store, "nobody", envelope=envelope(sid="nobody"))
             except UsageError as error:
                 errors.append(error)
 
         async with anyio.create_task_group() as group:
             for n in range(10):
-                group.start_soon(store.put_operation, receipt(n))
+                group.start_soon(put_receipts, store, receipt(n))
                 if n == 4:
-                    group.start_soon(bad_append)
+                    group.start_soon(bad_rows)
                     group.start_soon(bad_envelope)
         assert store.commits[0] - before[0] < 12  # they did share
-        assert [r.seq for r in await store.history("s1")] == [1]
+        assert [r.seq for r in await history(store)] == [1]
     assert sorted(type(e).__name__ for e in errors) == ["UsageError", "UsageError"]
     assert any("nobody" in str(e) for e in errors)
     assert stored_op_ids(path) == {f"op{n}" for n in range(10)}
@@ -119,13 +119,13 @@ async def test_a_writer_cancelled_while_waiting_still_has_its_write_committed(
 ) -> None:
     path = tmp_path / "tk.db"
     async with SqliteStore(path) as store:
-        await store.create_session(session())
+        await commit(store, "s1", create=session())
         async with anyio.create_task_group() as group:
             for n in range(5):
-                group.start_soon(store.put_operation, receipt(n))
+                group.start_soon(put_receipts, store, receipt(n))
             with anyio.CancelScope() as scope:
                 scope.cancel()
-                await store.put_operation(receipt(99))  # shielded: the write lands
+                await put_receipts(store, receipt(99))  # shielded: the write lands
                 await anyio.lowlevel.checkpoint()  # the cancellation is delivered here
             assert scope.cancelled_caught
     assert "op99" in stored_op_ids(path)
@@ -136,20 +136,19 @@ async def test_a_closed_store_refuses_a_write_before_it_joins_a_transaction(
 ) -> None:
     store = SqliteStore(tmp_path / "tk.db")
     with pytest.raises(UsageError, match="not open"):
-        await store.put_operation(receipt(1))
+        await store.commit("s1", Boundary(operations=(receipt(1),)), owner="any")
 
 
 async def test_concurrent_reads_share_the_writers_calls_and_see_committed_rows(
     tmp_path: Path,
 ) -> None:
     async with SqliteStore(tmp_path / "tk.db") as store:
-        await store.create_session(session())
-        await store.append([row(1), row(2)])
+        await commit(store, "s1", create=session(), rows=[row(1), row(2)])
         before = store.commits
         seen: list[int] = []
 
         async def reader() -> None:
-            seen.append(len(await store.history("s1")))
+            seen.append(len(await history(store)))
 
         async with anyio.create_task_group() as group:
             for _ in range(20):

@@ -25,6 +25,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
 from persistence import OperationRecord, OpState, SqliteStore, UsageError
+from tests.store_kit import commit, history
 
 from .helpers import envelope, row, session
 
@@ -69,8 +70,7 @@ async def scenario(path: Path, plan: list[Writer]) -> None:
     refused: list[int] = []
     written: dict[str, set[int]] = {"receipt": set(), "row": set(), "envelope": set()}
     async with SqliteStore(path) as store:
-        await store.create_session(session())
-        await store.append([row(1)])  # seq 1 taken: a "bad_row" collides with it
+        await commit(store, "s1", create=session(), rows=[row(1)])  # a "bad_row" collides
         before = store.commits
 
         async def write(index: int, writer: Writer) -> None:
@@ -79,26 +79,27 @@ async def scenario(path: Path, plan: list[Writer]) -> None:
             n = index + 10
             try:
                 if writer.kind == "receipt":
-                    await store.put_operation(receipt(n))
+                    await commit(store, "s1", operations=[receipt(n)])
                     seen = count(
                         path, "SELECT count(*) FROM operations WHERE op_id = ?", (f"op{n}",)
                     )
                 elif writer.kind == "row":
-                    await store.append([row(n)])
+                    await commit(store, "s1", rows=[row(n)])
                     seen = count(path, "SELECT count(*) FROM history_rows WHERE seq = ?", (n,))
                 elif writer.kind == "envelope":
-                    await store.put_envelope(envelope(f"st{n}"))
+                    await commit(store, "s1", envelope=envelope(f"st{n}"))
                     seen = count(
                         path, "SELECT count(*) FROM turn_envelopes WHERE stream = ?", (f"st{n}",)
                     )
                 elif writer.kind == "bad_row":
-                    await store.append([row(n), row(1)])  # the second collides: all refused
+                    # the second row collides: all of the boundary is refused, its receipt too
+                    await commit(store, "s1", rows=[row(n), row(1)], operations=[receipt(n)])
                     raise AssertionError("a colliding append was accepted")
                 elif writer.kind == "bad_envelope":
-                    await store.put_envelope(envelope(f"st{n}", sid="nobody"))
+                    await commit(store, "nobody", envelope=envelope(f"st{n}", sid="nobody"))
                     raise AssertionError("an envelope of an unknown session was accepted")
                 else:
-                    rows = await store.history("s1")
+                    rows = await history(store)
                     assert rows[0].seq == 1
                     return
             except UsageError:

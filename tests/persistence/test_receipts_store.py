@@ -7,17 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from persistence import (
-    CorruptRecord,
-    MemoryStore,
-    OperationRecord,
-    OpState,
-    SqliteStore,
-    Store,
-)
+from persistence import MemoryStore, OperationRecord, OpState, SqliteStore, Store, UsageError
+from tests.store_kit import commit, put_receipts, receipt
 
 
-def receipt(op_id: str, state: OpState, session: str = "s1", at: float = 1.0) -> OperationRecord:
+def record(op_id: str, state: OpState, session: str = "s1", at: float = 1.0) -> OperationRecord:
     return OperationRecord(
         op_id=op_id,
         session=session,
@@ -38,12 +32,12 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
 
 async def test_op10_receipts_upsert_and_survive_reopen(make: Store) -> None:
     async with make as store:
-        await store.put_operation(receipt("a", OpState.REQUESTED))
-        await store.put_operation(receipt("a", OpState.RUNNING))
-        assert (await store.operation("a")) == receipt("a", OpState.RUNNING)
-        assert await store.operation("missing") is None
+        await put_receipts(store, record("a", OpState.REQUESTED))
+        await put_receipts(store, record("a", OpState.RUNNING))
+        assert (await receipt(store, "a")) == record("a", OpState.RUNNING)
+        assert await receipt(store, "missing") is None
     async with make as store:
-        found = await store.operation("a")
+        found = await receipt(store, "a")
         assert found is not None
         assert found.state is OpState.RUNNING
 
@@ -58,7 +52,7 @@ async def test_op10_open_receipts_first_then_recent_terminal_newest_first(make: 
             ("done3", OpState.TIMED_OUT),
             ("other", OpState.COMPLETED),
         ]:
-            await store.put_operation(receipt(op_id, state, "s2" if op_id == "other" else "s1"))
+            await put_receipts(store, record(op_id, state, "s2" if op_id == "other" else "s1"))
         query = await store.receipts("s1", recent=2)
         assert [r.op_id for r in query.records] == ["lost", "run", "done3", "done2"]
         everything = await store.receipts()
@@ -71,8 +65,11 @@ async def test_op10_open_receipts_first_then_recent_terminal_newest_first(make: 
 async def test_op10_a_corrupt_receipt_is_reported_by_id_and_skipped(tmp_path: Path) -> None:
     path = tmp_path / "r.db"
     async with SqliteStore(path) as store:
-        await store.put_operation(receipt("good", OpState.COMPLETED))
-        await store.put_operation(receipt("bad", OpState.COMPLETED))
+        await commit(
+            store,
+            "s1",
+            operations=[record("good", OpState.COMPLETED), record("bad", OpState.COMPLETED)],
+        )
     with sqlite3.connect(path) as conn:
         conn.execute(
             "UPDATE operations SET record = CAST(json_set(CAST(record AS TEXT), "
@@ -83,7 +80,19 @@ async def test_op10_a_corrupt_receipt_is_reported_by_id_and_skipped(tmp_path: Pa
         assert [r.op_id for r in query.records] == ["good"]
         assert [op_id for op_id, _ in query.corrupt] == ["bad"]
         assert "$.started_at" in query.corrupt[0][1]
-        with pytest.raises(CorruptRecord, match=r"operations\[bad\]"):
-            await store.operation("bad")
+        alone = await store.receipts(op_id="bad")
+        assert alone.records == ()
+        assert [op_id for op_id, _ in alone.corrupt] == ["bad"]
+        assert alone.corrupt[0][1].startswith("operations[bad]: $.started_at")
     with sqlite3.connect(path) as conn:  # never dropped or rewritten
         assert conn.execute("SELECT count(*) FROM operations").fetchone() == (2,)
+
+
+async def test_an_opened_memory_store_owns_itself_from_the_start() -> None:
+    # What a StreamManager used without a store writes its receipts to.
+    store = MemoryStore.opened()
+    assert store.owner is not None
+    await commit(store, "s1", operations=[record("a", OpState.RUNNING)])
+    assert await receipt(store, "a") == record("a", OpState.RUNNING)
+    with pytest.raises(UsageError, match="already open"):
+        await store.open()

@@ -16,19 +16,26 @@ import anyio
 import pytest
 
 from persistence import (
+    Boundary,
     CorruptRecord,
     CutState,
+    CutStateChange,
     MigrationRequired,
     NotATurnkeeperStore,
+    OperationRecord,
+    OpState,
     RowKind,
     SqliteStore,
+    StaleOwner,
     StoreError,
     TurnkeeperError,
     UnsupportedSchemaVersion,
     UsageError,
     _migrations,
     _sqlite,
+    _writes,
 )
+from tests.store_kit import commit, envelopes, history, owed, owner
 
 from .helpers import cut, envelope, plain_sqlite, row, session, snapshot
 
@@ -39,6 +46,19 @@ if TYPE_CHECKING:
 CURRENT = _sqlite.schema_version()
 
 
+def receipt(op_id: str) -> OperationRecord:
+    return OperationRecord(
+        op_id=op_id,
+        session="s1",
+        stream="s1/1",
+        call_id="c1",
+        capability="client:noop",
+        target="t",
+        started_at=1.0,
+        state=OpState.RUNNING,
+    )
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "t.db"
@@ -47,9 +67,13 @@ def db_path(tmp_path: Path) -> Path:
 async def make_store_file(path: Path) -> None:
     """A closed store holding one session with a user row and an owed cut row."""
     async with SqliteStore(path) as store:
-        await store.create_session(session())
-        await store.append([row(1), row(2, "r7", kind=RowKind.ASSISTANT, cut=cut())])
-        await store.put_envelope(envelope())
+        await commit(
+            store,
+            "s1",
+            create=session(),
+            rows=[row(1), row(2, "r7", kind=RowKind.ASSISTANT, cut=cut())],
+            envelope=envelope(),
+        )
 
 
 def connection(store: SqliteStore) -> aiosqlite.Connection:
@@ -93,7 +117,7 @@ def test_an_unknown_synchronous_setting_is_refused(db_path: Path) -> None:
 async def test_an_empty_file_becomes_a_store(db_path: Path) -> None:
     await anyio.Path(db_path).write_bytes(b"")
     async with SqliteStore(db_path) as store:
-        await store.create_session(session())
+        await commit(store, "s1", create=session())
         assert await store.sessions() == [session()]
 
 
@@ -101,8 +125,8 @@ async def test_a_new_store_survives_a_fresh_instance_on_the_same_file(db_path: P
     await make_store_file(db_path)
     async with SqliteStore(db_path, synchronous="FULL") as store:
         assert await store.sessions() == [session()]
-        assert [r.row_id for r in await store.owed_cuts()] == ["r7"]
-        assert await store.envelopes("s1") == [envelope()]
+        assert [r.row_id for r in await owed(store)] == ["r7"]
+        assert await envelopes(store) == [envelope()]
 
 
 async def test_a_missing_folder_is_a_store_error(tmp_path: Path) -> None:
@@ -180,7 +204,7 @@ async def test_an_older_schema_is_migrated_in_one_transaction(
         "INSERT INTO extra_receipts VALUES ('x');\n"
     )
     async with SqliteStore(db_path) as store:
-        assert [r.row_id for r in await store.history("s1")] == ["r1", "r7"]
+        assert [r.row_id for r in await history(store)] == ["r1", "r7"]
     with plain_sqlite(db_path) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(CURRENT + 1,)]
         assert conn.execute("SELECT id FROM extra_receipts").fetchall() == [("x",)]
@@ -236,21 +260,23 @@ async def test_readonly_reads_everything_and_refuses_every_write(
     await make_store_file(db_path)
     before = snapshot(tmp_path)[db_path.name]
     async with SqliteStore(db_path, readonly=True) as store:
+        assert store.owner is None  # a read-only store owns nothing
         assert await store.sessions() == [session()]
-        assert [r.row_id for r in await store.history("s1")] == ["r1", "r7"]
-        assert [r.row_id for r in await store.owed_cuts()] == ["r7"]
-        assert await store.envelopes("s1") == [envelope()]
-        writes: list[Callable[[], Any]] = [
-            lambda: store.create_session(session("s2")),
-            lambda: store.append([row(3)]),
-            lambda: store.update_row(row(1, body=b"x")),
-            lambda: store.delete_rows("s1", ["r1"]),
-            lambda: store.set_cut_state("s1", "r7", CutState.VOIDED),
-            lambda: store.put_envelope(envelope("st2")),
+        assert [r.row_id for r in await history(store)] == ["r1", "r7"]
+        assert [r.row_id for r in (await store.scan_recoverable()).cuts[0].owed] == ["r7"]
+        assert await envelopes(store) == [envelope()]
+        boundaries = [
+            Boundary(create=session("s2")),
+            Boundary(rows=(row(3),)),
+            Boundary(delete=("r1",)),
+            Boundary(cut_states=(CutStateChange(row_id="r7", state=CutState.VOIDED),)),
+            Boundary(envelope=envelope("st2")),
+            Boundary(),
         ]
-        for write in writes:
-            with pytest.raises(UsageError, match="read-only"):
-                await write()
+        for boundary in boundaries:
+            for token in (None, "any-token"):
+                with pytest.raises(UsageError, match="read-only"):
+                    await store.commit("s2" if boundary.create else "s1", boundary, owner=token)
         # Even a statement slipped past the store's own check is refused by SQLite.
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             await connection(store).execute("DELETE FROM history_rows")
@@ -311,72 +337,113 @@ async def traced(store: SqliteStore, calls: Calls) -> None:
     calls.reset()
 
 
-async def test_a_single_row_append_is_one_aiosqlite_call_and_one_insert(
+async def test_a_single_row_commit_is_one_aiosqlite_call_and_one_insert(
     db_path: Path, calls: Calls
 ) -> None:
     async with SqliteStore(db_path) as store:
-        await store.create_session(session())
+        await commit(store, "s1", create=session())
         await traced(store, calls)
-        await store.append([row(1)])
+        await commit(store, "s1", rows=[row(1)])
         assert calls.hops == ["_run_batch"]
-        assert calls.statements[0] == "BEGIN IMMEDIATE"
-        assert calls.statements[-1] == "COMMIT"
-        assert [s for s in calls.statements if s.startswith("INSERT")] == [calls.statements[2]]
-        assert calls.statements[2].startswith("INSERT INTO history_rows")
-        assert await store.history("s1") == [row(1)]
+        assert len(calls.statements) == 3
+        assert (calls.statements[0], calls.statements[-1]) == ("BEGIN IMMEDIATE", "COMMIT")
+        assert calls.statements[1].startswith("INSERT INTO history_rows")
+        assert await history(store) == [row(1)]
 
 
 @pytest.mark.parametrize(
-    ("name", "write"),
+    ("name", "boundary"),
     [
-        ("update_row", lambda store: store.update_row(row(1, body=b"x"))),
-        ("set_cut_state", lambda store: store.set_cut_state("s1", "r7", CutState.VOIDED)),
-        ("delete_rows", lambda store: store.delete_rows("s1", ["r1", "r7"])),
-        ("put_envelope", lambda store: store.put_envelope(envelope("st2"))),
-        ("create_session", lambda store: store.create_session(session("s2"))),
+        ("cut_states", Boundary(cut_states=(CutStateChange(row_id="r7", state=CutState.VOIDED),))),
+        ("delete", Boundary(delete=("r1", "r7"))),
+        ("envelope", Boundary(envelope=envelope("st2"))),
+        ("create", Boundary(create=session("s2"))),
+        ("operations", Boundary(operations=(receipt("s1/1/1/0"),))),
     ],
 )
-async def test_each_single_statement_write_is_one_aiosqlite_call(
-    db_path: Path, calls: Calls, name: str, write: Callable[[SqliteStore], Any]
+async def test_each_single_statement_boundary_is_one_aiosqlite_call(
+    db_path: Path, calls: Calls, name: str, boundary: Boundary
 ) -> None:
     await make_store_file(db_path)
     async with SqliteStore(db_path) as store:
         await traced(store, calls)
-        await write(store)
+        await store.commit("s2" if boundary.create else "s1", boundary, owner=owner(store))
         assert calls.hops == ["_run_batch"], name
         assert len(calls.statements) == 3, name
         assert (calls.statements[0], calls.statements[-1]) == ("BEGIN IMMEDIATE", "COMMIT")
 
 
-async def test_a_batch_append_is_one_immediate_transaction(db_path: Path, calls: Calls) -> None:
+async def test_an_empty_boundary_costs_no_aiosqlite_call(db_path: Path, calls: Calls) -> None:
     async with SqliteStore(db_path) as store:
-        await store.create_session(session())
+        calls.reset()
+        await store.commit("s1", Boundary(), owner=owner(store))
+        assert calls.hops == []
+
+
+async def test_a_boundary_of_every_part_is_one_immediate_transaction(
+    db_path: Path, calls: Calls
+) -> None:
+    await make_store_file(db_path)
+    async with SqliteStore(db_path) as store:
         await traced(store, calls)
-        await store.append([row(n) for n in range(1, 6)])
+        done = await commit(
+            store,
+            "s1",
+            create=session(),
+            delete=["r1"],
+            rows=[row(n, f"n{n}") for n in range(3, 8)],
+            cut_states=[("r7", CutState.CONSUMED)],
+            envelope=envelope("st2"),
+            operations=[receipt("s1/2/1/0"), receipt("s1/2/1/1")],
+        )
+        assert done.deleted == 1
         assert calls.hops == ["_run_batch"]
         assert calls.statements[0] == "BEGIN IMMEDIATE"
-        assert calls.statements[-1] == "COMMIT"
-        assert sum(s.startswith("INSERT") for s in calls.statements) == 5
+        assert calls.statements[1] == "SAVEPOINT boundary"
+        assert calls.statements[-2:] == ["RELEASE boundary", "COMMIT"]
+        assert sum(s.startswith("INSERT INTO history_rows") for s in calls.statements) == 5
+        assert [r.seq for r in await history(store)] == [2, 3, 4, 5, 6, 7]
 
 
-async def test_a_refused_batch_is_rolled_back(db_path: Path, calls: Calls) -> None:
+async def test_a_refused_boundary_is_rolled_back(db_path: Path, calls: Calls) -> None:
     async with SqliteStore(db_path) as store:
-        await store.create_session(session())
-        await store.append([row(3)])
+        await commit(store, "s1", create=session(), rows=[row(3)])
         await traced(store, calls)
         with pytest.raises(UsageError, match="s1/r3"):
-            await store.append([row(1), row(2), row(3)])
-        assert any(s.startswith("ROLLBACK") for s in calls.statements)  # its savepoint
+            await commit(store, "s1", rows=[row(1), row(2), row(3)], envelope=envelope())
+        assert "ROLLBACK TO boundary" in calls.statements  # its savepoint
         assert not connection(store).in_transaction
-        assert [r.seq for r in await store.history("s1")] == [3]
+        assert [r.seq for r in await history(store)] == [3]
+        assert await envelopes(store) == []
 
 
-async def test_a_batch_append_cancelled_mid_transaction_still_commits_whole(
+async def test_the_owner_is_checked_again_inside_the_transaction(db_path: Path) -> None:
+    # The fence runs on the connection's thread, in the transaction that would hold the
+    # write: an owner that changed after the call was made is refused there, writing nothing.
+    async with SqliteStore(db_path) as store:
+        await commit(store, "s1", create=session())
+        token = owner(store)
+        held = store._held
+        assert held is not None
+
+        def new_owner_on_begin(statement: str) -> None:  # runs on aiosqlite's thread
+            if statement == "BEGIN IMMEDIATE":
+                held.owner = "the-next-owner"
+
+        await connection(store).set_trace_callback(new_owner_on_begin)
+        with pytest.raises(StaleOwner):
+            await store.commit("s1", Boundary(rows=(row(1),)), owner=token)
+        await connection(store).set_trace_callback(lambda _: None)
+        assert not connection(store).in_transaction
+        assert await history(store) == []
+
+
+async def test_a_boundary_cancelled_mid_transaction_still_commits_whole(
     db_path: Path,
 ) -> None:
     loop = asyncio.get_running_loop()
     async with SqliteStore(db_path) as store:
-        await store.create_session(session())
+        await commit(store, "s1", create=session())
         with anyio.CancelScope() as scope:
 
             def cancel_on_begin(statement: str) -> None:  # runs on aiosqlite's thread
@@ -384,30 +451,32 @@ async def test_a_batch_append_cancelled_mid_transaction_still_commits_whole(
                     loop.call_soon_threadsafe(scope.cancel)
 
             await connection(store).set_trace_callback(cancel_on_begin)
-            await store.append([row(n) for n in range(1, 6)])
+            await commit(store, "s1", rows=[row(n) for n in range(1, 6)])
             await anyio.lowlevel.checkpoint()
         assert scope.cancelled_caught
         await connection(store).set_trace_callback(lambda _: None)
-        assert [r.seq for r in await store.history("s1")] == [1, 2, 3, 4, 5]
+        assert [r.seq for r in await history(store)] == [1, 2, 3, 4, 5]
         assert not connection(store).in_transaction
-        await store.append([row(9)])
+        await commit(store, "s1", rows=[row(9)])
     async with SqliteStore(db_path) as store:  # nothing was left in an open transaction
-        assert [r.seq for r in await store.history("s1")] == [1, 2, 3, 4, 5, 9]
+        assert [r.seq for r in await history(store)] == [1, 2, 3, 4, 5, 9]
 
 
-async def test_owed_cuts_is_read_through_the_partial_cut_state_index(db_path: Path) -> None:
+async def test_the_recovery_scan_reads_owed_rows_through_the_partial_cut_state_index(
+    db_path: Path,
+) -> None:
     await make_store_file(db_path)
     with plain_sqlite(db_path) as conn:
-        for sql, params in [
-            (_sqlite.SELECT_OWED, ("owed",)),
-            (_sqlite.SELECT_OWED_IN_SESSION, ("owed", "s1")),
-        ]:
-            plan = " ".join(
-                str(step[3]) for step in conn.execute("EXPLAIN QUERY PLAN " + sql, params)
-            )
-            assert "USING INDEX history_rows_cut_state" in plan, plan
-            assert "SCAN" not in plan, plan
-            assert "TEMP B-TREE" not in plan, plan
+        for sql in (_writes.SCAN_OWED, _writes.SCAN_TRAILING):
+            plan = " ".join(str(step[3]) for step in conn.execute("EXPLAIN QUERY PLAN " + sql))
+            assert "USING COVERING INDEX history_rows_cut_state" in plan or (
+                "USING INDEX history_rows_cut_state" in plan
+            ), plan
+        plan = " ".join(
+            str(step[3]) for step in conn.execute("EXPLAIN QUERY PLAN " + _writes.SCAN_OWED)
+        )
+        assert "SCAN" not in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
 
 
 # -- corrupt values are reported, never read as absent, never rewritten -------------------------
@@ -479,19 +548,21 @@ async def test_a_corrupt_row_raises_corrupt_record_and_stays_where_it_is(
     blob = corrupt(db_path, edit, *params)
     async with SqliteStore(db_path) as store:
         with pytest.raises(CorruptRecord) as caught:
-            await store.history("s1")
+            await store.load("s1")
         error = caught.value
         assert (error.table, error.key) == ("history_rows", "s1/r7")
         assert error.detail.startswith(detail), error.detail
         assert str(error).startswith(f"history_rows[s1/r7]: {detail}")
         assert isinstance(error, TurnkeeperError)
-        if "cut_state" not in edit:  # still listed as owed
-            with pytest.raises(CorruptRecord, match="s1/r7"):
-                await store.owed_cuts()
+        if "cut_state" not in edit:  # still owed: reported, never read as "nothing owed"
+            scan = await store.scan_recoverable()
+            assert scan.cuts == ()
+            assert [(sid, why.split(":")[0]) for sid, why in scan.corrupt] == [
+                ("s1", "history_rows[s1/r7]")
+            ]
         # The good row of another session still reads.
-        await store.create_session(session("s2"))
-        await store.append([row(1, sid="s2")])
-        assert await store.history("s2") == [row(1, sid="s2")]
+        await commit(store, "s2", create=session("s2"), rows=[row(1, sid="s2")])
+        assert await history(store, "s2") == [row(1, sid="s2")]
     with plain_sqlite(db_path) as conn:
         rows = conn.execute("SELECT row_id, cut FROM history_rows WHERE session = 's1'").fetchall()
     assert [(row_id, bytes(cut_blob or b"")) for row_id, cut_blob in rows] == [
@@ -500,18 +571,33 @@ async def test_a_corrupt_row_raises_corrupt_record_and_stays_where_it_is(
     ]
 
 
-async def test_set_cut_state_on_a_cut_that_is_not_json_raises_and_writes_nothing(
+async def test_a_cut_state_on_a_cut_that_is_not_json_raises_and_writes_nothing(
     db_path: Path,
 ) -> None:
     await make_store_file(db_path)
     blob = corrupt(db_path, "UPDATE history_rows SET cut = ? WHERE row_id = 'r7'", b"{not json")
     async with SqliteStore(db_path) as store:
         with pytest.raises(CorruptRecord, match=r"history_rows\[s1/r7\]: \$\.cut: malformed JSON"):
-            await store.set_cut_state("s1", "r7", CutState.VOIDED)
+            await commit(store, "s1", rows=[row(3)], cut_states=[("r7", CutState.VOIDED)])
     with plain_sqlite(db_path) as conn:
         assert conn.execute(
             "SELECT cut_state, cut FROM history_rows WHERE row_id = 'r7'"
         ).fetchone() == ("owed", blob)
+        assert conn.execute("SELECT count(*) FROM history_rows").fetchone() == (2,)
+
+
+async def test_a_corrupt_row_after_an_owed_cut_reports_its_session_corrupt(db_path: Path) -> None:
+    # What follows the cut decides whether it is still owed (agent_session._recovery): a row
+    # there that fails validation is never read as "nothing follows".
+    await make_store_file(db_path)
+    async with SqliteStore(db_path) as store:
+        await commit(store, "s1", rows=[row(3, kind=RowKind.SENTINEL), row(4)])
+    with plain_sqlite(db_path) as conn:
+        conn.execute("UPDATE history_rows SET body = 'text' WHERE row_id = 'r4'")
+    async with SqliteStore(db_path) as store:
+        scan = await store.scan_recoverable()
+    assert scan.cuts == ()
+    assert scan.corrupt == (("s1", "history_rows[s1/r4]: $.body: Expected bytes, got str"),)
 
 
 @pytest.mark.parametrize(
@@ -544,14 +630,16 @@ async def test_corrupt_sessions_and_envelopes_raise_corrupt_record(
     await make_store_file(db_path)
     corrupt(db_path, edit)
     async with SqliteStore(db_path) as store:
-        read = store.sessions if table == "sessions" else functools.partial(store.envelopes, "s1")
+        read = store.sessions if table == "sessions" else functools.partial(store.load, "s1")
         with pytest.raises(CorruptRecord) as caught:
             await read()
         assert (caught.value.table, caught.value.key) == (table, key)
         assert caught.value.detail.startswith(detail), caught.value.detail
         if table == "sessions":
-            with pytest.raises(CorruptRecord):
-                await store.create_session(session())
+            with pytest.raises(CorruptRecord):  # and nothing of the boundary is written
+                await commit(store, "s1", create=session(), rows=[row(3)])
+    with plain_sqlite(db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM history_rows").fetchone() == (2,)
 
 
 async def test_a_corrupt_schema_version_is_reported(db_path: Path) -> None:
@@ -564,7 +652,7 @@ async def test_a_corrupt_schema_version_is_reported(db_path: Path) -> None:
 async def test_leaving_a_cancelled_scope_still_closes_the_store(db_path: Path) -> None:
     with anyio.CancelScope() as scope:
         async with SqliteStore(db_path) as store:
-            await store.create_session(session())
+            await commit(store, "s1", create=session())
             scope.cancel()
             await anyio.lowlevel.checkpoint()
     assert scope.cancelled_caught

@@ -22,14 +22,17 @@ import pytest
 
 from agent_session.cli import main
 from persistence import (
+    Boundary,
     MemoryStore,
     NotATurnkeeperStore,
     SqliteStore,
+    StaleOwner,
     StoreError,
     StoreLocked,
     TurnkeeperError,
     _lock,
 )
+from tests.store_kit import commit, history
 
 from .helpers import row, session, snapshot
 
@@ -130,8 +133,7 @@ def holder(db: Path) -> Iterator[Holder]:
 
 async def make_store_file(db: Path) -> None:
     async with SqliteStore(db) as store:
-        await store.create_session(session())
-        await store.append([row(1)])
+        await commit(store, "s1", create=session(), rows=[row(1)])
 
 
 @pytest.fixture
@@ -163,7 +165,7 @@ async def test_a_live_owner_elsewhere_refuses_a_second_open_and_loses_nothing(
         # Reading takes no lock: inspect and receipts work beside the owner.
         async with SqliteStore(db, readonly=True) as reader:
             assert await reader.sessions() == [session()]
-            assert [r.row_id for r in await reader.history("s1")] == ["r1"]
+            assert [r.row_id for r in await history(reader)] == ["r1"]
         assert owner.process.poll() is None
         owner.close()  # the owner closes cleanly, its store whole
     async with SqliteStore(db) as store:
@@ -182,7 +184,10 @@ async def test_the_lock_dies_with_its_holder_even_on_sigkill(db: Path) -> None:
             assert await store.sessions() == [session()]
             assert store.owner is not None
             assert store.owner != owner.owner
-            await store.append([row(2)])
+            with pytest.raises(StaleOwner):  # the dead holder's token fences nothing in
+                await store.commit("s1", Boundary(rows=(row(2),)), owner=owner.owner)
+            assert [r.row_id for r in await history(store)] == ["r1"]
+            await commit(store, "s1", rows=[row(2)])
 
 
 def test_the_cli_run_on_an_owned_store_exits_2_with_one_line(
@@ -242,12 +247,11 @@ async def test_a_second_store_in_this_process_is_refused_until_the_first_closes(
         with pytest.raises(StoreLocked, match="in use by another store in this process") as got:
             await second.open()
         assert (got.value.pid, got.value.this_process) == (os.getpid(), True)
-        await first.create_session(session())  # the owner goes on undisturbed
-        await first.append([row(1)])
+        await commit(first, "s1", create=session(), rows=[row(1)])  # the owner goes on
     finally:
         await first.close()
     async with second:
-        assert [r.row_id for r in await second.history("s1")] == ["r1"]
+        assert [r.row_id for r in await history(second)] == ["r1"]
         with pytest.raises(StoreLocked):
             await first.open()  # and now the first one is the second
     async with first:
@@ -272,7 +276,7 @@ async def test_a_readonly_open_takes_no_lock(tmp_path: Path, db: Path) -> None:
         async with SqliteStore(db, readonly=True) as reader:
             assert reader.owner is None
             assert await reader.sessions() == [session()]
-        await owner.append([row(2)])  # the reader held nothing the owner needs
+        await commit(owner, "s1", rows=[row(2)])  # the reader held nothing the owner needs
     lock = tmp_path / f"{db.name}.lock"
     lock.unlink()
     async with SqliteStore(db, readonly=True):

@@ -364,7 +364,7 @@ class ContinuationMachine(RuleBasedStateMachine):
         elif isinstance(action, ForfeitAtCap):
             assert action == expected, f"planned {action!r}, expected {expected!r}"
             after = apply_sweep(self.cont, action)
-            self.cont, ended = drop(self.cont)  # what the shell's _end_marker does
+            self.cont, ended = drop(self.cont)  # what the turn machine's _end does
             assert after == self.cont, "apply_sweep(ForfeitAtCap) must equal drop"
             self._end_owed(Fate.FORFEITED_AT_CAP, ended)
         else:

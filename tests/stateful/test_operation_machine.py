@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 from persistence import OperationRecord, OpState
+from stream_manager import Capability, ToolKind
 from stream_manager._op_states import (
     UNCONFIRMED,
     CancelWhy,
@@ -124,7 +125,7 @@ class OperationMachine(RuleBasedStateMachine):
             session="s",
             stream="s/1",
             call_id=f"c{number}",
-            capability="client:a",
+            capability=Capability(kind=ToolKind.CLIENT, name="a"),
             target="client:a#0",
             now=self.now,
             deadline_at=self.now + 10.0,

@@ -350,7 +350,7 @@ class TurnMachineTest(RuleBasedStateMachine):
         context = self.machine.resume_context(marker, resume.attempt)
         if aborted:
             self.launch(context)
-            self.outcome(Withdrawn("withdrawn"))
+            self.outcome(Withdrawn(AbortReason.SYSTEM))
         elif fails:
             self.run(self.machine.resume_failed(marker, resume.attempt))
         else:
@@ -364,7 +364,7 @@ class TurnMachineTest(RuleBasedStateMachine):
         stream = self.shell.stream
         assert stream is not None
         if stream.hard_stop is not None:
-            self.outcome(Withdrawn(stream.hard_stop.value))
+            self.outcome(Withdrawn(stream.hard_stop))
         elif refused:
             self.outcome(Refused("launch probe said no"))
         else:

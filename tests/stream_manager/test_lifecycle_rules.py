@@ -8,11 +8,11 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from message_queue import CancelToken
 from stream_manager import (
     Aborted,
     AbortMetadata,
     AbortReason,
+    AbortSignal,
     Ended,
     LaunchRefused,
     ModelFallbackProgress,
@@ -86,6 +86,7 @@ async def test_sm1_start_calls_are_serialized() -> None:
     withdrawn = [o for o in results if isinstance(o, Withdrawn)]
     ended = [o for o in results if isinstance(o, Ended)]
     assert len(withdrawn) == 1  # the first lost its slot while its envelope was awaited
+    assert withdrawn[0].reason is AbortReason.SYSTEM  # the replacing launch stopped it
     assert [e.stream for e in ended] == ["second"]
     assert len(r.recorder.of(StreamStarted)) == 1
 
@@ -103,29 +104,47 @@ async def test_sm1_the_serializing_lock_lives_only_while_a_start_holds_or_waits_
 
 
 async def test_sm2_abort_before_registration_starts_nothing() -> None:
-    token = CancelToken()
-    token.cancel("user")
+    token = AbortSignal()
+    token.fire(AbortReason.USER)
     r = rig({"M": [X()]})
     outcome = await r.manager.start_stream(r.request(abort=token))
     assert isinstance(outcome, Withdrawn)
+    assert outcome.reason is AbortReason.USER
     assert r.recorder.of(StreamStarted) == []
     assert r.manager.active_stream_id("s1") is None
     assert r.models["M"].requests == []
 
 
+def test_sm2_the_abort_signal_fires_once_with_a_typed_reason() -> None:
+    signal = AbortSignal()
+    heard: list[AbortReason] = []
+    signal.add_listener(heard.append)
+    assert (signal.fired, signal.reason) == (False, None)
+    assert signal.fire(AbortReason.QUEUED_MESSAGE) is True
+    assert signal.fire(AbortReason.USER) is False  # the first fire wins
+    assert (signal.fired, signal.reason) == (True, AbortReason.QUEUED_MESSAGE)
+    signal.add_listener(heard.append)  # already fired: called at once
+    assert heard == [AbortReason.QUEUED_MESSAGE, AbortReason.QUEUED_MESSAGE]
+    removed = AbortSignal()
+    removed.add_listener(heard.append)
+    removed.remove_listener(heard.append)
+    removed.fire(AbortReason.STARTUP)
+    assert len(heard) == 2
+
+
 async def test_sm2_abort_during_the_envelope_write_starts_nothing() -> None:
     """Aborted while the envelope is awaited, before registration: no stream-start, deregistered."""
-    token = CancelToken()
+    token = AbortSignal()
 
     async def envelope(info: StreamInfo) -> None:
         assert r.manager.stream_state("s1") is StreamState.STARTING
-        token.cancel("user")
+        token.fire(AbortReason.USER)
         await anyio.lowlevel.checkpoint()
 
     r = rig({"M": [X()]})
     outcome = await r.manager.start_stream(r.request(abort=token, on_stream_constructed=envelope))
     assert isinstance(outcome, Withdrawn)
-    assert outcome.reason == "user"
+    assert outcome.reason is AbortReason.USER
     assert r.recorder.of(StreamStarted) == []
     assert r.manager.active_stream_id("s1") is None
 
@@ -418,7 +437,7 @@ async def test_sm14_the_required_tool_flag_belongs_to_the_cut_step_alone() -> No
 
 
 async def test_sm2_caller_abort_during_processing_is_a_hard_stop() -> None:
-    token = CancelToken()
+    token = AbortSignal()
     gate = anyio.Event()
     r = rig({"M": [T_("bash"), X()]}, tools=[FakeTool("bash", gate=gate)])
     outcomes: list[object] = []
@@ -429,7 +448,7 @@ async def test_sm2_caller_abort_during_processing_is_a_hard_stop() -> None:
     async with anyio.create_task_group() as group:
         group.start_soon(run)
         await anyio.wait_all_tasks_blocked()
-        token.cancel("user")
+        token.fire(AbortReason.USER)
     (outcome,) = outcomes
     assert isinstance(outcome, Aborted)
     assert outcome.reason is AbortReason.USER
