@@ -226,19 +226,11 @@ class TurnMachine:
     def _to_idle_from(self, *phases: Phase) -> list[Effect]:
         return self._move(Phase.IDLE) if self.phase in phases else []
 
-    def to_idle_from(self, *phases: Phase) -> list[Effect]:
-        """Return to IDLE when the phase is one of ``phases`` (a turn that went nowhere)."""
-        return self._to_idle_from(*phases)
-
     def _schedule_sweep(self) -> list[Effect]:
         if self.sweep_scheduled or self.disposed:
             return []
         self.sweep_scheduled = True
         return [ScheduleSweep()]
-
-    def schedule_sweep(self) -> list[Effect]:
-        """AS-2: schedule the idle sweep (once; a scheduled sweep covers every later call)."""
-        return self._schedule_sweep()
 
     # ------------------------------------------------------------ continuation endings
 
@@ -463,6 +455,24 @@ class TurnMachine:
         """The manual send claimed PREPARING or failed: preflight is over."""
         if self.manual_preflight:
             self.manual_preflight -= 1
+
+    def send_went_nowhere(self, turn: TurnInput) -> list[Effect]:
+        """A send was refused, cancelled before acceptance or failed before its stream.
+
+        A drained entry gives PREPARING back and the drain goes on (AS-13); a direct send
+        leaves preflight, and the sweep it held back runs again (R3).
+        """
+        if turn.dispatched:
+            return [
+                *self._to_idle_from(Phase.PREPARING),
+                Feed(self.drain_if_idle),
+            ]
+        self.release_preflight()
+        return [
+            *self._to_idle_from(Phase.PREPARING),
+            Feed(self._schedule_sweep),
+            Feed(self.drain_if_idle),
+        ]
 
     def supersede(self, turn: TurnInput, why: str) -> list[Effect]:
         """R35: a durable row that does not continue the cut turn withdraws its continuation."""
@@ -855,6 +865,10 @@ class TurnMachine:
     def edit_settled(self) -> None:
         """AS-6: the edit reached idle; only its own interrupt may drop a partial."""
         self._abandon_partial = False
+
+    def edit_done(self) -> None:
+        """AS-6: the edit restored the queue and truncated history; the drain may run again."""
+        self.defer_drain = False
 
     def discard(self) -> list[Effect]:
         """R27: a context-discarding history mutation forfeits the owed continuation."""

@@ -373,10 +373,7 @@ class AgentSession:
                 if callback is not None:
                     callback(result.failure)
             if not isinstance(result, Accepted):
-                machine = self._machine
-                await self._perform(
-                    [*machine.to_idle_from(Phase.PREPARING), Feed(machine.drain_if_idle)]
-                )
+                await self._perform(self._machine.send_went_nowhere(turn))
 
         self._run(dispatch)
 
@@ -597,15 +594,7 @@ class AgentSession:
         async def direct() -> None:
             result = await self._pipeline.run(turn)
             if not isinstance(result, Accepted):
-                machine.release_preflight()
-                self._check_idle()
-                await self._perform(
-                    [
-                        *machine.to_idle_from(Phase.PREPARING),
-                        Feed(machine.schedule_sweep),  # R3: a failed preflight send sweeps again
-                        Feed(machine.drain_if_idle),
-                    ]
-                )
+                await self._perform(machine.send_went_nowhere(turn))
 
         self._run(direct)
 
@@ -680,7 +669,7 @@ class AgentSession:
             doomed = [row.row_id for row in await self._store.rows() if row.seq >= target.seq]
             await self._store.commit(Boundary(delete=tuple(doomed)))
         finally:
-            machine.defer_drain = False
+            machine.edit_done()
         self.send(text)
         return restored
 

@@ -13,9 +13,12 @@ Checked at every step:
    row carrying its record is durable (R60, PS-6);
 2. nothing stranded: an idle session that owes a continuation, with an empty queue and no
    manual send in preflight, has a resume in flight or a sweep scheduled (ST-7, AS-2);
-3. at most one resume in flight, and the sweep is idempotent (ST-7, R7);
+3. at most one resume in flight; the sweep is idempotent, resumes exactly when nothing blocks
+   it (ST-7, R3, R7) with consecutive attempt numbers, and forfeits exactly at the cap (R21);
 4. a continuation ends once: no cut is told ended twice, and none is resumed after it ended;
-5. every phase move is one the table allows (``next_phase`` raises otherwise).
+5. a cut is consumed only by a stream that started while it was owed; the consumed list keeps
+   the newest (ST-4, R64, R33); failed attempts stay within the cap (R21);
+6. every phase move is one the table allows (``next_phase`` raises otherwise).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from agent_session._continuation import Marker
+from agent_session._continuation import CONSUMED_CUTS_BOUND, Marker
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
@@ -79,6 +82,7 @@ from stream_manager import (
 from stream_manager.errors import ErrorType
 
 MODELS = frozenset({"model-b", "fallback-c"})
+CAP = 2  # resume attempts that may fail before the marker is forfeited (R21), not the default
 PROGRESS = ModelFallbackProgress(
     requested_model="model-b", refused_models=("model-b",), chain=("fallback-c",)
 )
@@ -210,21 +214,50 @@ class TurnMachineTest(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.machine = TurnMachine(
-            "s-42", "model-b", known_models=MODELS, resume_attempt_cap=2, next_seq=5
+            "s-42", "model-b", known_models=MODELS, resume_attempt_cap=CAP, next_seq=5
         )
         self.shell = Shell(self.machine)
         self.entries = 0
         self.direct: TurnInput | None = None
+        #: Cuts consumed, in order (a stream started while each was owed).
+        self.consumed: list[str] = []
+        #: The last resume attempt number started per cut.
+        self.attempts: dict[str, int] = {}
 
-    @initialize(remaining=st.integers(0, 3), correlated=st.booleans())
-    def a_turn_cut_for_a_queued_entry(self, remaining: int, correlated: bool) -> None:
-        """Start where strandings start: a wake's turn cut at a tool boundary for a queued
-        user message, owing ``remaining`` steps (none at 0, R65)."""
+    @initialize(
+        remaining=st.integers(0, 3),
+        correlated=st.booleans(),
+        cutter=st.sampled_from([EntryKind.WAKE, EntryKind.USER]),
+        withdrawn=st.booleans(),
+        failures=st.integers(0, CAP),
+    )
+    def a_turn_cut_for_a_queued_entry(
+        self,
+        remaining: int,
+        correlated: bool,
+        cutter: EntryKind,
+        withdrawn: bool,
+        failures: int,
+    ) -> None:
+        """Start where strandings start: a wake's turn cut at a tool boundary for a queued entry.
+
+        The cut owes ``remaining`` steps (none at 0, R65); ``withdrawn``: the entry that cut it
+        is withdrawn before it starts (the stranded-turn incident), and the resume then fails
+        before its stream ``failures`` times.
+        """
         self.enqueue(EntryKind.WAKE, correlated)
         self.pipeline_runs(accept=True)
         self.stream_starts_or_is_refused(refused=False)
-        self.enqueue(EntryKind.USER, False)
+        self.enqueue(cutter, False)
         self.stream_ends(remaining, cut=True)
+        if withdrawn:
+            self.machine.withdraw(f"e{self.entries}", "withdrawn")
+            self.pipeline_runs(accept=True)  # the withdrawn entry cancels before acceptance
+            for failed in range(failures + 1):
+                if self.shell.sweep_due:
+                    self.sweep_runs()  # ST-7: the stranded turn is resumed (or forfeited, R21)
+                if self.shell.resumes and failed < failures:
+                    self.resume_runs(fails=True)
 
     # ------------------------------------------------------------ helpers
 
@@ -314,9 +347,28 @@ class TurnMachineTest(RuleBasedStateMachine):
     @precondition(lambda self: self.shell.sweep_due)
     @rule()
     def sweep_runs(self) -> None:
+        machine = self.machine
         self.shell.sweep_due = False
-        self.sync(self.machine.sweep_due())
-        assert self.machine.sweep() == [], "the sweep is not idempotent"
+        marker = machine.continuation.marker
+        blocked = (
+            not machine.queue.is_empty or machine.manual_preflight or machine.phase.value != "idle"
+        )
+        in_flight = machine.continuation.resume_in_flight
+        at_cap = machine.continuation.failed_attempts >= CAP
+        resumes = len(self.shell.resumes)
+        self.sync(machine.sweep_due())
+        assert machine.sweep() == [], "the sweep is not idempotent (ST-7)"
+        if blocked or in_flight or marker is None:
+            assert len(self.shell.resumes) == resumes, "a resume started while blocked (ST-7, R3)"
+        elif at_cap:  # R21: forfeited exactly at the cap, never resumed
+            assert machine.continuation.marker is None
+            assert len(self.shell.resumes) == resumes
+        else:
+            assert len(self.shell.resumes) == resumes + 1, "a clear sweep did not resume"
+            resume = self.shell.resumes[-1][0]
+            assert resume.marker == marker
+            assert resume.attempt == self.attempts.get(marker.cut, 0) + 1, "attempts skipped"
+            self.attempts[marker.cut] = resume.attempt
 
     # ------------------------------------------------------------ the pipeline and resume
 
@@ -334,9 +386,7 @@ class TurnMachineTest(RuleBasedStateMachine):
             turn, token, self.direct = self.direct, None, None
             canceled = not accept
         if canceled or self.shell.stream is not None:
-            if not turn.dispatched:
-                machine.release_preflight()
-            self.run([*machine.to_idle_from(Phase.PREPARING), Feed(machine.drain_if_idle)])
+            self.run(machine.send_went_nowhere(turn))
             return
         self.run(machine.supersede(turn, "superseded by a send (R35)"))
         self.run(machine.accepted(turn))
@@ -369,6 +419,9 @@ class TurnMachineTest(RuleBasedStateMachine):
             self.outcome(Refused("launch probe said no"))
         else:
             stream.started = True
+            owed = self.machine.continuation.marker
+            if owed is not None:
+                self.consumed.append(owed.cut)  # ST-4: this stream consumes it
             self.sync(self.machine.stream_started(stream.id, stream.context.cause))
             self.run([Flush(), Feed(self.machine.started_durable)])
 
@@ -450,6 +503,18 @@ class TurnMachineTest(RuleBasedStateMachine):
     # ------------------------------------------------------------ invariants
 
     @invariant()
+    def consumed_only_by_a_stream_that_started_bounded_newest_kept(self) -> None:
+        """ST-4, R64, R33."""
+        consumed = self.machine.continuation.consumed
+        assert len(consumed) <= CONSUMED_CUTS_BOUND
+        assert consumed == tuple(self.consumed[-CONSUMED_CUTS_BOUND:])
+
+    @invariant()
+    def failed_attempts_within_the_cap(self) -> None:
+        """R21."""
+        assert self.machine.continuation.failed_attempts <= CAP
+
+    @invariant()
     def durable_before_told(self) -> None:
         assert not self.shell.problems, self.shell.problems
 
@@ -474,13 +539,14 @@ class TurnMachineTest(RuleBasedStateMachine):
 
     @invariant()
     def no_resume_of_an_ended_cut(self) -> None:
-        for resume, _ in self.shell.resumes:
-            assert resume.marker.cut not in self.shell.ended
+        for resume, aborted in self.shell.resumes:
+            # an ended cut's resume may still be pending, but only aborted (it never launches)
+            assert aborted or resume.marker.cut not in self.shell.ended
 
 
-def test_st7_r60_ps6_the_real_turn_machine_under_generated_inputs() -> None:
-    """ST-7, R60, PS-6: the machine's own rules hold under any order of inputs."""
+def test_st7_st4_r3_r21_r33_r60_ps6_the_real_turn_machine_under_generated_inputs() -> None:
+    """ST-7, ST-4, R3, R21, R33, R60, PS-6: the machine's rules hold under any order of inputs."""
     run_state_machine_as_test(
         TurnMachineTest,
-        settings=settings(max_examples=150, stateful_step_count=40, deadline=None),
+        settings=settings(max_examples=500, stateful_step_count=50, deadline=None),
     )
