@@ -145,7 +145,7 @@ class Engine:
                 ReceiptWritten(
                     session=closed.session,
                     op=closed.op_id,
-                    tool=closed.capability.split(":", 1)[-1],
+                    tool=closed.capability.name,
                     state=closed.state.value,
                     acknowledged=False,
                     resolved_late=False,

@@ -6,6 +6,10 @@ manager asks for while it runs: the turn envelope when the stream is constructed
 consumed continuation's record once the stream started, and the final assistant row (B5),
 which carries the cut record when the stream was cut (R60). What each write means for the
 session is the turn machine's to decide; the launcher only performs and reports back.
+
+The launcher is the stream's host (``stream_manager.StreamHost``): it answers the manager's
+queries from the turn machine and the queue, hands the cut report to the machine, and performs
+the write each milestone (``Constructed``, ``Started``, ``Completed``) stands for.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from agent_session._rows import (
 )
 from message_queue import DispatchMode
 from persistence import Boundary, HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
-from stream_manager import Persisted, Refused, StreamRequest, Withdrawn
+from stream_manager import Constructed, Persisted, Refused, Started, StreamRequest, Withdrawn
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -35,13 +39,21 @@ if TYPE_CHECKING:
     from agent_session._machine import TurnMachine
     from agent_session._session_store import SessionStore
     from agent_session._turn import StreamContext
-    from stream_manager import AbortSignal, Ended, StreamInfo, StreamManager, StreamOutcome
+    from stream_manager import (
+        AbortSignal,
+        Ended,
+        Milestone,
+        QueuedStopReport,
+        StreamInfo,
+        StreamManager,
+        StreamOutcome,
+    )
 
 log = logging.getLogger("turnkeeper.session")
 
 
 class StreamLauncher:
-    """Launches one session's streams and performs their durable writes."""
+    """Launches one session's streams and performs their durable writes (their ``StreamHost``)."""
 
     __slots__ = ("_emit", "_machine", "_manager", "_perform", "_store")
 
@@ -83,14 +95,8 @@ class StreamLauncher:
             fallback_progress=context.progress,
             correlation=context.correlation,
             extra_system_context=context.extra_system_context,
-            thinking_level=context.thinking_level,
-            thinking_for_step=machine.thinking_for_step,
-            has_queued_tool_end=self._has_queued_tool_end,
-            on_queued_message_stop=machine.queued_stop,
-            on_stream_constructed=self._write_envelope,
-            on_started=self._started,
-            on_complete=self._write_final,
             abort=abort,
+            host=self,
         )
         try:
             outcome = await self._manager.start_stream(request)
@@ -109,8 +115,32 @@ class StreamLauncher:
         except TurnkeeperError as error:  # the launch's own failure is what the caller reports
             log.warning("could not remove the sentinel %s: %s", sentinel.row_id, error)
 
-    def _has_queued_tool_end(self) -> bool:
+    # ------------------------------------------------------------ the stream's host
+
+    def thinking_for_step(self) -> str | None:
+        """The turn's thinking level for the next step (a mid-turn change applies here)."""
+        return self._machine.thinking_for_step()
+
+    def tool_end_queued(self) -> bool:
+        """The live reader ``has_queued("tool-end")`` (MQ-8): does a queued entry cut the loop?"""
         return self._machine.queue.has_queued(DispatchMode.TOOL_END)
+
+    def refusal(self) -> str | None:
+        """SM-4's launch probe: the session refuses nothing yet (admission is not built)."""
+        return None
+
+    def queued_stop(self, report: QueuedStopReport) -> None:
+        """ST-2, R1: the machine records the owed continuation, synchronously."""
+        self._machine.queued_stop(report)
+
+    async def reached(self, milestone: Milestone) -> None:
+        """Perform the durable write the stream's milestone stands for."""
+        if isinstance(milestone, Constructed):
+            await self._write_envelope(milestone.info)
+        elif isinstance(milestone, Started):
+            await self._started()
+        else:
+            await self._write_final(milestone.ended)
 
     async def _write_envelope(self, info: StreamInfo) -> None:
         """B3: the durable turn envelope, written when the stream is constructed."""

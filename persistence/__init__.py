@@ -28,6 +28,7 @@ from persistence._sqlite import SqliteStore
 from persistence.records import (
     OPEN_OP_STATES,
     Boundary,
+    Capability,
     Committed,
     CutRecord,
     CutState,
@@ -41,6 +42,7 @@ from persistence.records import (
     RowKind,
     SessionLoad,
     SessionRecord,
+    ToolKind,
     TurnEnvelope,
 )
 from persistence.store import Store
@@ -48,6 +50,7 @@ from persistence.store import Store
 __all__ = [
     "OPEN_OP_STATES",
     "Boundary",
+    "Capability",
     "Committed",
     "CorruptRecord",
     "CutRecord",
@@ -70,6 +73,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreLocked",
+    "ToolKind",
     "TurnEnvelope",
     "TurnkeeperError",
     "UnsupportedSchemaVersion",

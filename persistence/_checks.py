@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence._errors import StaleOwner, UsageError
-from persistence.records import OPEN_OP_STATES, CutState, OperationRecord, OpState
+from persistence.records import (
+    OPEN_OP_STATES,
+    Capability,
+    CutState,
+    OperationRecord,
+    OpState,
+    ToolKind,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -42,6 +49,8 @@ def check_boundary(session: str, boundary: Boundary) -> None:
         if record.session != session:
             index = operations.index(record)
             raise _foreign(f"operations[{index}] ({record.op_id})", record.session, session)
+        if not _sound_capability(record.capability):
+            raise _bad_capability(operations.index(record), record)
     for change in boundary.cut_states:
         cut_state(change.state)
     if len(rows) > 1:
@@ -52,6 +61,28 @@ def _foreign(field: str, belongs: str, session: str) -> UsageError:
     return UsageError(
         f"Boundary.{field} belongs to session {belongs!r}, not to {session!r}: a boundary "
         "holds one session's records"
+    )
+
+
+def _sound_capability(capability: object) -> bool:
+    """A ``Capability`` of a ``ToolKind`` and a name: what a store can write and read back."""
+    return (
+        type(capability) is Capability
+        and type(capability.kind) is ToolKind
+        and type(capability.name) is str
+        and capability.name != ""
+    )
+
+
+def _bad_capability(index: int, record: OperationRecord) -> UsageError:
+    """Refuse a receipt whose capability is not a pair a store can read back.
+
+    Both stores refuse it alike: SQLite would store text it then reads as corrupt, and the
+    memory store would hand back what a SQLite store never could.
+    """
+    return UsageError(
+        f"Boundary.operations[{index}] ({record.op_id}).capability is {record.capability!r}: "
+        "a receipt's capability is a Capability(kind=ToolKind, name=str) with a name"
     )
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from persistence import _checks
 from persistence._errors import CorruptRecord
 from persistence.records import (
+    Capability,
     CutRecord,
     HistoryRow,
     OperationRecord,
@@ -23,13 +24,36 @@ from persistence.records import (
     RowKind,
     SessionLoad,
     SessionRecord,
+    ToolKind,
     TurnEnvelope,
 )
+
+_KINDS = "|".join(re.escape(kind.value) for kind in ToolKind)
+#: A stored capability: ``kind:name``, a known kind and a name of at least one character.
+CAPABILITY_TEXT = Annotated[str, msgspec.Meta(pattern=f"^({_KINDS}):(?s:.)")]
+_CAPABILITY_PARTS = re.compile(f"(?P<kind>{_KINDS}):(?P<name>.+)", re.DOTALL)
+
+
+def _stored_operation() -> type[msgspec.Struct]:
+    """A receipt as the store keeps it: ``OperationRecord``'s fields, the capability as text.
+
+    Derived from ``OperationRecord`` (same fields, order, defaults), so a field added there is
+    stored without a change here, and a stored receipt keeps its bytes (``client:bash``).
+    """
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for field in msgspec.structs.fields(OperationRecord):
+        annotation = CAPABILITY_TEXT if field.name == "capability" else field.type
+        default = () if field.required else (field.default,)
+        fields.append((field.name, annotation, *default))
+    return msgspec.defstruct(
+        "StoredOperationRecord", fields, frozen=True, kw_only=True, gc=False, module=__name__
+    )
+
 
 _CUT = msgspec.json.Decoder(CutRecord)
 _SESSION = msgspec.json.Decoder(SessionRecord)
 _ENVELOPE = msgspec.json.Decoder(TurnEnvelope)
-_OPERATION = msgspec.json.Decoder(OperationRecord)
+_OPERATION = msgspec.json.Decoder(_stored_operation())
 _MSGSPEC_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 
 
@@ -128,9 +152,14 @@ def decode_operation(values: Sequence[Any]) -> OperationRecord:
     """
     op_id, state, blob = values
     try:
-        record = _OPERATION.decode(blob)
+        stored = msgspec.structs.asdict(_OPERATION.decode(blob))
     except msgspec.DecodeError as exc:
         raise _decode_error("operations", str(op_id), exc, "") from None
+    # The text matched CAPABILITY_TEXT: it is a known kind, a colon and a name.
+    parts = _CAPABILITY_PARTS.fullmatch(stored["capability"])
+    assert parts is not None
+    stored["capability"] = Capability(kind=ToolKind(parts["kind"]), name=parts["name"])
+    record = OperationRecord(**stored)
     if record.op_id != op_id or record.state.value != state:
         raise CorruptRecord(
             "operations",

@@ -76,14 +76,21 @@ def row_params(row: HistoryRow) -> tuple[object, ...]:
 
 
 def operation_params(record: OperationRecord) -> tuple[object, ...]:
-    """The upsert parameters of a receipt, in ``PUT_OPERATION`` order."""
+    """The upsert parameters of a receipt, in ``PUT_OPERATION`` order.
+
+    The capability pair is stored as its text (``client:bash``), in its column and in the
+    record: the record's bytes are those it always had (``_decode`` reads them back as a pair).
+    """
+    capability = record.capability.text
+    stored = msgspec.structs.asdict(record)  # the fields in order, as the record encodes them
+    stored["capability"] = capability
     return (
         record.op_id,
         record.session,
         record.state.value,
-        record.capability,
+        capability,
         record.target,
-        _ENCODE(record),
+        _ENCODE(stored),
     )
 
 

@@ -1,7 +1,8 @@
 """The records turnkeeper commits at its durable boundaries.
 
-Every record is a frozen msgspec Struct of plain data (strings, integers, tuples, bytes and
-enums), so a store can share it without copying and encode it without asking the layers above.
+Every record is a frozen msgspec Struct of plain data (strings, integers, tuples, bytes, enums
+and frozen Structs of them, such as a receipt's ``Capability`` pair), so a store can share it
+without copying and encode it without asking the layers above.
 Schema evolution follows msgspec's rules: a new field always gets a default, so a record
 written by older code still decodes. Records are not tracked by the cyclic garbage collector
 (``gc=False``): they hold no mutable container and can never be part of a cycle, and a process
@@ -194,6 +195,42 @@ OPEN_OP_STATES: frozenset[OpState] = frozenset(
 )
 
 
+class ToolKind(StrEnum):
+    """How a tool runs (``[[tools]] kind`` in ``docs/scenarios.md``); a capability's kind.
+
+    Defined here, at the bottom layer, because a receipt records it; ``stream_manager``
+    re-exports it as ``stream_manager.ToolKind``.
+    """
+
+    #: Executed by the engine after the step finishes.
+    CLIENT = "client"
+    #: Executed inside the model's response; the engine only sees its result.
+    PROVIDER = "provider"
+    #: A required tool: its successful result ends the turn.
+    COMPLETION = "completion"
+
+
+class Capability(msgspec.Struct, frozen=True, gc=False):
+    """What a tool call uses: the tool's kind and its name (OP-9, OP-11).
+
+    A receipt holds the pair; a store keeps it as its :attr:`text` (``client:bash``,
+    ``provider:web_search``), turned into text when written and back into the pair when read,
+    and nowhere else. ``stream_manager`` re-exports it as ``stream_manager.Capability``.
+
+    Attributes:
+        kind: How the tool runs.
+        name: The tool's name (never empty; it may hold colons, e.g. ``mcp:files:read``).
+    """
+
+    kind: ToolKind
+    name: str
+
+    @property
+    def text(self) -> str:
+        """The capability as a receipt stores and shows it: ``kind:name``."""
+        return f"{self.kind.value}:{self.name}"
+
+
 class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """An operation's durable receipt (OP-11): identifiers, times and outcome only.
 
@@ -205,9 +242,9 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         session: The session the call ran in.
         stream: The stream whose step made the call.
         call_id: The model's tool-call id.
-        capability: The tool's kind and name, ``kind:name`` (``stream_manager.Capability``'s
-            text), e.g. ``client:bash`` or ``provider:web_search``; a stored value of another
-            shape (an unknown kind, no name) is corrupt.
+        capability: The tool's kind and name. A store keeps it as its text (``client:bash``,
+            ``provider:web_search``); a stored value of another shape (an unknown kind, no
+            name) reads back as a ``CorruptRecord``.
         target: A salted digest of what the call acted on (never the arguments themselves).
         started_at: When the record was written (clock seconds).
         deadline_at: The call's absolute deadline (clock seconds), if it has one.
@@ -228,7 +265,7 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     session: str
     stream: str
     call_id: str
-    capability: Annotated[str, msgspec.Meta(pattern=r"^(client|provider|completion):(?s:.)")]
+    capability: Capability
     target: str
     started_at: float
     deadline_at: float | None = None

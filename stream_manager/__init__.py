@@ -2,8 +2,9 @@
 
 Owns the step loop, the step budget shared by every cut and resume of one logical turn, the
 stop conditions, the fallback chain and its progress, soft and hard stops and their abort
-reasons (a caller's ``AbortSignal`` fires with one), the launch probe hook
-(``StreamRequest.refuse_stream_start``; the session supplies no probe yet), tool calls as
+reasons (a caller's ``AbortSignal`` fires with one), the caller's typed port ``StreamHost``
+(``StreamRequest.host``: the launch probe, the queued-entry reader, the thinking level, the
+cut report and the milestones the loop awaits; ``NullHost`` by default), tool calls as
 operations (deadlines, cancellation, receipts, a tool's ``Capability``), the ``Model``, ``Tool``
 and ``Clock`` ports, the clocks, the ``ScriptedModel`` and ``FunctionModel``. The MCP tool
 adapter is ``stream_manager.mcp`` (optional extra; not imported here). Auto-retry, which would
@@ -57,10 +58,16 @@ from stream_manager._parts import (
 from stream_manager._request import (
     Aborted,
     AbortMetadata,
+    Completed,
+    Constructed,
     Ended,
     Failed,
+    Milestone,
+    NullHost,
     QueuedStopReport,
     Refused,
+    Started,
+    StreamHost,
     StreamInfo,
     StreamOutcome,
     StreamRequest,
@@ -103,6 +110,8 @@ __all__ = [
     "Capability",
     "ChatMessage",
     "Clock",
+    "Completed",
+    "Constructed",
     "Ended",
     "ErrorKind",
     "ErrorType",
@@ -114,11 +123,13 @@ __all__ = [
     "Hop",
     "LaunchRefused",
     "LoopStopped",
+    "Milestone",
     "Model",
     "ModelError",
     "ModelFallbackProgress",
     "ModelRequest",
     "NoHop",
+    "NullHost",
     "Observer",
     "OpBlocked",
     "OpCancelRequested",
@@ -139,6 +150,7 @@ __all__ = [
     "ScriptToolCall",
     "ScriptedModel",
     "StartCause",
+    "Started",
     "StepBudget",
     "StepCompleted",
     "StopDecision",
@@ -147,6 +159,7 @@ __all__ = [
     "StreamEnded",
     "StreamEvent",
     "StreamFailed",
+    "StreamHost",
     "StreamInfo",
     "StreamManager",
     "StreamOutcome",

@@ -6,8 +6,9 @@ Theory of operation
 task; it returns the outcome as a value (``Ended``, ``Aborted``, ``Failed``, ``Refused``,
 ``Withdrawn``). Launch (SM-1 to SM-4): start calls of one session are serialized; an existing
 stream is stopped first; the caller's abort signal and the launch probe are checked before
-registration, and again after the awaited envelope write; only then does processing begin
-with ``stream-start``.
+registration, and again once the host's ``Constructed`` milestone (the envelope write) was
+awaited; only then does processing begin with ``stream-start``, and the host's ``Started``
+milestone is awaited before the first step. The caller's side is the request's ``StreamHost``.
 
 Processing a launched stream (the step loop, tool boundaries, fallback, endings) is the job
 of a ``_processing.StreamProcessor`` the manager holds; tool calls are operations of an
@@ -40,11 +41,14 @@ from stream_manager._op_parts import OverlapPolicy
 from stream_manager._operations import OperationRunner
 from stream_manager._processing import StreamProcessor
 from stream_manager._request import (
+    Constructed,
     Refused,
+    Started,
     StreamInfo,
     StreamOutcome,
     StreamRequest,
     Withdrawn,
+    hears_milestones,
 )
 from stream_manager._stream import ActiveStream, StreamState
 from stream_manager.errors import UnknownModel
@@ -180,7 +184,7 @@ class StreamManager:
             fired = _fired(request.abort)
             if fired is not None:
                 return Withdrawn(fired)
-        refusal = request.refuse_stream_start() if request.refuse_stream_start else None
+        refusal = request.host.refusal()  # SM-4's probe, before registration
         if refusal is not None:
             return self._refuse(request, refusal)
         stream = ActiveStream(
@@ -194,20 +198,21 @@ class StreamManager:
         return stream
 
     async def _launch(self, stream: ActiveStream, request: StreamRequest) -> StreamOutcome:
-        """SM-3: the envelope write, the re-checks, then processing."""
-        if request.on_stream_constructed is not None:
-            try:
-                await request.on_stream_constructed(
-                    StreamInfo(stream.session, stream.id, stream.model, stream.budget.ceiling)
-                )
-            except BaseException:
-                stream.move(StreamState.ABORTED)
-                raise
+        """SM-3: the envelope write (``Constructed``), the re-checks, then processing."""
+        host = request.host
+        info = StreamInfo(stream.session, stream.id, stream.model, stream.budget.ceiling)
+        hears = hears_milestones(host)
+        try:
+            if hears:
+                await host.reached(Constructed(info))
+        except BaseException:
+            stream.move(StreamState.ABORTED)
+            raise
         withdrawn = self._withdrawal(stream, request.abort)
         if withdrawn is not None:
             stream.move(StreamState.ABORTED)
             return withdrawn
-        refusal = request.refuse_stream_start() if request.refuse_stream_start else None
+        refusal = host.refusal()  # SM-4's probe, again after the envelope write
         if refusal is not None:
             stream.move(StreamState.ABORTED)
             return self._refuse(request, refusal)
@@ -224,9 +229,9 @@ class StreamManager:
                     handle=request.handle,
                 )
             )
-        if request.on_started is not None:
+        if hears:
             with anyio.CancelScope(shield=True):
-                await request.on_started()
+                await host.reached(Started(info))
         return await self._processor.run(stream, request)
 
     def _withdrawal(self, stream: ActiveStream, abort: AbortSignal | None) -> Withdrawn | None:

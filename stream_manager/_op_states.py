@@ -110,13 +110,13 @@ def requested(
     now: float,
     deadline_at: float | None,
 ) -> OperationRecord:
-    """OP-1: the record written before anything runs (the capability stored as its text)."""
+    """OP-1: the record written before anything runs."""
     return OperationRecord(
         op_id=op_id,
         session=session,
         stream=stream,
         call_id=call_id,
-        capability=capability.text,
+        capability=capability,
         target=target,
         started_at=now,
         deadline_at=deadline_at,

@@ -6,7 +6,9 @@ A refusal walks the fallback chain (SM-16); an empty step is retried once (SM-17
 "previous response not found" error is retried once (SM-18); every restart runs under what is
 left, never a fresh ceiling (R37). Client tool calls run one at a time (SM-6) as operations;
 only when every result has settled are the stop conditions evaluated (SM-5, SM-7), and a pure
-queued-message stop is reported synchronously before ``stream-end`` (SM-8).
+queued-message stop is reported synchronously to the request's host before ``stream-end``
+(SM-8); the host's ``Completed`` milestone (the final write) is awaited before ``stream-end``
+too (SM-15).
 
 :class:`StreamProcessor` runs a launched stream; the
 :class:`~stream_manager._loop.StreamManager` (launch, stops, queries) holds one and hands it
@@ -52,11 +54,13 @@ from stream_manager._parts import (
 from stream_manager._request import (
     Aborted,
     AbortMetadata,
+    Completed,
     Ended,
     Failed,
     QueuedStopReport,
     StreamOutcome,
     StreamRequest,
+    hears_milestones,
 )
 from stream_manager._stop import RequiredTools, StopWhy, decide_stop
 from stream_manager._stream import ActiveStream, StreamState
@@ -167,6 +171,7 @@ class StreamProcessor:
     ) -> StreamOutcome | _Stopped:
         empty_retries = previous_response_retries = 0
         loop_ceiling = stream.budget.remaining
+        host = request.host
         while True:
             model_request = ModelRequest(
                 model=stream.model,
@@ -176,11 +181,7 @@ class StreamProcessor:
                 messages=tuple(messages),
                 correlation=request.correlation,
                 extra_system_context=request.extra_system_context,
-                thinking_level=(
-                    request.thinking_for_step()
-                    if request.thinking_for_step is not None
-                    else request.thinking_level
-                ),
+                thinking_level=host.thinking_for_step(),  # a mid-turn change applies here
             )
             step = await self._step(stream, self._models[stream.model], model_request, required)
             if step.soft_stopped:
@@ -396,7 +397,7 @@ class StreamProcessor:
         text = "".join(p.text for p in step.parts if isinstance(p, TextPart))
         messages.append(ChatMessage(role=Role.ASSISTANT, text=text, tool_calls=tuple(all_calls)))
         messages.append(ChatMessage(role=Role.TOOL, tool_results=tuple(results)))
-        queued = request.has_queued_tool_end() if request.has_queued_tool_end else False
+        queued = request.host.tool_end_queued()
         decision = decide_stop(
             budget_exhausted=stream.budget.exhausted,
             queued_tool_end=queued,
@@ -429,8 +430,9 @@ class StreamProcessor:
             )
         if self._events.observers:
             self._events.emit(LoopStopped(session=stream.session, stream=stream.id, why=why))
-        if report is not None and request.on_queued_message_stop is not None:
-            request.on_queued_message_stop(report)  # synchronously, before stream-end (R1)
+        host = request.host
+        if report is not None:
+            host.queued_stop(report)  # synchronously, before stream-end (SM-8, R1)
         stream.move(StreamState.COMPLETED)
         ended = Ended(
             stream=stream.id,
@@ -443,9 +445,9 @@ class StreamProcessor:
             queued_stop=report,
             parts=tuple(stream.parts),
         )
-        if request.on_complete is not None:
+        if hears_milestones(host):
             with anyio.CancelScope(shield=True):
-                await request.on_complete(ended)
+                await host.reached(Completed(ended))  # the final write (SM-15, R60)
         if self._events.observers:
             self._events.emit(
                 StreamEndedEvent(

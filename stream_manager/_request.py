@@ -4,12 +4,19 @@ A request carries the turn's continuation state in (``step_budget``, ``fallback_
 the outcome carries it out again (``remaining``, ``model``, ``progress``), so every cut,
 abort and failure hands its successor exactly what the turn has left (SM-8, SM-14, SM-20).
 Outcomes are values: a refused launch, an abort and a failure are returned, never raised.
+
+While the stream runs, the manager talks to its caller through one typed port the request
+carries, :class:`StreamHost`: it asks (``thinking_for_step``, ``tool_end_queued``,
+``refusal``), it reports a cut synchronously (``queued_stop``, SM-8) and it awaits the host at
+each durable boundary of the stream's life (``reached`` with a :data:`Milestone`:
+:class:`Constructed`, :class:`Started`, :class:`Completed`). :class:`NullHost` asks and records
+nothing, for callers that need no host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -17,8 +24,6 @@ from stream_manager._events import AbortReason, ErrorKind, StartCause
 from stream_manager._fallback import ModelFallbackProgress
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from message_queue import Correlation
     from stream_manager._abort import AbortSignal
     from stream_manager._parts import ChatMessage, FinishReason, Part
@@ -50,12 +55,131 @@ class AbortMetadata(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(frozen=True, slots=True)
 class StreamInfo:
-    """The registered stream, as the envelope hook sees it."""
+    """The registered stream, as the host sees it at its milestones."""
 
     session: str
     stream: str
     model: str
     budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class Constructed:
+    """SM-3: the stream is registered (``STARTING``); nothing has been emitted for it yet.
+
+    The host makes the turn envelope durable here. The manager awaits it (not shielded), then
+    checks the caller's signal, the registration and the launch probe again (SM-2, SM-3, SM-4)
+    before anything starts; a host that raises deregisters the stream, and the error
+    propagates from ``start_stream``.
+    """
+
+    info: StreamInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """SM-3: ``stream-start`` was emitted; the first step has not been asked for yet.
+
+    Awaited shielded, so what the start makes durable (the consumed continuation's record,
+    AS-19) lands before the model runs, and no cancellation cuts it short.
+    """
+
+    info: StreamInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """SM-15: the loop stopped normally; the stream is ``COMPLETED``, ``stream-end`` not yet out.
+
+    The host makes the final row durable here (the assistant row; a cut's row carries the cut
+    record ``ended.queued_stop``, R60). Awaited shielded; a hard stop arriving meanwhile emits
+    nothing (SM-11). ``stream-end`` is emitted once it returns.
+    """
+
+    ended: Ended
+
+
+Milestone = Constructed | Started | Completed
+"""A durable boundary of a stream's life, in the order a stream reaches them; the manager
+awaits the host at each one (``StreamHost.reached``)."""
+
+
+class StreamHost(Protocol):
+    """The caller's side of one stream: what the manager asks it, and what it tells it.
+
+    Queries are synchronous and cheap: the manager calls them on its hot path. Reports are
+    typed values: the synchronous cut report, and the milestones the manager awaits.
+    """
+
+    def thinking_for_step(self) -> str | None:
+        """The thinking level the next step prepares with; ``None``: no thinking level.
+
+        Asked before every step, so a mid-turn change applies at the next step.
+        """
+        ...
+
+    def tool_end_queued(self) -> bool:
+        """SM-7: whether a live ``tool-end`` entry is queued (MQ-8).
+
+        Asked at each tool boundary, once every result of the step has settled (SM-5).
+        """
+        ...
+
+    def refusal(self) -> str | None:
+        """SM-4, the launch probe: why the launch must be refused, or ``None``.
+
+        Asked right before the stream is registered and again once ``Constructed`` returned.
+        """
+        ...
+
+    def queued_stop(self, report: QueuedStopReport) -> None:
+        """SM-8, R1: the loop was cut for a queued entry alone.
+
+        Never for the step cap or a required tool (R5, R46, R65). Called once, synchronously,
+        after ``stop`` and before the stream's ``Completed`` milestone and its ``stream-end``,
+        so what the host records here exists before anyone handles the cut stream's end.
+        """
+        ...
+
+    async def reached(self, milestone: Milestone) -> None:
+        """The stream reached ``milestone``; the manager goes on once this returns."""
+        ...
+
+
+class NullHost:
+    """A host that needs nothing: no thinking level, no queued entry, no refusal.
+
+    It ignores every report; the default of :attr:`StreamRequest.host`.
+    """
+
+    __slots__ = ()
+
+    def thinking_for_step(self) -> str | None:
+        return None
+
+    def tool_end_queued(self) -> bool:
+        return False
+
+    def refusal(self) -> str | None:
+        return None
+
+    def queued_stop(self, report: QueuedStopReport) -> None:
+        pass
+
+    async def reached(self, milestone: Milestone) -> None:
+        pass
+
+
+_NULL_HOST = NullHost()
+
+
+def hears_milestones(host: StreamHost) -> bool:
+    """Whether ``host`` wants its milestones awaited (a :class:`NullHost` does not).
+
+    The manager skips the awaits, and the shielded scopes around them, for a host that ignores
+    them: a bare stream pays nothing for a port it does not use.
+    """
+    return not isinstance(host, NullHost)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,29 +200,14 @@ class StreamRequest:
     fallback_progress: ModelFallbackProgress | None = None
     correlation: Correlation | None = None
     extra_system_context: str | None = None
-    thinking_level: str | None = None
-    #: Consulted at each step's preparation: the thinking level in force for that step (a
-    #: mid-turn change is applied at the next step). ``None``: ``thinking_level`` throughout.
-    thinking_for_step: Callable[[], str | None] | None = None
     #: Required-tool patterns beyond the tools of kind ``completion`` (SM-7 condition 3).
     required_tools: tuple[str, ...] = ()
-    #: The live reader "is a tool-end entry queued?" (MQ-8); ``None``: never.
-    has_queued_tool_end: Callable[[], bool] | None = None
-    #: SM-8's synchronous report, called before ``stream-end`` is emitted.
-    on_queued_message_stop: Callable[[QueuedStopReport], None] | None = None
-    #: SM-4's launch probe: a reason to refuse the launch, or ``None``.
-    refuse_stream_start: Callable[[], str | None] | None = None
-    #: SM-3's durable turn-envelope write, awaited after registration.
-    on_stream_constructed: Callable[[StreamInfo], Awaitable[None]] | None = None
     #: The caller's abort signal (SM-2): fired before processing began, the launch is
     #: ``Withdrawn`` with its reason; fired during processing, a hard stop with that reason.
     abort: AbortSignal | None = None
-    #: Awaited (shielded) right after ``stream-start`` and before the first step: what the
-    #: start makes durable (the consumed continuation's record) lands before the model runs.
-    on_started: Callable[[], Awaitable[None]] | None = None
-    #: SM-15's durable final write (the assistant row, with the cut record when the stream was
-    #: cut, R60), awaited shielded after the stream is COMPLETED and before ``stream-end``.
-    on_complete: Callable[[Ended], Awaitable[None]] | None = None
+    #: The caller's port: the thinking level, the queued-entry reader, the launch probe, the
+    #: cut report and the milestones (:class:`StreamHost`); :class:`NullHost` by default.
+    host: StreamHost = _NULL_HOST
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

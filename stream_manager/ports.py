@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
 import msgspec
 
 from message_queue import Correlation
+
+# A tool's kind and the (kind, name) pair a receipt records live in `persistence`, the layer
+# that stores them; they are this package's names too (`stream_manager.ToolKind`, `.Capability`).
+from persistence.records import Capability as Capability
+from persistence.records import ToolKind as ToolKind
 from stream_manager._parts import ChatMessage, Part, ToolCallPart, ToolResultPart
 from stream_manager.clock import Timer
 
@@ -48,32 +52,6 @@ class Model(Protocol):
     def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
         """Run one step and yield its parts, ending with a ``Finish``."""
         ...
-
-
-class ToolKind(StrEnum):
-    """How a tool runs (``[[tools]] kind`` in ``docs/scenarios.md``)."""
-
-    #: Executed by the engine after the step finishes.
-    CLIENT = "client"
-    #: Executed inside the model's response; the engine only sees its result.
-    PROVIDER = "provider"
-    #: A required tool: its successful result ends the turn.
-    COMPLETION = "completion"
-
-
-class Capability(msgspec.Struct, frozen=True, gc=False):
-    """What a tool call uses: the tool's kind and its name (OP-9, OP-11).
-
-    A receipt stores and shows it as :attr:`text` (``client:bash``, ``provider:web_search``).
-    """
-
-    kind: ToolKind
-    name: str
-
-    @property
-    def text(self) -> str:
-        """The capability as a receipt stores it: ``kind:name``."""
-        return f"{self.kind.value}:{self.name}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,6 +32,7 @@ _encoder = msgspec.json.Encoder()
 
 def _receipt_row(record: OperationRecord) -> dict[str, Any]:
     data: dict[str, Any] = msgspec.to_builtins(record)
+    data["capability"] = record.capability.text  # shown as stored: ``client:bash``
     return {key: redact(value) if isinstance(value, str) else value for key, value in data.items()}
 
 
@@ -91,7 +92,7 @@ def _print_receipts(records: list[OperationRecord]) -> None:
     for record in records:
         table.add_row(
             redact(record.op_id),
-            redact(record.capability),
+            redact(record.capability.text),
             record.state.value,
             "yes" if record.termination_acknowledged else "no",
             redact(record.outcome_code or ""),

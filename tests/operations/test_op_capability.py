@@ -1,21 +1,21 @@
-"""A tool's capability is a typed pair (kind, name); receipts store and show it as ``kind:name``.
+"""A tool's capability is a typed pair (kind, name), end to end (OP-9, OP-11).
 
-The overlap guard (OP-9) and the target (OP-11) are built from the pair; what a receipt stores
-is its text, byte for byte what it always was, and a stored value of another shape is a
-``CorruptRecord`` naming the table, the receipt and the field.
+The runner builds the pair, the receipt holds it, the overlap guard and the target are built
+from it, and the engine reads the tool's name off it; only the store turns it into its text
+(``client:bash``) and back (``tests/persistence/test_capability.py``).
 """
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
-from persistence import CorruptRecord, OperationRecord, OpState
-from persistence._decode import decode_operation
-from stream_manager import Capability, ToolKind
+from persistence import OperationRecord, OpState
+from stream_manager import Capability, OutcomeCode, ToolKind
 from stream_manager._op_states import requested, target_digest
-
-_ENCODE = msgspec.json.Encoder().encode
+from tests import store_kit
+from tests.operations.conftest import Backend
+from tests.operations.support import DEADLINE_S, OpTool, call, op_id, op_rig, step, text
+from tests.operations.test_op_rules import receipt_events
 
 
 def receipt(capability: Capability) -> OperationRecord:
@@ -31,30 +31,70 @@ def receipt(capability: Capability) -> OperationRecord:
     )
 
 
-def test_op11_the_receipt_stores_the_capability_as_its_kind_name_text() -> None:
+def test_op11_the_receipt_holds_the_pair_and_the_target_leads_with_its_text() -> None:
     capability = Capability(kind=ToolKind.PROVIDER, name="web_search")
     record = receipt(capability)
+    assert record.capability == capability
+    assert (record.capability.kind, record.capability.name) == (ToolKind.PROVIDER, "web_search")
     assert capability.text == "provider:web_search"
-    assert record.capability == "provider:web_search"
     assert record.target.startswith("provider:web_search#")
-    assert b'"capability":"provider:web_search"' in _ENCODE(record)
+
+
+def test_op11_the_pair_is_stream_managers_and_persistences_one_type() -> None:
+    from persistence import records
+
+    assert Capability is records.Capability
+    assert ToolKind is records.ToolKind
+    assert [kind.value for kind in ToolKind] == ["client", "provider", "completion"]
 
 
 @pytest.mark.parametrize("kind", list(ToolKind))
-def test_op11_every_tool_kind_reads_back_from_a_stored_receipt(kind: ToolKind) -> None:
-    record = receipt(Capability(kind=kind, name="mcp:files:read"))  # a name may hold colons
-    assert decode_operation((record.op_id, record.state.value, _ENCODE(record))) == record
-
-
-@pytest.mark.parametrize(
-    "stored",
-    ["bash", "client:", "weird:bash", ":bash", "Client:bash"],
-)
-def test_op11_a_stored_capability_of_another_shape_is_a_corrupt_record(stored: str) -> None:
-    record = msgspec.structs.replace(
-        receipt(Capability(ToolKind.CLIENT, "bash")), capability=stored
+def test_op9_the_same_name_under_another_kind_is_another_capability(kind: ToolKind) -> None:
+    pair = Capability(kind, "bash")
+    others = [Capability(other, "bash") for other in ToolKind if other is not kind]
+    assert all(pair != other for other in others)
+    assert all(
+        target_digest(pair, {"a": 1}, "s") != target_digest(other, {"a": 1}, "s")
+        for other in others
     )
-    with pytest.raises(CorruptRecord) as caught:
-        decode_operation((record.op_id, OpState.REQUESTED.value, _ENCODE(record)))
-    assert (caught.value.table, caught.value.key) == ("operations", "s1/1/1/0")
-    assert caught.value.detail.startswith("$.capability: ")
+
+
+async def test_op11_the_runner_writes_the_pair_of_the_tools_kind_and_name(
+    backend: Backend,
+) -> None:
+    a = OpTool("mcp:files:read")  # a name may hold colons
+    async with op_rig(
+        {"M": [step(call("mcp:files:read", path="/x")), text()]}, tools=[a], store=backend.make()
+    ) as r:
+        r.session().send("go")
+        await r.settle()
+        record = await r.receipt(op_id(1, 1, 0))
+    assert record.state is OpState.COMPLETED
+    assert record.capability == Capability(ToolKind.CLIENT, "mcp:files:read")
+    assert record.target.startswith("client:mcp:files:read#")
+
+
+async def test_op7_a_receipt_left_open_is_told_with_its_tools_whole_name(
+    backend: Backend,
+) -> None:
+    # The engine's restart pass names the tool by the pair's name, never by re-parsing text.
+    left = OperationRecord(
+        op_id="s0/1/1/0",
+        session="s0",
+        stream="s0/1",
+        call_id="c0",
+        capability=Capability(ToolKind.CLIENT, "mcp:files:read"),
+        target="client:mcp:files:read#0",
+        started_at=0.0,
+        deadline_at=DEADLINE_S,
+        state=OpState.RUNNING,
+    )
+    async with backend.make() as seeding:
+        await store_kit.put_receipts(seeding, left)
+    async with op_rig({"M": [text()]}, store=backend.make()) as r:
+        [event] = receipt_events(r, left.op_id)
+        closed = await r.receipt(left.op_id)
+    assert event.tool == "mcp:files:read"
+    assert (event.state, closed.state) == ("indeterminate", OpState.INDETERMINATE)
+    assert closed.outcome_code == OutcomeCode.PROCESS_RESTART
+    assert closed.capability == left.capability

@@ -14,6 +14,7 @@ import pytest
 
 from persistence import OperationRecord, OpState, SqliteStore, Store
 from stream_manager import (
+    Capability,
     FinishReason,
     OpBlocked,
     OperationStarted,
@@ -67,7 +68,7 @@ async def test_op7_a_provider_tool_cut_by_a_stop_before_its_result_is_indetermin
         op = "s1/1/1/p0"
         running = await r.receipt(op)
         assert running.state is OpState.RUNNING
-        assert running.capability == f"{ToolKind.PROVIDER.value}:web_search"
+        assert running.capability == Capability(ToolKind.PROVIDER, "web_search")
         r.session().stop() if how == "stop" else r.session().hard_stop()
         await r.settle()
 

@@ -21,6 +21,7 @@ from agent_session.harness.trace import event_name as tag
 from agent_session.harness.virtual_time import VirtualTime
 from persistence import Boundary, Committed, MemoryStore, OperationRecord, OpState
 from stream_manager import (
+    Capability,
     OpBlocked,
     OpCancelRequested,
     OperationStarted,
@@ -33,6 +34,7 @@ from stream_manager import (
     StreamEnded,
     ToolCallPart,
     ToolContext,
+    ToolKind,
     VirtualClock,
 )
 from stream_manager._op_states import UNCONFIRMED
@@ -801,10 +803,10 @@ async def test_op11_receipts_and_trace_hold_no_planted_secrets(backend: Backend)
             for secret in (*SECRETS, *FRAGMENTS):
                 assert secret.encode() not in blob, (secret, blob)
         for rec in records:
-            assert rec.target.startswith(rec.capability + "#")
+            assert rec.target.startswith(rec.capability.text + "#")
             assert all(fragment not in rec.target for fragment in FRAGMENTS)
         # The target is a digest: same arguments, same target (for the guard), never the args.
-        curl = [rec for rec in records if rec.capability == "client:curl"]
+        curl = [rec for rec in records if rec.capability == Capability(ToolKind.CLIENT, "curl")]
         assert len({rec.target for rec in curl}) == 1
 
 
@@ -844,7 +846,7 @@ async def test_op12_outcome_codes_distinguish_the_layer_that_ended_the_operation
                 session="s0",
                 stream="s0/1",
                 call_id="s0/1/1/c0",
-                capability="client:a",
+                capability=Capability(ToolKind.CLIENT, "a"),
                 target="client:a#0",
                 started_at=0.0,
                 deadline_at=DEADLINE_S,

@@ -7,6 +7,7 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from persistence import CutRecord, CutState, HistoryRow, RowKind, SessionRecord, TurnEnvelope
+from persistence.records import Capability, ToolKind
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -75,3 +76,8 @@ def plain_sqlite(path: Path) -> Iterator[sqlite3.Connection]:
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file in a folder, name -> bytes: to prove an open left a file untouched."""
     return {entry.name: entry.read_bytes() for entry in sorted(folder.iterdir())}
+
+
+def client(name: str = "noop") -> Capability:
+    """The capability of a client tool called ``name`` (stored as ``client:NAME``)."""
+    return Capability(kind=ToolKind.CLIENT, name=name)

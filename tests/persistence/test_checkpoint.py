@@ -9,7 +9,7 @@ from persistence import OperationRecord, OpState, SqliteStore
 from persistence._checkpoint import CHECKPOINT_EVERY
 from tests.store_kit import commit, put_receipts
 
-from .helpers import session
+from .helpers import client, session
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -21,7 +21,7 @@ def receipt(n: int) -> OperationRecord:
         session="s1",
         stream="s1/1",
         call_id=f"c{n}",
-        capability="client:noop",
+        capability=client("noop"),
         target="t",
         started_at=float(n),
         state=OpState.COMPLETED,

@@ -17,7 +17,7 @@ import pytest
 from persistence import Boundary, OperationRecord, OpState, SqliteStore, UsageError
 from tests.store_kit import commit, history, put_receipts
 
-from .helpers import envelope, plain_sqlite, row, session
+from .helpers import client, envelope, plain_sqlite, row, session
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -31,7 +31,7 @@ def receipt(n: int, session_id: str = "s1") -> OperationRecord:
         session=session_id,
         stream=f"{session_id}/1",
         call_id=f"c{n}",
-        capability="client:noop",
+        capability=client("noop"),
         target="t",
         started_at=float(n),
         state=OpState.RUNNING,

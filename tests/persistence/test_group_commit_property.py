@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from persistence import OperationRecord, OpState, SqliteStore, UsageError
 from tests.store_kit import commit, history
 
-from .helpers import envelope, row, session
+from .helpers import client, envelope, row, session
 
 KINDS = ("receipt", "row", "envelope", "bad_row", "bad_envelope", "read")
 
@@ -51,7 +51,7 @@ def receipt(n: int) -> OperationRecord:
         session="s1",
         stream="s1/1",
         call_id=f"c{n}",
-        capability="client:noop",
+        capability=client("noop"),
         target="t",
         started_at=float(n),
         state=OpState.RUNNING,

@@ -10,6 +10,8 @@ import pytest
 from persistence import MemoryStore, OperationRecord, OpState, SqliteStore, Store, UsageError
 from tests.store_kit import commit, put_receipts, receipt
 
+from .helpers import client
+
 
 def record(op_id: str, state: OpState, session: str = "s1", at: float = 1.0) -> OperationRecord:
     return OperationRecord(
@@ -17,7 +19,7 @@ def record(op_id: str, state: OpState, session: str = "s1", at: float = 1.0) -> 
         session=session,
         stream=f"{session}/1",
         call_id=f"c-{op_id}",
-        capability="client:bash",
+        capability=client("bash"),
         target="client:bash#abc",
         started_at=at,
         deadline_at=at + 60,

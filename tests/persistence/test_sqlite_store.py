@@ -37,7 +37,7 @@ from persistence import (
 )
 from tests.store_kit import commit, envelopes, history, owed, owner
 
-from .helpers import cut, envelope, plain_sqlite, row, session, snapshot
+from .helpers import client, cut, envelope, plain_sqlite, row, session, snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -52,7 +52,7 @@ def receipt(op_id: str) -> OperationRecord:
         session="s1",
         stream="s1/1",
         call_id="c1",
-        capability="client:noop",
+        capability=client("noop"),
         target="t",
         started_at=1.0,
         state=OpState.RUNNING,

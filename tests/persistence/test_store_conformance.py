@@ -31,7 +31,7 @@ from persistence import (
 )
 from tests.store_kit import commit, envelopes, history, owed, owner, receipt
 
-from .helpers import cut, envelope, row, session
+from .helpers import client, cut, envelope, row, session
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -47,7 +47,7 @@ def op(
         session=sid,
         stream=f"{sid}/1",
         call_id=f"c-{op_id}",
-        capability="client:bash",
+        capability=client("bash"),
         target="client:bash#abc",
         started_at=2.5,
         state=state,

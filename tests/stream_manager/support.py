@@ -1,4 +1,4 @@
-"""Fakes for step-loop tests: tools we own, an event recorder.
+"""Fakes for step-loop tests: tools we own, a stream host, an event recorder.
 
 The driver of virtual time is ``agent_session/harness/virtual_time.py``.
 """
@@ -13,11 +13,18 @@ import anyio.abc
 
 from stream_manager import (
     ChatMessage,
+    Completed,
+    Constructed,
+    Milestone,
+    QueuedStopReport,
     Role,
     ScriptedModel,
     ScriptStep,
     ScriptToolCall,
+    Started,
     StreamEvent,
+    StreamHost,
+    StreamInfo,
     StreamManager,
     StreamRequest,
     Tool,
@@ -29,7 +36,7 @@ from stream_manager import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 T = TypeVar("T")
 
@@ -56,6 +63,56 @@ class FakeTool:
             raise self.raises
         output = call.args.get("output", self.output)
         return ToolResultPart(call_id=call.call_id, name=call.name, output=output)
+
+
+def _never() -> bool:
+    return False
+
+
+def _nothing() -> str | None:
+    return None
+
+
+@dataclass
+class Host:
+    """A ``StreamHost`` for step-loop tests: answers from callables, keeps every milestone.
+
+    ``queued`` stands in for the session's live reader ``has_queued("tool-end")``, ``refuse``
+    for the launch probe, ``envelope`` for the envelope write (awaited at ``Constructed``),
+    ``started`` for the start's write (awaited at ``Started``), ``final`` for the final write
+    (awaited at ``Completed``); ``on_queued_stop`` receives the synchronous cut report (SM-8).
+    """
+
+    queued: Callable[[], bool] = _never
+    refuse: Callable[[], str | None] = _nothing
+    thinking: Callable[[], str | None] = _nothing
+    envelope: Callable[[StreamInfo], Awaitable[None]] | None = None
+    started: Callable[[], Awaitable[None]] | None = None
+    final: Callable[[Completed], Awaitable[None]] | None = None
+    on_queued_stop: Callable[[QueuedStopReport], None] | None = None
+    milestones: list[Milestone] = field(default_factory=list)
+
+    def thinking_for_step(self) -> str | None:
+        return self.thinking()
+
+    def tool_end_queued(self) -> bool:
+        return self.queued()
+
+    def refusal(self) -> str | None:
+        return self.refuse()
+
+    def queued_stop(self, report: QueuedStopReport) -> None:
+        if self.on_queued_stop is not None:
+            self.on_queued_stop(report)
+
+    async def reached(self, milestone: Milestone) -> None:
+        self.milestones.append(milestone)
+        if isinstance(milestone, Constructed) and self.envelope is not None:
+            await self.envelope(milestone.info)
+        elif isinstance(milestone, Started) and self.started is not None:
+            await self.started()
+        elif isinstance(milestone, Completed) and self.final is not None:
+            await self.final(milestone)
 
 
 @dataclass
@@ -144,3 +201,7 @@ def rig(
 
 def _tool_protocol_check(tool: FakeTool) -> Tool:
     return tool
+
+
+def _host_protocol_check(host: Host) -> StreamHost:
+    return host

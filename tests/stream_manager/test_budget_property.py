@@ -49,7 +49,7 @@ from stream_manager import (
     plan_hop,
     start_progress,
 )
-from tests.stream_manager.support import EMPTY, REFUSE, T_, FakeTool, X, rig, user_messages
+from tests.stream_manager.support import EMPTY, REFUSE, T_, FakeTool, Host, X, rig, user_messages
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -366,6 +366,8 @@ async def play(turn: ShellTurn) -> Played:
     def has_queued_tool_end() -> bool:
         return next(reads, False)
 
+    host = Host(queued=has_queued_tool_end)
+
     played = Played(timeline, scripted, [])
     model, cause = "M", StartCause.SEND
     step_budget: int | None = None
@@ -379,7 +381,7 @@ async def play(turn: ShellTurn) -> Played:
                 cause=cause,
                 step_budget=step_budget,
                 fallback_progress=progress,
-                has_queued_tool_end=has_queued_tool_end,
+                host=host,
             )
         )
         played.outcomes.append(outcome)
@@ -405,7 +407,7 @@ async def play(turn: ShellTurn) -> Played:
                 cause=StartCause.RESUME,
                 step_budget=0,
                 fallback_progress=last.progress,
-                has_queued_tool_end=has_queued_tool_end,
+                host=host,
             )
         )
     return played
@@ -504,7 +506,7 @@ async def test_st12_r65_the_budget_chain_example() -> None:
             r.request(
                 step_budget=budgets[-1],
                 fallback_progress=progress,
-                has_queued_tool_end=lambda: next(reads),
+                host=Host(queued=lambda: next(reads)),
             )
         )
         assert isinstance(outcome, Ended), outcome

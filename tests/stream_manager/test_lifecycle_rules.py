@@ -27,7 +27,7 @@ from stream_manager import (
     ToolCallPart,
     Withdrawn,
 )
-from tests.stream_manager.support import REFUSE, T_, FakeTool, P, Rig, X, rig
+from tests.stream_manager.support import REFUSE, T_, FakeTool, Host, P, Rig, X, rig
 
 HANG = ScriptStep(text="thinking", hang=True)
 
@@ -71,7 +71,7 @@ async def test_sm1_start_calls_are_serialized() -> None:
     async def start(stream_id: str) -> None:
         results.append(
             await r.manager.start_stream(
-                r.request(stream_id=stream_id, on_stream_constructed=envelope)
+                r.request(stream_id=stream_id, host=Host(envelope=envelope))
             )
         )
 
@@ -142,7 +142,7 @@ async def test_sm2_abort_during_the_envelope_write_starts_nothing() -> None:
         await anyio.lowlevel.checkpoint()
 
     r = rig({"M": [X()]})
-    outcome = await r.manager.start_stream(r.request(abort=token, on_stream_constructed=envelope))
+    outcome = await r.manager.start_stream(r.request(abort=token, host=Host(envelope=envelope)))
     assert isinstance(outcome, Withdrawn)
     assert outcome.reason is AbortReason.USER
     assert r.recorder.of(StreamStarted) == []
@@ -158,7 +158,7 @@ async def test_sm3_envelope_is_awaited_after_registration_and_before_stream_star
         await anyio.lowlevel.checkpoint()
 
     r = rig({"M": [X()]})
-    outcome = await r.manager.start_stream(r.request(on_stream_constructed=envelope))
+    outcome = await r.manager.start_stream(r.request(host=Host(envelope=envelope)))
     assert isinstance(outcome, Ended)
     assert seen == [StreamState.STARTING, 0]
     assert len(r.recorder.of(StreamStarted)) == 1
@@ -170,9 +170,36 @@ async def test_sm3_a_failing_envelope_write_deregisters_and_propagates() -> None
 
     r = rig({"M": [X()]})
     with pytest.raises(OSError, match="disk full"):
-        await r.manager.start_stream(r.request(on_stream_constructed=envelope))
+        await r.manager.start_stream(r.request(host=Host(envelope=envelope)))
     assert r.manager.active_stream_id("s1") is None
     assert r.recorder.of(StreamStarted) == []
+
+
+async def test_sm3_the_start_write_lands_before_the_first_step_even_when_cancelled() -> None:
+    """``Started`` is awaited after ``stream-start``, shielded: a cancelled caller waits for it."""
+    gate = anyio.Event()
+    seen: list[object] = []
+
+    async def started() -> None:
+        seen.append((len(r.recorder.of(StreamStarted)), len(r.models["M"].requests)))
+        await gate.wait()
+        seen.append("written")
+
+    r = rig({"M": [X()]})
+    caller = anyio.CancelScope()
+
+    async def launch() -> None:
+        with caller:
+            await r.manager.start_stream(r.request(host=Host(started=started)))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(launch)
+        await anyio.wait_all_tasks_blocked()
+        caller.cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert seen == [(1, 0)]  # stream-start is out, no step asked, the write still pending
+        gate.set()
+    assert seen == [(1, 0), "written"]
 
 
 async def test_sm4_probe_refuses_before_registration() -> None:
@@ -183,7 +210,7 @@ async def test_sm4_probe_refuses_before_registration() -> None:
 
     r = rig({"M": [X()]})
     outcome = await r.manager.start_stream(
-        r.request(refuse_stream_start=lambda: "goal paused", on_stream_constructed=envelope)
+        r.request(host=Host(refuse=lambda: "goal paused", envelope=envelope))
     )
     assert outcome == Refused("goal paused")
     assert envelope_calls == []
@@ -203,8 +230,7 @@ async def test_sm4_probe_is_consulted_again_after_the_envelope_write() -> None:
     r = rig({"M": [X()]})
     outcome = await r.manager.start_stream(
         r.request(
-            refuse_stream_start=lambda: "goal paused" if paused else None,
-            on_stream_constructed=envelope,
+            host=Host(refuse=lambda: "goal paused" if paused else None, envelope=envelope),
         )
     )
     assert outcome == Refused("goal paused")

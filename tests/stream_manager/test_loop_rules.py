@@ -16,23 +16,30 @@ import pytest
 from stream_manager import (
     Aborted,
     AbortReason,
+    Completed,
+    Constructed,
     Ended,
     Finish,
     FinishReason,
     FunctionModel,
     LoopStopped,
+    Milestone,
     ModelRequest,
+    NullHost,
     Part,
     QueuedStopReport,
     RequiredTools,
     ScriptedModel,
     ScriptStep,
     ScriptToolCall,
+    Started,
     StepCompleted,
     StopWhy,
     StreamEnded,
+    StreamInfo,
     StreamManager,
     StreamRequest,
+    StreamState,
     TextPart,
     ToolCallEnded,
     ToolCallPart,
@@ -41,7 +48,7 @@ from stream_manager import (
     decide_stop,
     is_success,
 )
-from tests.stream_manager.support import T_, FakeTool, P, X, rig
+from tests.stream_manager.support import T_, FakeTool, Host, P, X, rig
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -74,7 +81,7 @@ async def test_sm5_stop_waits_for_every_sibling_result() -> None:
     a = FakeTool("a", before=q.queue)
     b = FakeTool("b")
     r = rig({"M": [T_("a", "b"), X()]}, tools=[a, b])
-    outcome = await r.manager.start_stream(r.request(has_queued_tool_end=q.has))
+    outcome = await r.manager.start_stream(r.request(host=Host(queued=q.has)))
     assert isinstance(outcome, Ended)
     assert len(b.calls) == 1
     results = [p for p in outcome.parts if isinstance(p, ToolResultPart)]
@@ -127,7 +134,7 @@ async def test_sm7_step_cap_stops_the_loop_at_the_ceiling() -> None:
 async def test_sm7_a_live_queued_tool_end_entry_stops_after_the_step() -> None:
     q = Queue()
     r = rig({"M": [T_("bash"), T_("bash"), X()]}, tools=[FakeTool("bash", before=q.queue)])
-    outcome = await r.manager.start_stream(r.request(has_queued_tool_end=q.has))
+    outcome = await r.manager.start_stream(r.request(host=Host(queued=q.has)))
     assert isinstance(outcome, Ended)
     assert outcome.steps == 1
     assert outcome.why is StopWhy.QUEUED_MESSAGE
@@ -144,9 +151,8 @@ async def test_sm7_required_tool_success_ends_the_turn() -> None:
     reports: list[QueuedStopReport] = []
     outcome = await r.manager.start_stream(
         r.request(
-            has_queued_tool_end=q.has,
+            host=Host(queued=q.has, on_queued_stop=reports.append),
             required_tools=("agent_report",),
-            on_queued_message_stop=reports.append,
         )
     )
     assert isinstance(outcome, Ended)
@@ -167,9 +173,8 @@ async def test_sm7_failed_required_tool_does_not_end_the_turn() -> None:
     reports: list[QueuedStopReport] = []
     outcome = await r.manager.start_stream(
         r.request(
-            has_queued_tool_end=q.has,
+            host=Host(queued=q.has, on_queued_stop=reports.append),
             required_tools=("agent_report",),
-            on_queued_message_stop=reports.append,
         )
     )
     assert isinstance(outcome, Ended)
@@ -254,7 +259,7 @@ async def test_sm8_queued_stop_reported_before_stream_end() -> None:
     r = rig({"M": [T_("bash")] * 3 + [X()]}, tools=[FakeTool("bash", before=bash_hook)])
     r.manager.add_observer(lambda e: order.append(type(e).__name__))
     outcome = await r.manager.start_stream(
-        r.request(has_queued_tool_end=q.has, on_queued_message_stop=on_stop)
+        r.request(host=Host(queued=q.has, on_queued_stop=on_stop))
     )
     assert isinstance(outcome, Ended)
     assert outcome.steps == 2
@@ -281,8 +286,7 @@ async def test_sm8_no_report_for_cap_required_or_natural_ends(ending: str) -> No
     r = rig({"M": script}, tools=[FakeTool("agent_report")])
     outcome = await r.manager.start_stream(
         r.request(
-            has_queued_tool_end=q.has,
-            on_queued_message_stop=reports.append,
+            host=Host(queued=q.has, on_queued_stop=reports.append),
             required_tools=required,
             step_budget=budget,
         )
@@ -307,7 +311,7 @@ async def test_r5_step_cap_coinciding_with_a_queued_entry_is_not_reported() -> N
     reports: list[QueuedStopReport] = []
     r = rig({"M": [T_("bash")] * 9}, tools=[FakeTool("bash", before=on_bash)])
     outcome = await r.manager.start_stream(
-        r.request(has_queued_tool_end=q.has, on_queued_message_stop=reports.append)
+        r.request(host=Host(queued=q.has, on_queued_stop=reports.append))
     )
     assert isinstance(outcome, Ended)
     assert outcome.steps == 8
@@ -322,7 +326,7 @@ async def test_r65_a_cut_that_spends_the_last_step_owes_nothing() -> None:
     reports: list[QueuedStopReport] = []
     r = rig({"M": [T_("bash"), T_("bash"), T_("bash")]})
     outcome = await r.manager.start_stream(
-        r.request(has_queued_tool_end=q.has, on_queued_message_stop=reports.append, step_budget=1)
+        r.request(host=Host(queued=q.has, on_queued_stop=reports.append), step_budget=1)
     )
     assert isinstance(outcome, Ended)
     assert outcome.remaining == 0
@@ -338,7 +342,7 @@ async def test_r15_report_carries_the_model_that_ran_the_cut_step() -> None:
     )
     reports: list[QueuedStopReport] = []
     outcome = await r.manager.start_stream(
-        r.request(model="A", has_queued_tool_end=q.has, on_queued_message_stop=reports.append)
+        r.request(model="A", host=Host(queued=q.has, on_queued_stop=reports.append))
     )
     assert isinstance(outcome, Ended)
     (report,) = reports
@@ -434,7 +438,7 @@ async def test_sm15_completion_order_and_the_durable_cut_record() -> None:
             states.append((type(event).__name__, r.manager.stream_state("s1")))
 
     r.manager.add_observer(watch)
-    outcome = await r.manager.start_stream(r.request(has_queued_tool_end=q.has))
+    outcome = await r.manager.start_stream(r.request(host=Host(queued=q.has)))
     assert isinstance(outcome, Ended)
     assert [name for name, _ in states] == ["LoopStopped", "StreamEnded"]
     assert str(states[1][1]) == "completed"  # COMPLETED is set before stream-end is emitted
@@ -449,13 +453,78 @@ async def test_r60_cut_record_carries_remainder_and_progress() -> None:
         tools=[FakeTool("bash", before=q.queue)],
         fallbacks={"A": ["B", "C"]},
     )
-    outcome = await r.manager.start_stream(r.request(model="A", has_queued_tool_end=q.has))
+    outcome = await r.manager.start_stream(r.request(model="A", host=Host(queued=q.has)))
     assert isinstance(outcome, Ended)
     assert outcome.queued_stop is not None
     assert outcome.queued_stop.steps_remaining == 6
     assert outcome.queued_stop.fallback_progress.chain == ("B", "C")
     assert outcome.queued_stop.fallback_progress.refused_models == ("A",)
     assert outcome.finish is FinishReason.TOOL_CALLS
+
+
+# ---------------------------------------------------------------- the host (SM-3, SM-8, SM-15)
+
+
+async def test_sm3_sm8_sm15_the_host_hears_the_stream_in_order() -> None:
+    """Milestones and the cut report arrive in the stream's order, between its trace events."""
+    q = Queue()
+    order: list[str] = []
+    at_completed: list[object] = []
+
+    class Ordered(Host):
+        def queued_stop(self, report: QueuedStopReport) -> None:
+            order.append("queued_stop")
+            super().queued_stop(report)
+
+        async def reached(self, milestone: Milestone) -> None:
+            order.append(type(milestone).__name__)
+            if isinstance(milestone, Completed):
+                at_completed.append(r.manager.stream_state("s1"))
+            await super().reached(milestone)
+
+    r = rig({"M": [T_("bash"), X()]}, tools=[FakeTool("bash", before=q.queue)])
+    r.manager.add_observer(lambda e: order.append(type(e).__name__))
+    host = Ordered(queued=q.has)
+    outcome = await r.manager.start_stream(r.request(host=host))
+    assert isinstance(outcome, Ended)
+    shown = {"Constructed", "StreamStarted", "Started", "LoopStopped", "queued_stop"}
+    shown |= {"Completed", "StreamEnded"}
+    assert [name for name in order if name in shown] == [
+        "Constructed",
+        "StreamStarted",
+        "Started",
+        "LoopStopped",
+        "queued_stop",
+        "Completed",
+        "StreamEnded",
+    ]
+    assert order.index("Started") < order.index("ToolCallStarted")  # before the first step
+    assert at_completed == [StreamState.COMPLETED]
+    constructed, started, completed = host.milestones
+    info = StreamInfo(session="s1", stream=outcome.stream, model="M", budget=8)
+    assert constructed == Constructed(info)
+    assert started == Started(info)
+    assert completed == Completed(outcome)
+
+
+async def test_the_host_is_asked_for_the_thinking_level_before_every_step() -> None:
+    """A mid-turn change reaches the next step's request."""
+    levels = iter(["low", "high"])
+    r = rig({"M": [T_("bash"), X()]})
+    outcome = await r.manager.start_stream(r.request(host=Host(thinking=lambda: next(levels))))
+    assert isinstance(outcome, Ended)
+    assert [m.thinking_level for m in r.models["M"].requests] == ["low", "high"]
+
+
+async def test_a_request_without_a_host_has_the_null_host() -> None:
+    """No thinking level, never a queued entry or a refusal; the stream runs to its end."""
+    r = rig({"M": [T_("bash"), X()]})
+    request = r.request()
+    assert isinstance(request.host, NullHost)
+    outcome = await r.manager.start_stream(request)
+    assert isinstance(outcome, Ended)
+    assert (outcome.steps, outcome.why, outcome.queued_stop) == (2, StopWhy.FINISHED, None)
+    assert [m.thinking_level for m in r.models["M"].requests] == [None, None]
 
 
 async def test_a_scripted_model_without_recording_keeps_no_request() -> None:
