@@ -109,10 +109,8 @@ class AgentSession:
         "_emit",
         "_gate",
         "_idle",
-        "_launcher",
         "_machine",
         "_manager",
-        "_pipeline",
         "_prepared_abort",
         "_resume_abort",
         "_spawn",
@@ -138,7 +136,7 @@ class AgentSession:
         next_stream: int = 1,
     ) -> None:
         self.id = session_id
-        self._store = records = SessionStore(store, session_id, owner)
+        self._store = SessionStore(store, session_id, owner)
         self._manager = manager
         self._gate = gate
         self._emit = emit
@@ -150,17 +148,6 @@ class AgentSession:
             resume_attempt_cap=config.resume_attempt_cap,
             next_seq=next_seq,
             next_stream=next_stream,
-        )
-        self._launcher = StreamLauncher(
-            self._machine, store=records, manager=manager, emit=emit, perform=self._perform
-        )
-        self._pipeline = SendPipeline(
-            self._machine,
-            store=records,
-            gate=gate,
-            emit=emit,
-            perform=self._perform,
-            launch=self._launch_turn,
         )
         self._prepared_abort: AbortSignal | None = None
         self._resume_abort: AbortSignal | None = None
@@ -233,45 +220,58 @@ class AgentSession:
 
     def _do(self, effects: list[Effect]) -> None:
         """Perform ``effects`` from a synchronous call: a flush runs in a task of its own."""
-        for effect in effects:
-            if isinstance(effect, Flush):
-                if self._machine.pending:
-                    self._run(self._flush)
+        for effect in effects:  # the most frequent kinds first
+            if isinstance(effect, Emit):
+                self._tell(effect.event)
             elif isinstance(effect, Feed):
                 self._do(effect.step())
+            elif isinstance(effect, Flush):
+                if self._machine.pending:
+                    self._run(self._flush)
             elif isinstance(effect, CommitRows):
                 raise AssertionError("a synchronous input cannot commit rows")  # pragma: no cover
             else:
-                self._perform_now(effect)
-        self._check_idle()
+                self._act(effect)
 
     async def _perform(self, effects: list[Effect]) -> None:
         """Perform ``effects`` in order, awaiting the writes where they stand."""
-        for effect in effects:
-            if isinstance(effect, Flush):
-                await self._flush()
+        for effect in effects:  # the most frequent kinds first
+            if isinstance(effect, Emit):
+                self._tell(effect.event)
             elif isinstance(effect, Feed):
                 await self._perform(effect.step())
+            elif isinstance(effect, Flush):
+                if self._machine.pending:
+                    await self._flush()
             elif isinstance(effect, CommitRows):
-                await self._store.commit(Boundary(rows=effect.rows))
-                last = effect.rows[-1]
-                self._emit(Persisted(session=self.id, what=effect.what, id=last.row_id))
+                rows = effect.rows
+                await self._store.commit(Boundary(rows=rows))
+                self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
             else:
-                self._perform_now(effect)
-        self._check_idle()
+                self._act(effect)
 
-    def _perform_now(self, effect: Effect) -> None:
-        if isinstance(effect, Emit):
-            event = effect.event
-            if isinstance(event, PhaseChanged) and event.to is not Phase.IDLE:
-                self._busy()
-            self._emit(event)
-        elif isinstance(effect, ScheduleSweep):
+    def _tell(self, event: EngineEvent) -> None:
+        """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase."""
+        if isinstance(event, PhaseChanged):
+            if event.to is Phase.IDLE or event.to is Phase.DISPOSED:
+                self._emit(event)
+                self._check_idle()
+                return
+            self._busy()
+        self._emit(event)
+
+    def _act(self, effect: Effect) -> None:
+        """Perform an effect that neither tells, writes nor feeds: it acts on something."""
+        if isinstance(effect, ScheduleSweep):
             self._run(self._sweep)
         elif isinstance(effect, StopStream):
             self._manager.request_stop_nowait(self.id, soft=effect.soft, reason=effect.reason)
-        elif isinstance(effect, AbortPrepared | AbortResume):
-            self._abort(effect)
+        elif isinstance(effect, AbortPrepared):
+            if self._prepared_abort is not None:
+                self._prepared_abort.fire(effect.reason)
+        elif isinstance(effect, AbortResume):
+            if self._resume_abort is not None:  # its continuation ended: a system stop
+                self._resume_abort.fire(AbortReason.SYSTEM)
         elif isinstance(effect, Dispatch):
             self._dispatch(effect.turn, effect.token)
         elif isinstance(effect, StartResume):
@@ -283,13 +283,6 @@ class AgentSession:
             for entry_id, error in notify_all_canceled(list(effect.removed), effect.reason):
                 log.warning("cancellation callback of %s failed: %r", entry_id, error)
 
-    def _abort(self, effect: AbortPrepared | AbortResume) -> None:
-        if isinstance(effect, AbortPrepared):
-            if self._prepared_abort is not None:
-                self._prepared_abort.fire(effect.reason)
-        elif self._resume_abort is not None:
-            self._resume_abort.fire(AbortReason.SYSTEM)  # its continuation ended: a system stop
-
     async def _flush(self) -> None:
         """Make every queued cut-record change durable, in order; then tell each."""
         machine = self._machine
@@ -299,6 +292,29 @@ class AgentSession:
             self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
             if change.told is not None:
                 self._emit(change.told)
+
+    # ------------------------------------------------------------ collaborators
+
+    def _pipeline(self) -> SendPipeline:
+        """The pipeline for one send (made per send: an idle session holds none)."""
+        return SendPipeline(
+            self._machine,
+            store=self._store,
+            gate=self._gate,
+            emit=self._emit,
+            perform=self._perform,
+            launch=self._launch_turn,
+        )
+
+    def _launcher(self) -> StreamLauncher:
+        """The launcher for one stream (made per launch: an idle session holds none)."""
+        return StreamLauncher(
+            self._machine,
+            store=self._store,
+            manager=self._manager,
+            emit=self._emit,
+            perform=self._perform,
+        )
 
     # ------------------------------------------------------------ tasks and idleness
 
@@ -365,7 +381,7 @@ class AgentSession:
 
         async def dispatch() -> None:
             try:
-                result = await self._pipeline.run(turn)
+                result = await self._pipeline().run(turn)
             finally:
                 self._machine.dispatched(token)  # accepted, cancelled or failed: past AS-3
             if isinstance(result, SendRefused) and turn.callbacks is not None:
@@ -380,7 +396,7 @@ class AgentSession:
     async def _launch_turn(self, context: StreamContext) -> None:
         """AS-10, AS-22: an accepted turn's stream under a new abort signal, then its outcome."""
         self._prepared_abort = abort = AbortSignal()
-        outcome = await self._launcher.launch(context, abort)
+        outcome = await self._launcher().launch(context, abort)
         await self._on_outcome(outcome, context)
 
     async def _on_outcome(self, outcome: StreamOutcome, context: StreamContext) -> None:
@@ -424,7 +440,7 @@ class AgentSession:
             if abort.reason is not None:
                 outcome: StreamOutcome = Withdrawn(abort.reason)
             else:
-                outcome = await self._launcher.launch(context, abort)
+                outcome = await self._launcher().launch(context, abort)
         except (PreStreamFailure, TurnkeeperError, OSError) as error:
             log.info("resume of %s failed before its stream started: %s", marker.cut, error)
             await self._perform(machine.resume_failed(marker, attempt))
@@ -592,7 +608,7 @@ class AgentSession:
         turn = TurnInput(text=text, entry_id=entry, options=options)
 
         async def direct() -> None:
-            result = await self._pipeline.run(turn)
+            result = await self._pipeline().run(turn)
             if not isinstance(result, Accepted):
                 await self._perform(machine.send_went_nowhere(turn))
 
@@ -703,3 +719,4 @@ class AgentSession:
         self._do(machine.disposed_now())
         await self._manager.stop_stream(self.id, reason=AbortReason.SYSTEM)
         self._do(machine.disposal_done())
+        self._check_idle()

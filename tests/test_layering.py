@@ -79,3 +79,38 @@ def test_layering_check_sees_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import agent_session\nfrom time import monotonic\n", encoding="utf-8")
     assert imported_roots(bad) == {"agent_session", "time"}
+
+
+def _project_modules() -> list[str]:
+    names = []
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__main__":
+                continue
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_no_class_is_spread_across_modules_by_inheritance() -> None:
+    """A module holds whole classes: no class extends one of ours from another module.
+
+    Exceptions are the one exception (an error tree is shared on purpose); a class too big
+    for its file is cut into collaborators, never split into a base in one file and its
+    subclass in another.
+    """
+    import importlib
+    import inspect
+
+    ours = tuple(f"{package}." for package in LAYERS) + tuple(LAYERS)
+    spread = [
+        f"{name}.{cls_name} extends {base.__module__}.{base.__name__}"
+        for name in _project_modules()
+        for cls_name, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass)
+        if cls.__module__ == name
+        for base in cls.__bases__
+        if base.__module__.startswith(ours)
+        and base.__module__ != name
+        and not issubclass(base, BaseException)
+    ]
+    assert not spread, spread
