@@ -77,6 +77,11 @@ class Engine:
         self.store = store
         self.clock = clock or SystemClock()
         self._models = dict(models)
+        #: What every session shares: the models it may name and the engine's hooks (one
+        #: object each for all sessions, not one per session).
+        self._known_models = frozenset(self._models)
+        self._session_emit: Callable[[EngineEvent], None] = self._emit
+        self._session_spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None] = self._spawn
         self._gate = gate or OpenGate()
         self._observers: list[EngineObserver] = list(observers)
         self.manager = StreamManager(
@@ -222,7 +227,7 @@ class Engine:
             sid = found.session.id
             if sid in self._sessions:
                 continue  # already open here: its own bookkeeping stands
-            plan = plan_recovery(found, frozenset(self._models))
+            plan = plan_recovery(found, self._known_models)
             if isinstance(plan, Abandon):
                 log.warning("recovery of session %s abandoned: %s", sid, plan.why)
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
@@ -309,9 +314,9 @@ class Engine:
             manager=self.manager,
             config=self.config,
             gate=self._gate,
-            emit=self._emit,
-            spawn=self._spawn,
-            known_models=frozenset(self._models),
+            emit=self._session_emit,
+            spawn=self._session_spawn,
+            known_models=self._known_models,
             owner=self._owner,
             next_seq=next_seq,
             next_stream=next_stream,

@@ -106,6 +106,7 @@ class TurnMachine:
         "_abandon_partial",
         "_active_tools",
         "_known_models",
+        "_records",
         "_resume_armed",
         "_resume_cap",
         "_seq",
@@ -122,7 +123,6 @@ class TurnMachine:
         "model",
         "phase",
         "queue",
-        "records",
         "scratchpad",
         "send_now_pending",
         "sweep_scheduled",
@@ -158,7 +158,7 @@ class TurnMachine:
         self._resume_armed = False  # a resume in flight can be aborted
         self.sweep_scheduled = False
         #: Which row carries each cut's record; changes and decisions not yet written or told.
-        self.records = CutRecords()
+        self._records: CutRecords | None = None  # made at the first cut fact: most never cut
         self.send_now_pending = False  # AS-18: the interrupted stream's abort drains
         self.defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
@@ -250,12 +250,19 @@ class TurnMachine:
 
     def take_change(self) -> CutChange | None:
         """The oldest record change waiting for its write (the shell writes, then tells)."""
-        return self.records.take()
+        return None if self._records is None else self._records.take()
+
+    @property
+    def records(self) -> CutRecords:
+        """Which row carries each cut's record and what is not yet written or told."""
+        if self._records is None:
+            self._records = CutRecords()
+        return self._records
 
     @property
     def pending(self) -> bool:
         """Record changes are waiting for their write."""
-        return bool(self.records.pending)
+        return self._records is not None and bool(self._records.pending)
 
     def adopt_owed(self, marker: Marker, row_id: str) -> None:
         """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``."""
@@ -557,7 +564,9 @@ class TurnMachine:
 
     def started_durable(self) -> list[Effect]:
         """The stream's start is durable: tell the resume's ``started``."""
-        started, self.records.untold_resume = self.records.untold_resume, None
+        if self._records is None:
+            return []
+        started, self._records.untold_resume = self._records.untold_resume, None
         return [Emit(started)] if started is not None else []
 
     def tool_started(self, call: str) -> None:
@@ -628,7 +637,7 @@ class TurnMachine:
     def final_row(self, ended: Ended) -> HistoryRow:
         """B5: the stream's final assistant row; a cut's row carries its cut record (R60)."""
         record = None
-        owed = self.records.untold_owed
+        owed = None if self._records is None else self._records.untold_owed
         if ended.queued_stop is not None and owed is not None and owed.cut == ended.stream:
             stop = ended.queued_stop
             record = cut_record(
@@ -655,7 +664,9 @@ class TurnMachine:
 
     def _tell_unwritten(self) -> list[Effect]:
         """A turn's outcome came and no row took the cut's record: tell what stayed untold."""
-        return [Emit(event) for event in self.records.never_written()]
+        if self._records is None:
+            return []
+        return [Emit(event) for event in self._records.never_written()]
 
     # ------------------------------------------------------------ outcomes
 

@@ -111,6 +111,7 @@ class AgentSession:
         "_idle",
         "_machine",
         "_manager",
+        "_owner",
         "_prepared_abort",
         "_resume_abort",
         "_spawn",
@@ -136,7 +137,8 @@ class AgentSession:
         next_stream: int = 1,
     ) -> None:
         self.id = session_id
-        self._store = SessionStore(store, session_id, owner)
+        self._store = store
+        self._owner = owner
         self._manager = manager
         self._gate = gate
         self._emit = emit
@@ -245,7 +247,7 @@ class AgentSession:
                     await self._flush()
             elif isinstance(effect, CommitRows):
                 rows = effect.rows
-                await self._store.commit(Boundary(rows=rows))
+                await self._boundaries().commit(Boundary(rows=rows))
                 self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
             else:
                 self._act(effect)
@@ -288,18 +290,22 @@ class AgentSession:
         machine = self._machine
         while (change := machine.take_change()) is not None:
             moved = CutStateChange(row_id=change.row_id, state=change.state)
-            await self._store.commit(Boundary(cut_states=(moved,)))
+            await self._boundaries().commit(Boundary(cut_states=(moved,)))
             self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
             if change.told is not None:
                 self._emit(change.told)
 
     # ------------------------------------------------------------ collaborators
 
+    def _boundaries(self) -> SessionStore:
+        """This session's view of the store port (made per use: an idle session holds none)."""
+        return SessionStore(self._store, self.id, self._owner)
+
     def _pipeline(self) -> SendPipeline:
         """The pipeline for one send (made per send: an idle session holds none)."""
         return SendPipeline(
             self._machine,
-            store=self._store,
+            store=self._boundaries(),
             gate=self._gate,
             emit=self._emit,
             perform=self._perform,
@@ -310,7 +316,7 @@ class AgentSession:
         """The launcher for one stream (made per launch: an idle session holds none)."""
         return StreamLauncher(
             self._machine,
-            store=self._store,
+            store=self._boundaries(),
             manager=self._manager,
             emit=self._emit,
             perform=self._perform,
@@ -669,7 +675,7 @@ class AgentSession:
         """
         self._alive()
         machine = self._machine
-        rows = await self._store.rows()
+        rows = await self._boundaries().rows()
         target = next((row for row in rows if row.row_id == row_id), None)
         if target is None:
             raise UsageError(f"session {self.id}: no history row {row_id!r} to edit")
@@ -682,8 +688,10 @@ class AgentSession:
             await self.wait_idle()
             machine.edit_settled()
             restored = self.restore_queue()
-            doomed = [row.row_id for row in await self._store.rows() if row.seq >= target.seq]
-            await self._store.commit(Boundary(delete=tuple(doomed)))
+            doomed = [
+                row.row_id for row in await self._boundaries().rows() if row.seq >= target.seq
+            ]
+            await self._boundaries().commit(Boundary(delete=tuple(doomed)))
         finally:
             machine.edit_done()
         self.send(text)
@@ -705,8 +713,9 @@ class AgentSession:
 
         async def discard() -> None:
             await self._flush()
-            rows = await self._store.rows()
-            await self._store.commit(Boundary(delete=tuple(row.row_id for row in rows)))
+            boundaries = self._boundaries()
+            rows = await boundaries.rows()
+            await boundaries.commit(Boundary(delete=tuple(row.row_id for row in rows)))
 
         self._run(discard)
 

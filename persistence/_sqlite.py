@@ -426,10 +426,7 @@ class SqliteStore:
         _checks.fence(session, self.owner, owner)
         _checks.check_boundary(session, boundary)
 
-        def fence() -> None:  # on the connection's thread, under the store's lock
-            _checks.fence(session, self.owner, owner)
-
-        job = _writes.commit(session, boundary, self._path, fence)
+        job = _writes.commit(session, boundary, self._path, self, owner)  # fenced again in it
         if job is None:
             return _NOTHING
         deleted: int = await self._write(job)

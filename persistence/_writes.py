@@ -16,7 +16,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -122,19 +123,30 @@ class _Plan:
         )
 
 
+class Owned(Protocol):
+    """What a job reads to fence a stale writer: the store's current owner token."""
+
+    @property
+    def owner(self) -> str | None:
+        """The current owner's token (``None``: nobody owns the store)."""
+        ...
+
+
 def commit(
-    session: str, boundary: Boundary, path: str, fence: Callable[[], None]
+    session: str, boundary: Boundary, path: str, store: Owned, owner: str | None
 ) -> Job[int] | None:
     """One boundary of ``session``, all or nothing; the job returns how many rows it deleted.
 
-    ``None`` for an empty boundary (nothing to run). ``fence`` runs first, on the connection's
-    thread inside the transaction, and raises when the writer no longer owns the store. A
-    boundary of one statement runs bare (SQLite undoes a failed statement whole); one of
-    several runs in a savepoint of its own, so a refusal anywhere undoes all of it.
+    ``None`` for an empty boundary (nothing to run). The job first checks, on the connection's
+    thread inside the transaction, that ``owner`` still owns ``store`` (``StaleOwner`` when
+    not). A boundary of one statement runs bare (SQLite undoes a failed statement whole); one
+    of several runs in a savepoint of its own, so a refusal anywhere undoes all of it. Jobs
+    are partial applications, not closures: receipts are two commits per tool step, and each
+    closure cell is one more object for the cyclic collector.
     """
     envelope = boundary.envelope
     if not (boundary.create or boundary.delete or boundary.rows or boundary.cut_states or envelope):
-        return _receipts(boundary.operations, fence)
+        return _receipts(session, boundary.operations, store, owner)
     plan = _Plan(
         session=session,
         path=path,
@@ -150,45 +162,60 @@ def commit(
     if statements == 0:
         return None
     bare = statements == 1 and len(plan.operations) <= 1
+    return partial(_run_plan, store, owner, plan, bare)
 
-    def job(db: sqlite3.Connection) -> int:
-        fence()
-        if bare:
-            return _apply(db, plan)
-        db.execute("SAVEPOINT boundary")
-        try:
-            deleted = _apply(db, plan)
-        except BaseException:
-            db.execute("ROLLBACK TO boundary")
-            db.execute("RELEASE boundary")
-            raise
+
+def _run_plan(
+    store: Owned, owner: str | None, plan: _Plan, bare: bool, db: sqlite3.Connection
+) -> int:
+    _checks.fence(plan.session, store.owner, owner)
+    if bare:
+        return _apply(db, plan)
+    db.execute("SAVEPOINT boundary")
+    try:
+        deleted = _apply(db, plan)
+    except BaseException:
+        db.execute("ROLLBACK TO boundary")
         db.execute("RELEASE boundary")
-        return deleted
+        raise
+    db.execute("RELEASE boundary")
+    return deleted
 
-    return job
 
-
-def _receipts(records: Sequence[OperationRecord], fence: Callable[[], None]) -> Job[int] | None:
+def _receipts(
+    session: str, records: Sequence[OperationRecord], store: Owned, owner: str | None
+) -> Job[int] | None:
     """A boundary of receipts only (most boundaries: two per tool step): one upsert each."""
     if not records:
         return None
     if len(records) == 1:
-        params = operation_params(records[0])
-
-        def one(db: sqlite3.Connection) -> int:
-            fence()
-            db.execute(PUT_OPERATION, params)
-            return 0
-
-        return one
+        return partial(_put_one, store, session, owner, operation_params(records[0]))
     many = [operation_params(record) for record in records]
+    return partial(_put_many, store, session, owner, many)
 
-    def batch(db: sqlite3.Connection) -> int:  # one statement: SQLite undoes it whole
-        fence()
-        db.executemany(PUT_OPERATION, many)
-        return 0
 
-    return batch
+def _put_one(
+    store: Owned,
+    session: str,
+    owner: str | None,
+    params: tuple[object, ...],
+    db: sqlite3.Connection,
+) -> int:
+    _checks.fence(session, store.owner, owner)
+    db.execute(PUT_OPERATION, params)
+    return 0
+
+
+def _put_many(
+    store: Owned,
+    session: str,
+    owner: str | None,
+    many: list[tuple[object, ...]],
+    db: sqlite3.Connection,
+) -> int:
+    _checks.fence(session, store.owner, owner)
+    db.executemany(PUT_OPERATION, many)  # one statement: SQLite undoes it whole
+    return 0
 
 
 def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
