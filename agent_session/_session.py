@@ -221,12 +221,20 @@ class AgentSession:
     # ------------------------------------------------------------ performing effects
 
     def _do(self, effects: list[Effect]) -> None:
-        """Perform ``effects`` from a synchronous call: a flush runs in a task of its own."""
-        for effect in effects:  # the most frequent kinds first
-            if isinstance(effect, Emit):
+        """Perform ``effects`` from a synchronous call: a flush runs in a task of its own.
+
+        A ``Feed`` is expanded in place (its effects run before the ones after it), in a loop
+        rather than by recursion: a turn feeds the machine a few dozen times.
+        """
+        queue, index = effects, 0
+        while index < len(queue):
+            effect = queue[index]
+            index += 1
+            if isinstance(effect, Emit):  # the most frequent kinds first
                 self._tell(effect.event)
             elif isinstance(effect, Feed):
-                self._do(effect.step())
+                queue = [*effect.step(), *queue[index:]]
+                index = 0
             elif isinstance(effect, Flush):
                 if self._machine.pending:
                     self._run(self._flush)
@@ -236,12 +244,16 @@ class AgentSession:
                 self._act(effect)
 
     async def _perform(self, effects: list[Effect]) -> None:
-        """Perform ``effects`` in order, awaiting the writes where they stand."""
-        for effect in effects:  # the most frequent kinds first
+        """Perform ``effects`` in order, awaiting each write where it stands (``Feed``: see _do)."""
+        queue, index = effects, 0
+        while index < len(queue):
+            effect = queue[index]
+            index += 1
             if isinstance(effect, Emit):
                 self._tell(effect.event)
             elif isinstance(effect, Feed):
-                await self._perform(effect.step())
+                queue = [*effect.step(), *queue[index:]]
+                index = 0
             elif isinstance(effect, Flush):
                 if self._machine.pending:
                     await self._flush()

@@ -28,5 +28,5 @@ class SessionStore:
 
     async def rows(self) -> list[HistoryRow]:
         """The session's history rows, by seq (empty for a session the store does not hold)."""
-        loaded = await self._store.load(self._session)
+        loaded = await self._store.load(self._session, envelopes=False)
         return [] if loaded is None else list(loaded.rows)

@@ -199,8 +199,8 @@ class MemoryStore:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    async def load(self, session: str) -> SessionLoad | None:
-        """The session's record, its rows by seq and its envelopes; ``None`` when unknown."""
+    async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
+        """The session's record, its rows by seq and (unless not asked for) its envelopes."""
         self._check_open()
         data = self._sessions.get(session)
         if data is None:
@@ -208,7 +208,7 @@ class MemoryStore:
         return SessionLoad(
             record=data.record,
             rows=tuple(data.by_id[data.by_seq[seq]] for seq in sorted(data.by_seq)),
-            envelopes=tuple(data.envelopes.values()),
+            envelopes=tuple(data.envelopes.values()) if envelopes else (),
         )
 
     async def sessions(self) -> list[SessionRecord]:

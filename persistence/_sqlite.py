@@ -434,14 +434,14 @@ class SqliteStore:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    async def load(self, session: str) -> SessionLoad | None:
+    async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
         """The session's record, rows by seq and envelopes, read in one snapshot (one call).
 
         Raises:
             CorruptRecord: A value of the session fails validation (it is reported, never
                 skipped).
         """
-        return decode_load(*await self._read(_writes.load(session)))
+        return decode_load(*await self._read(_writes.load(session, envelopes=envelopes)))
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session, ordered by id.

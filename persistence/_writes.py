@@ -315,17 +315,17 @@ SELECT_ENVELOPES = (
 Load = tuple[list[Any], list[Any], list[Any]]
 
 
-def load(session: str) -> Job[Load]:
-    """A session's record, rows and envelopes, read in one snapshot."""
+def load(session: str, *, envelopes: bool = True) -> Job[Load]:
+    """A session's record, rows and (when asked for) envelopes, read in one snapshot."""
+    return partial(_load, session, envelopes)
 
-    def job(db: sqlite3.Connection) -> Load:
-        return (
-            db.execute(SELECT_SESSION, (session,)).fetchall(),
-            db.execute(SELECT_HISTORY, (session,)).fetchall(),
-            db.execute(SELECT_ENVELOPES, (session,)).fetchall(),
-        )
 
-    return job
+def _load(session: str, envelopes: bool, db: sqlite3.Connection) -> Load:
+    return (
+        db.execute(SELECT_SESSION, (session,)).fetchall(),
+        db.execute(SELECT_HISTORY, (session,)).fetchall(),
+        db.execute(SELECT_ENVELOPES, (session,)).fetchall() if envelopes else [],
+    )
 
 
 #: The raw startup scan: owed rows, rows after each session's last owed row, session records

@@ -89,8 +89,12 @@ class Store(Protocol):
         """
         ...
 
-    async def load(self, session: str) -> SessionLoad | None:
+    async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
         """The session's record, its rows by seq and its envelopes; ``None`` when unknown.
+
+        ``envelopes=False`` leaves the envelopes unread (``SessionLoad.envelopes`` is empty): a
+        launch reads the history at every turn and needs no envelope, which grow with every
+        stream the session ever ran.
 
         Raises:
             CorruptRecord: A stored value of the session fails validation.

@@ -274,9 +274,9 @@ class FaultyStore:
         finally:
             self._leave()
 
-    async def load(self, session: str) -> SessionLoad | None:
-        """A session's record, rows and envelopes."""
-        return await self._counted(self._inner.load(session))
+    async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
+        """A session's record, rows and envelopes (unless not asked for)."""
+        return await self._counted(self._inner.load(session, envelopes=envelopes))
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session."""

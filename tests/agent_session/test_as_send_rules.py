@@ -166,8 +166,8 @@ class HookStore(MemoryStore):
             return Committed(deleted=self.delete_misreports)
         return done
 
-    async def load(self, session: str) -> SessionLoad | None:
-        loaded = await super().load(session)
+    async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
+        loaded = await super().load(session, envelopes=envelopes)
         if loaded is not None and self.before_history is not None:
             self.before_history(list(loaded.rows))
         return loaded

@@ -184,9 +184,9 @@ class TrapStore(MemoryStore):
         if trap is not None and await trap.spring():
             raise StoreError(f"trapped {verb} #{n}")
 
-    async def load(self, session: str) -> SessionLoad | None:
+    async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
         await self._spring("history")
-        return await super().load(session)
+        return await super().load(session, envelopes=envelopes)
 
     async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
         if boundary.rows:

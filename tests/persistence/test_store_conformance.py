@@ -133,6 +133,13 @@ async def test_load_orders_rows_by_seq_and_envelopes_by_first_write(store: Store
     )
 
 
+async def test_load_without_envelopes_reads_the_record_and_rows_only(store: Store) -> None:
+    await commit(store, "s1", create=session(), rows=[row(2), row(1)], envelope=envelope("st1"))
+    loaded = await store.load("s1", envelopes=False)
+    assert loaded == SessionLoad(record=session(), rows=(row(1), row(2)), envelopes=())
+    assert await store.load("nobody", envelopes=False) is None
+
+
 async def test_load_of_an_unknown_session_is_none(store: Store) -> None:
     assert await store.load("nobody") is None
 
