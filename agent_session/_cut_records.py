@@ -9,16 +9,18 @@ is durable, so a record never stays owed for a turn that ended.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from agent_session._events import ContinuationEnded
+from persistence import CutState
+
 if TYPE_CHECKING:
-    from agent_session._events import ContinuationEnded, ContinuationOwed, ResumeAttempted
-    from persistence import CutState
+    from agent_session._events import ContinuationOwed, ResumeAttempted
 
 
-@dataclass(frozen=True, slots=True)
-class CutChange:
+class CutChange(msgspec.Struct, frozen=True):
     """A cut record's state change waiting for its write, with the event that tells it."""
 
     row_id: str

@@ -53,8 +53,7 @@ class AbortMetadata(msgspec.Struct, frozen=True, kw_only=True):
     required_tool_satisfied: bool
 
 
-@dataclass(frozen=True, slots=True)
-class StreamInfo:
+class StreamInfo(msgspec.Struct, frozen=True):
     """The registered stream, as the host sees it at its milestones."""
 
     session: str
@@ -63,8 +62,7 @@ class StreamInfo:
     budget: int
 
 
-@dataclass(frozen=True, slots=True)
-class Constructed:
+class Constructed(msgspec.Struct, frozen=True):
     """SM-3: the stream is registered (``STARTING``); nothing has been emitted for it yet.
 
     The host makes the turn envelope durable here. The manager awaits it (not shielded), then
@@ -76,8 +74,7 @@ class Constructed:
     info: StreamInfo
 
 
-@dataclass(frozen=True, slots=True)
-class Started:
+class Started(msgspec.Struct, frozen=True):
     """SM-3: ``stream-start`` was emitted; the first step has not been asked for yet.
 
     Awaited shielded, so what the start makes durable (the consumed continuation's record,
@@ -87,8 +84,7 @@ class Started:
     info: StreamInfo
 
 
-@dataclass(frozen=True, slots=True)
-class Completed:
+class Completed(msgspec.Struct, frozen=True):
     """SM-15: the loop stopped normally; the stream is ``COMPLETED``, ``stream-end`` not yet out.
 
     The host makes the final row durable here (the assistant row; a cut's row carries the cut
