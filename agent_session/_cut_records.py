@@ -75,6 +75,10 @@ class CutRecords:
         """The oldest change waiting for its write."""
         return self.pending.pop(0) if self.pending else None
 
+    def untold(self) -> bool:
+        """Whether a decision waits to be told (an ``owed``, or an end whose row never came)."""
+        return self.untold_owed is not None or bool(self._ended_unwritten)
+
     def never_written(self) -> list[ContinuationOwed | ContinuationEnded]:
         """A turn's outcome came and no row took the cut's record: what stayed untold.
 

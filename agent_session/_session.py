@@ -259,7 +259,7 @@ class AgentSession:
                     await self._flush()
             elif isinstance(effect, CommitRows):
                 rows = effect.rows
-                await self._boundaries().commit(Boundary(rows=rows))
+                await self._store.commit(self.id, Boundary(rows=rows), owner=self._owner)
                 self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
             else:
                 self._act(effect)
@@ -271,7 +271,8 @@ class AgentSession:
                 self._emit(event)
                 self._check_idle()
                 return
-            self._busy()
+            if self._idle is None:  # busy from now on (``_busy``, inlined)
+                self._idle = anyio.Event()
         self._emit(event)
 
     def _act(self, effect: Effect) -> None:
@@ -299,10 +300,10 @@ class AgentSession:
 
     async def _flush(self) -> None:
         """Make every queued cut-record change durable, in order; then tell each."""
-        machine = self._machine
+        machine, store = self._machine, self._store
         while (change := machine.take_change()) is not None:
             moved = CutStateChange(row_id=change.row_id, state=change.state)
-            await self._boundaries().commit(Boundary(cut_states=(moved,)))
+            await store.commit(self.id, Boundary(cut_states=(moved,)), owner=self._owner)
             self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
             if change.told is not None:
                 self._emit(change.told)

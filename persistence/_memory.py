@@ -127,7 +127,8 @@ class MemoryStore:
         """
         if not self._open:
             raise _checks.not_open()
-        _checks.fence(session, self._owner, owner)
+        if owner is None or owner != self._owner:
+            _checks.fence(session, self._owner, owner)  # raises StaleOwner
         _checks.check_boundary(session, boundary)
         if (
             boundary.create is None
