@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -96,8 +95,7 @@ def operation_params(record: OperationRecord) -> tuple[object, ...]:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
+class _Plan(msgspec.Struct, frozen=True):
     """A boundary encoded on the event loop, ready to run on the connection's thread."""
 
     session: str
