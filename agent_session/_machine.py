@@ -67,7 +67,7 @@ from agent_session._events import (
     QueueCleared,
     ResumeAttempted,
 )
-from agent_session._phases import TRANSITIONS, Phase, next_phase
+from agent_session._phases import Phase, next_phase
 from agent_session._rows import body_from_parts, cut_record, encode_body
 from agent_session._thinking import ThinkingHolder
 from agent_session._turn import StreamContext, TurnInput
@@ -214,9 +214,7 @@ class TurnMachine:
     def _move(self, to: Phase) -> list[Effect]:
         """Move the phase by the table (AS-1, AS-2); an illegal move raises, nothing changes."""
         current = self.phase
-        if (current, to) not in TRANSITIONS:  # next_phase's check, inlined: the hottest input
-            next_phase(self.id, current, to)  # raises IllegalTransition
-        self.phase = to
+        self.phase = next_phase(self.id, current, to)
         effects: list[Effect] = [Emit(PhaseChanged(session=self.id, from_=current, to=to))]
         if to is Phase.IDLE:
             self._soft_stop = False
@@ -252,10 +250,7 @@ class TurnMachine:
 
     def take_change(self) -> CutChange | None:
         """The oldest record change waiting for its write (the shell writes, then tells)."""
-        records = self._records
-        if records is None or not records.pending:
-            return None
-        return records.pending.pop(0)
+        return None if self._records is None else self._records.take()
 
     @property
     def records(self) -> CutRecords:

@@ -259,7 +259,7 @@ class AgentSession:
                     await self._flush()
             elif isinstance(effect, CommitRows):
                 rows = effect.rows
-                await self._store.commit(self.id, Boundary(rows=rows), owner=self._owner)
+                await self._boundaries().commit(Boundary(rows=rows))
                 self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
             else:
                 self._act(effect)
@@ -300,10 +300,10 @@ class AgentSession:
 
     async def _flush(self) -> None:
         """Make every queued cut-record change durable, in order; then tell each."""
-        machine, store = self._machine, self._store
+        machine, boundaries = self._machine, self._boundaries()
         while (change := machine.take_change()) is not None:
             moved = CutStateChange(row_id=change.row_id, state=change.state)
-            await store.commit(self.id, Boundary(cut_states=(moved,)), owner=self._owner)
+            await boundaries.commit(Boundary(cut_states=(moved,)))
             self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
             if change.told is not None:
                 self._emit(change.told)

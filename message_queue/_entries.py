@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 import msgspec
 
 from message_queue.errors import InvalidEntry
+
+R = TypeVar("R")
 
 
 class EntryKind(StrEnum):
@@ -147,37 +149,32 @@ class CancelState:
     canceled_before_acceptance: bool = False
 
 
-class CancelToken:
-    """A cancel signal any producer of an entry may fire, once.
+class OneShot(Generic[R]):
+    """A signal fired once, with a reason; the first fire wins.
 
-    Firing it *withdraws* the entry: every cancel-aware reader looks past it (MQ-7) while it
-    stays in the queue for a drain or removal to cancel. Listeners run synchronously, in the
-    order they were added, inside :meth:`cancel`.
+    Listeners run synchronously, in the order they were added, inside :meth:`fire`. It is
+    the mechanism of an entry's :class:`CancelToken` (a free-text reason) and of a launch's
+    ``stream_manager.AbortSignal`` (``OneShot[AbortReason]``).
     """
 
     __slots__ = ("_listeners", "_reason")
 
-    DEFAULT_REASON = "withdrawn"
-
     def __init__(self) -> None:
-        self._reason: str | None = None
-        self._listeners: list[Callable[[str], None]] = []
+        self._reason: R | None = None
+        self._listeners: list[Callable[[R], None]] = []
 
     @property
-    def cancelled(self) -> bool:
-        """Whether the token has fired."""
+    def fired(self) -> bool:
+        """Whether the signal has fired."""
         return self._reason is not None
 
     @property
-    def reason(self) -> str | None:
+    def reason(self) -> R | None:
         """The reason it fired with, or ``None`` while it has not."""
         return self._reason
 
-    def cancel(self, reason: str = DEFAULT_REASON) -> bool:
-        """Fire the token.
-
-        Args:
-            reason: why the producer withdrew its entry.
+    def fire(self, reason: R) -> bool:
+        """Fire the signal with ``reason`` (a later fire changes nothing).
 
         Returns:
             ``True`` when this call fired it, ``False`` when it had already fired.
@@ -190,21 +187,46 @@ class CancelToken:
             listener(reason)
         return True
 
-    def add_listener(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(reason)`` when the token fires (at once if it already has)."""
+    def add_listener(self, listener: Callable[[R], None]) -> None:
+        """Call ``listener(reason)`` when the signal fires (at once if it already has)."""
         if self._reason is not None:
             listener(self._reason)
         else:
             self._listeners.append(listener)
 
-    def remove_listener(self, listener: Callable[[str], None]) -> None:
+    def remove_listener(self, listener: Callable[[R], None]) -> None:
         """Forget ``listener`` (no error when it was never added or already ran)."""
         if listener in self._listeners:
             self._listeners.remove(listener)
 
     def __repr__(self) -> str:
-        state = f"cancelled {self._reason!r}" if self._reason is not None else "live"
-        return f"<CancelToken {state}>"
+        state = f"fired {self._reason!s}" if self._reason is not None else "live"
+        return f"<{type(self).__name__} {state}>"
+
+
+class CancelToken(OneShot[str]):
+    """A cancel signal any producer of an entry may fire, once.
+
+    Firing it *withdraws* the entry: every cancel-aware reader looks past it (MQ-7) while it
+    stays in the queue for a drain or removal to cancel.
+    """
+
+    __slots__ = ()
+
+    DEFAULT_REASON = "withdrawn"
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the token has fired."""
+        return self._reason is not None
+
+    def cancel(self, reason: str = DEFAULT_REASON) -> bool:
+        """Fire the token with ``reason`` (why the producer withdrew its entry).
+
+        Returns:
+            ``True`` when this call fired it, ``False`` when it had already fired.
+        """
+        return self.fire(reason)
 
 
 @dataclass(frozen=True, slots=True)

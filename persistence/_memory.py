@@ -127,8 +127,7 @@ class MemoryStore:
         """
         if not self._open:
             raise _checks.not_open()
-        if owner is None or owner != self._owner:
-            _checks.fence(session, self._owner, owner)  # raises StaleOwner
+        _checks.fence(session, self._owner, owner)
         _checks.check_boundary(session, boundary)
         if (
             boundary.create is None

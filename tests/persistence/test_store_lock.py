@@ -57,24 +57,8 @@ async def hold() -> None:
 
 anyio.run(hold)
 """
-SCENARIO = """
-name = "basic"
-[[models]]
-id = "m"
-[[tools]]
-name = "bash"
-[[sessions]]
-id = "s1"
-model = "m"
-[scripts.m]
-steps = [ { tool_calls = [{ tool = "bash" }] }, { text = "done" } ]
-[[actions]]
-at = "start"
-do = { op = "send", session = "s1", text = "go" }
-[expect]
-phases = { s1 = "idle" }
-streams = { s1 = 1 }
-"""
+#: Any library scenario: the run must be refused before it reads it.
+SCENARIO = ROOT / "docs" / "scenarios" / "withdrawn-wake.toml"
 TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
@@ -193,11 +177,9 @@ async def test_the_lock_dies_with_its_holder_even_on_sigkill(db: Path) -> None:
 def test_the_cli_run_on_an_owned_store_exits_2_with_one_line(
     tmp_path: Path, db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    scenario = tmp_path / "s.toml"
-    scenario.write_text(SCENARIO, encoding="utf-8")
     with holder(db) as owner:
         before = snapshot(tmp_path)
-        assert main(["run", str(scenario), "--db", str(db)]) == 2
+        assert main(["run", str(SCENARIO), "--db", str(db)]) == 2
         captured = capsys.readouterr()
         assert captured.out == ""
         assert captured.err.count("\n") == 1
