@@ -111,7 +111,6 @@ class AgentSession:
         "_idle",
         "_machine",
         "_manager",
-        "_owner",
         "_prepared_abort",
         "_resume_abort",
         "_spawn",
@@ -137,8 +136,8 @@ class AgentSession:
         next_stream: int = 1,
     ) -> None:
         self.id = session_id
-        self._store = store
-        self._owner = owner
+        #: This session's view of the store port, fenced by the engine's owner token.
+        self._store = SessionStore(store, session_id, owner)
         self._manager = manager
         self._gate = gate
         self._emit = emit
@@ -220,28 +219,35 @@ class AgentSession:
 
     # ------------------------------------------------------------ performing effects
 
-    def _do(self, effects: list[Effect]) -> None:
+    def _do(self, effects: list[Effect], *, hold_resume: bool = False) -> StartResume | None:
         """Perform ``effects`` from a synchronous call: a flush runs in a task of its own.
 
         A ``Feed`` is expanded in place (its effects run before the ones after it), in a loop
-        rather than by recursion: a turn feeds the machine a few dozen times.
+        rather than by recursion: a turn feeds the machine a few dozen times. Effects are final
+        Structs, so ``type() is`` picks the kind (cheaper than ``isinstance`` on this hot path).
+        With ``hold_resume``, a resume that is the last effect is returned instead of started
+        in a task of its own: the caller (the sweep's task) runs it.
         """
         queue, index = effects, 0
         while index < len(queue):
             effect = queue[index]
             index += 1
-            if isinstance(effect, Emit):  # the most frequent kinds first
+            if type(effect) is Emit:  # the most frequent kinds first
                 self._tell(effect.event)
-            elif isinstance(effect, Feed):
-                queue = [*effect.step(), *queue[index:]]
+            elif type(effect) is Feed:
+                fed = effect.step()
+                queue = fed if index == len(queue) else [*fed, *queue[index:]]
                 index = 0
-            elif isinstance(effect, Flush):
+            elif type(effect) is Flush:
                 if self._machine.pending:
                     self._run(self._flush)
-            elif isinstance(effect, CommitRows):
+            elif type(effect) is CommitRows:
                 raise AssertionError("a synchronous input cannot commit rows")  # pragma: no cover
+            elif hold_resume and type(effect) is StartResume and index == len(queue):
+                return effect
             else:
                 self._act(effect)
+        return None
 
     async def _perform(self, effects: list[Effect]) -> None:
         """Perform ``effects`` in order, awaiting each write where it stands (``Feed``: see _do)."""
@@ -249,24 +255,25 @@ class AgentSession:
         while index < len(queue):
             effect = queue[index]
             index += 1
-            if isinstance(effect, Emit):
+            if type(effect) is Emit:
                 self._tell(effect.event)
-            elif isinstance(effect, Feed):
-                queue = [*effect.step(), *queue[index:]]
+            elif type(effect) is Feed:
+                fed = effect.step()
+                queue = fed if index == len(queue) else [*fed, *queue[index:]]
                 index = 0
-            elif isinstance(effect, Flush):
+            elif type(effect) is Flush:
                 if self._machine.pending:
                     await self._flush()
-            elif isinstance(effect, CommitRows):
+            elif type(effect) is CommitRows:
                 rows = effect.rows
-                await self._boundaries().commit(Boundary(rows=rows))
+                await self._store.commit(Boundary(rows=rows))
                 self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
             else:
                 self._act(effect)
 
     def _tell(self, event: EngineEvent) -> None:
         """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase."""
-        if isinstance(event, PhaseChanged):
+        if type(event) is PhaseChanged:
             if event.to is Phase.IDLE or event.to is Phase.DISPOSED:
                 self._emit(event)
                 self._check_idle()
@@ -277,30 +284,27 @@ class AgentSession:
 
     def _act(self, effect: Effect) -> None:
         """Perform an effect that neither tells, writes nor feeds: it acts on something."""
-        if isinstance(effect, ScheduleSweep):
+        if type(effect) is ScheduleSweep:
             self._run(self._sweep)
-        elif isinstance(effect, StopStream):
+        elif type(effect) is StopStream:
             self._manager.request_stop_nowait(self.id, soft=effect.soft, reason=effect.reason)
-        elif isinstance(effect, AbortPrepared):
+        elif type(effect) is AbortPrepared:
             if self._prepared_abort is not None:
                 self._prepared_abort.fire(effect.reason)
-        elif isinstance(effect, AbortResume):
+        elif type(effect) is AbortResume:
             if self._resume_abort is not None:  # its continuation ended: a system stop
                 self._resume_abort.fire(AbortReason.SYSTEM)
-        elif isinstance(effect, Dispatch):
+        elif type(effect) is Dispatch:
             self._dispatch(effect.turn, effect.token)
-        elif isinstance(effect, StartResume):
-            abort = AbortSignal()
-            self._resume_abort = abort
-            marker, attempt = effect.marker, effect.attempt
-            self._run(lambda: self._resume(marker, attempt, abort))
-        elif isinstance(effect, CancelRemoved):
+        elif type(effect) is StartResume:
+            self._run(self._armed(effect))
+        elif type(effect) is CancelRemoved:
             for entry_id, error in notify_all_canceled(list(effect.removed), effect.reason):
                 log.warning("cancellation callback of %s failed: %r", entry_id, error)
 
     async def _flush(self) -> None:
         """Make every queued cut-record change durable, in order; then tell each."""
-        machine, boundaries = self._machine, self._boundaries()
+        machine, boundaries = self._machine, self._store
         while (change := machine.take_change()) is not None:
             moved = CutStateChange(row_id=change.row_id, state=change.state)
             await boundaries.commit(Boundary(cut_states=(moved,)))
@@ -310,15 +314,11 @@ class AgentSession:
 
     # ------------------------------------------------------------ collaborators
 
-    def _boundaries(self) -> SessionStore:
-        """This session's view of the store port (made per use: an idle session holds none)."""
-        return SessionStore(self._store, self.id, self._owner)
-
     def _pipeline(self) -> SendPipeline:
         """The pipeline for one send (made per send: an idle session holds none)."""
         return SendPipeline(
             self._machine,
-            store=self._boundaries(),
+            store=self._store,
             gate=self._gate,
             emit=self._emit,
             perform=self._perform,
@@ -329,7 +329,7 @@ class AgentSession:
         """The launcher for one stream (made per launch: an idle session holds none)."""
         return StreamLauncher(
             self._machine,
-            store=self._boundaries(),
+            store=self._store,
             manager=self._manager,
             emit=self._emit,
             perform=self._perform,
@@ -422,7 +422,16 @@ class AgentSession:
         await self._perform(self._machine.outcome(outcome, context))
 
     async def _sweep(self) -> None:
-        self._do(self._machine.sweep_due())
+        """AS-2: the scheduled sweep, in a task; a resume it starts runs on in this task."""
+        start = self._do(self._machine.sweep_due(), hold_resume=True)
+        if start is not None:
+            await self._armed(start)()
+
+    def _armed(self, start: StartResume) -> Callable[[], Coroutine[Any, Any, None]]:
+        """The resume ``start`` asks for, under a new abort signal (armed now, run later)."""
+        abort = self._resume_abort = AbortSignal()
+        marker, attempt = start.marker, start.attempt
+        return lambda: self._resume(marker, attempt, abort)
 
     def sweep_now(self) -> bool:
         """Run the idle sweep at once; return whether it started a resume.
@@ -688,7 +697,7 @@ class AgentSession:
         """
         self._alive()
         machine = self._machine
-        rows = await self._boundaries().rows()
+        rows = await self._store.rows()
         target = next((row for row in rows if row.row_id == row_id), None)
         if target is None:
             raise UsageError(f"session {self.id}: no history row {row_id!r} to edit")
@@ -701,10 +710,8 @@ class AgentSession:
             await self.wait_idle()
             machine.edit_settled()
             restored = self.restore_queue()
-            doomed = [
-                row.row_id for row in await self._boundaries().rows() if row.seq >= target.seq
-            ]
-            await self._boundaries().commit(Boundary(delete=tuple(doomed)))
+            doomed = [row.row_id for row in await self._store.rows() if row.seq >= target.seq]
+            await self._store.commit(Boundary(delete=tuple(doomed)))
         finally:
             machine.edit_done()
         self.send(text)
@@ -726,7 +733,7 @@ class AgentSession:
 
         async def discard() -> None:
             await self._flush()
-            boundaries = self._boundaries()
+            boundaries = self._store
             rows = await boundaries.rows()
             await boundaries.commit(Boundary(delete=tuple(row.row_id for row in rows)))
 

@@ -52,7 +52,8 @@ def check_boundary(session: str, boundary: Boundary) -> None:
         if not _sound_capability(record.capability):
             raise _bad_capability(operations.index(record), record)
     for change in boundary.cut_states:
-        cut_state(change.state)
+        if type(change.state) is not CutState:
+            cut_state(change.state)
     if len(rows) > 1:
         _check_rows(rows)
 
@@ -115,6 +116,8 @@ def fence(session: str, current: str | None, given: str | None) -> None:
 
 def cut_state(value: CutState | str) -> CutState:
     """Return ``value`` as a :class:`CutState`, or raise :class:`UsageError` naming it."""
+    if type(value) is CutState:  # the engine's own changes: nothing to parse
+        return value
     try:
         return CutState(value)
     except ValueError:
