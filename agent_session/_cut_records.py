@@ -17,6 +17,7 @@ from agent_session._events import ContinuationEnded
 from persistence import CutState
 
 if TYPE_CHECKING:
+    from agent_session._continuation import Continuation
     from agent_session._events import ContinuationOwed, ResumeAttempted
 
 
@@ -32,7 +33,14 @@ class CutChange(msgspec.Struct, frozen=True):
 class CutRecords:
     """Rows carrying cut records, pending record changes and untold decisions."""
 
-    __slots__ = ("_ended_unwritten", "_rows", "pending", "untold_owed", "untold_resume")
+    __slots__ = (
+        "_ended_unwritten",
+        "_rows",
+        "consumed_from",
+        "pending",
+        "untold_owed",
+        "untold_resume",
+    )
 
     def __init__(self) -> None:
         self._rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
@@ -42,6 +50,9 @@ class CutRecords:
         self.untold_owed: ContinuationOwed | None = None
         #: A resume's ``started``, told once the consumed cut's record commits.
         self.untold_resume: ResumeAttempted | None = None
+        #: The bookkeeping before a starting stream consumed its marker, until the consumed
+        #: record commits: a failed write puts the marker back (the cut is still owed).
+        self.consumed_from: Continuation | None = None
         #: Cuts that ended while their row was being written: ended as soon as it is durable.
         self._ended_unwritten: dict[str, tuple[CutState, ContinuationEnded]] = {}
 
@@ -74,6 +85,10 @@ class CutRecords:
     def take(self) -> CutChange | None:
         """The oldest change waiting for its write."""
         return self.pending.pop(0) if self.pending else None
+
+    def put_back(self, change: CutChange) -> None:
+        """``change``'s write failed: it is the oldest again, written (and told) at a retry."""
+        self.pending.insert(0, change)
 
     def untold(self) -> bool:
         """Whether a decision waits to be told (an ``owed``, or an end whose row never came)."""

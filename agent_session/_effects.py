@@ -36,10 +36,15 @@ class Flush(msgspec.Struct, frozen=True):
 
 
 class CommitRows(msgspec.Struct, frozen=True):
-    """Append ``rows`` in one write, then report it as ``persisted`` ``what``."""
+    """Append ``rows`` in one write, report it as ``persisted`` ``what``, then feed ``then``.
+
+    ``then`` is the machine's next input: ``None`` when the rows are durable, else the failed
+    write's message (nothing of it was written; a failed write is a result like any other).
+    """
 
     rows: tuple[HistoryRow, ...]
     what: str
+    then: Callable[[str | None], list[Effect]]
 
 
 class Feed(msgspec.Struct, frozen=True):

@@ -27,6 +27,7 @@ from persistence import (
     OpState,
     SessionRecord,
     Store,
+    TurnkeeperError,
     UsageError,
 )
 from stream_manager import (
@@ -143,9 +144,14 @@ class Engine:
                 acknowledged=False,
                 explanation="the process stopped while it was open; termination not confirmed",
             )
-            await self.store.commit(
-                closed.session, Boundary(operations=(closed,)), owner=self._owner
-            )
+            try:
+                await self.store.commit(
+                    closed.session, Boundary(operations=(closed,)), owner=self._owner
+                )
+            except (TurnkeeperError, OSError) as error:  # still open in the store: held here
+                log.warning("receipt %s not closed at startup: %s", closed.op_id, error)
+                runner.remember_indeterminate(closed)
+                continue
             self._emit(
                 ReceiptWritten(
                     session=closed.session,
@@ -211,10 +217,14 @@ class Engine:
         One scan of the store finds each session whose latest cut record is still owed; each
         is planned by :func:`~agent_session._recovery.plan_recovery` and reported as a
         ``recovered`` event (``resume`` or ``abandon``, with why), told once the records the
-        plans end are durable. A resumed session is opened
-        and its turn resumes through the normal idle sweep, concurrently. A session whose
+        plans end are durable. A resumed session is opened and its turn resumes through the
+        normal idle sweep, concurrently; each counts as busy from here until its resume has an
+        outcome, so ``wait_idle`` right after the engine started covers its recovered turns
+        (the race of a start that looked idle before its resumes began). A session whose
         record fails validation is abandoned with the store's message and nothing is written
-        (R61). Runs at start unless ``EngineConfig.recover_at_start`` is off.
+        (R61). A failed write of the records a plan ends is logged; that session's abandon is
+        not told, and the next startup plans it again. Runs at start unless
+        ``EngineConfig.recover_at_start`` is off.
         """
         scan = await self.store.scan_recoverable()
         for session_id, problem in scan.corrupt:
@@ -249,17 +259,28 @@ class Engine:
         by_session: dict[str, list[CutStateChange]] = {}
         for sid, row_id, state in voids:
             by_session.setdefault(sid, []).append(CutStateChange(row_id=row_id, state=state))
+        unwritten: set[str] = set()
         for sid, changes in by_session.items():  # one boundary per session
-            await self.store.commit(sid, Boundary(cut_states=tuple(changes)), owner=self._owner)
+            try:
+                boundary = Boundary(cut_states=tuple(changes))
+                await self.store.commit(sid, boundary, owner=self._owner)
+            except (TurnkeeperError, OSError) as error:  # the next startup plans it again
+                log.error("recovery of session %s: its records were not written: %s", sid, error)
+                unwritten.add(sid)
+                continue
             for change in changes:
                 self._emit(Persisted(session=sid, what="cut-void", id=change.row_id))
         for event in told:
-            self._emit(event)
+            if event.action == "resume" or event.session not in unwritten:
+                self._emit(event)  # an abandon is its write: untold when that failed
         if resumed:
-            self._spawn(lambda: self._start_recovered(resumed))
+            held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
+            self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
 
-    async def _start_recovered(self, sessions: list[AgentSession]) -> None:
+    async def _start_recovered(
+        self, sessions: list[AgentSession], held: list[Callable[[], None]]
+    ) -> None:
         """Sweep the recovered sessions, at most ``recovery_concurrency`` starting at once.
 
         A slot is held from the sweep until that resume has an outcome (``resume`` event:
@@ -268,7 +289,7 @@ class Engine:
         """
         slots = anyio.Semaphore(max(1, self.config.recovery_concurrency))
 
-        async def start(session: AgentSession) -> None:
+        async def start(session: AgentSession, release: Callable[[], None]) -> None:
             outcome = anyio.Event()
             self._recovering[session.id] = outcome
             try:
@@ -277,11 +298,12 @@ class Engine:
             finally:
                 self._recovering.pop(session.id, None)
                 slots.release()
+                release()
 
         async with anyio.create_task_group() as group:
-            for session in sessions:
+            for session, release in zip(sessions, held, strict=True):
                 await slots.acquire()
-                group.start_soon(start, session)
+                group.start_soon(start, session, release)
 
     async def open_session(self, session_id: str, *, model: str) -> AgentSession:
         """Create (or reopen) a session and return it.

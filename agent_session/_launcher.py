@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from agent_session._effects import Feed, Flush
 from agent_session._rows import (
     CONTINUE_TEXT,
     RowBody,
@@ -29,7 +28,15 @@ from agent_session._rows import (
 )
 from message_queue import DispatchMode
 from persistence import Boundary, HistoryRow, RowKind, TurnEnvelope, TurnkeeperError
-from stream_manager import Constructed, Persisted, Refused, Started, StreamRequest, Withdrawn
+from stream_manager import (
+    Constructed,
+    Persisted,
+    Refused,
+    Started,
+    StreamRequest,
+    Withdrawn,
+    WriteFailed,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -55,7 +62,7 @@ log = logging.getLogger("turnkeeper.session")
 class StreamLauncher:
     """Launches one session's streams and performs their durable writes (their ``StreamHost``)."""
 
-    __slots__ = ("_emit", "_machine", "_manager", "_perform", "_store")
+    __slots__ = ("_emit", "_flush", "_machine", "_manager", "_perform", "_store")
 
     def __init__(
         self,
@@ -65,12 +72,14 @@ class StreamLauncher:
         manager: StreamManager,
         emit: Callable[[EngineEvent], None],
         perform: Callable[[list[Effect]], Awaitable[None]],
+        flush: Callable[[], Awaitable[str | None]],
     ) -> None:
         self._machine = machine
         self._store = store
         self._manager = manager
         self._emit = emit
         self._perform = perform
+        self._flush = flush
 
     async def launch(self, context: StreamContext, abort: AbortSignal) -> StreamOutcome:
         """AS-22: stream from history under ``context``; return the stream's outcome."""
@@ -161,12 +170,25 @@ class StreamLauncher:
 
         The stream manager awaits this before the stream's first step.
         """
-        await self._perform([Flush(), Feed(self._machine.started_durable)])
+        failed = await self._flush()
+        if failed is not None:  # the cut is owed still: no step of this stream may run
+            raise WriteFailed(f"the start of the stream could not be written: {failed}")
+        await self._perform(self._machine.started_durable())
 
     async def _write_final(self, ended: Ended) -> None:
-        """B5: the final assistant row; a cut's row carries the durable cut record (R60)."""
+        """B5: the final assistant row; a cut's row carries the durable cut record (R60).
+
+        A failed write ends the stream in a ``store_write`` error; the cut it carried is
+        dropped untold (nothing of it is durable).
+        """
         row = self._machine.final_row(ended)
-        await self._store.commit(Boundary(rows=(row,)))
+        try:
+            await self._store.commit(Boundary(rows=(row,)))
+        except (TurnkeeperError, OSError) as error:
+            self._machine.final_failed(ended)
+            raise WriteFailed(
+                f"the final row {row.row_id} could not be written: {error}"
+            ) from error
         what = "cut" if row.cut is not None else "assistant"
         self._emit(Persisted(session=row.session, what=what, id=row.row_id))
         await self._perform(self._machine.final_written(row))

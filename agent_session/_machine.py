@@ -77,10 +77,13 @@ from stream_manager import (
     Aborted,
     AbortReason,
     Ended,
+    ErrorKind,
+    ErrorType,
     Failed,
     QueuedStopReport,
     Refused,
     StartCause,
+    StreamFailed,
     StreamOutcome,
     Withdrawn,
 )
@@ -545,8 +548,10 @@ class TurnMachine:
         return [*self._move(Phase.STREAMING), Feed(lambda: self._consume(stream, cause))]
 
     def _consume(self, stream: str, cause: StartCause) -> list[Effect]:
-        self.continuation, marker = consume(self.continuation)
+        before = self.continuation
+        self.continuation, marker = consume(before)
         if marker is not None:
+            self.records.consumed_from = before
             told = ContinuationEnded(
                 session=self.id,
                 cut=marker.cut,
@@ -566,8 +571,46 @@ class TurnMachine:
         """The stream's start is durable: tell the resume's ``started``."""
         if self._records is None:
             return []
+        self._records.consumed_from = None
         started, self._records.untold_resume = self._records.untold_resume, None
         return [Emit(started)] if started is not None else []
+
+    def change_failed(self, change: CutChange) -> list[Effect]:
+        """A cut record's change could not be written: nothing of it is told.
+
+        A consumed record (a stream starting) puts the marker back: the cut is still owed, as
+        the store says, and the stream fails before its first step (a resume's attempt is
+        told ``failed``). An end (withdrawn, forfeited, voided) stands: the marker is gone and
+        the change is written, then told, at the next flush (the idle sweep retries it).
+        """
+        records = self.records
+        before = records.consumed_from
+        if change.state is not CutState.CONSUMED or before is None:
+            records.put_back(change)
+            return []
+        records.consumed_from = None
+        self.continuation = resume_settled(before)
+        if change.told is not None:
+            records.carried_by(change.told.cut, change.row_id)
+        started, records.untold_resume = records.untold_resume, None
+        if started is None:
+            return []
+        return [Emit(msgspec.structs.replace(started, outcome="failed"))]
+
+    def final_failed(self, ended: Ended) -> None:
+        """The stream's final row could not be written: the cut it carried never existed.
+
+        Its ``owed`` was never told and no record is durable, so the marker goes silently; the
+        stream ends in a ``store_write`` error (the host is told that).
+        """
+        records = self._records
+        owed = None if records is None else records.untold_owed
+        if records is None or owed is None or owed.cut != ended.stream:
+            return
+        records.untold_owed = None
+        marker = self.continuation.marker
+        if marker is not None and marker.cut == ended.stream:
+            self.continuation, _ = drop(self.continuation)
 
     def tool_started(self, call: str) -> None:
         """A tool call of the session's stream is running."""
@@ -705,6 +748,7 @@ class TurnMachine:
                 *self._end(EndedHow.WITHDRAWN, why),
                 Flush(),
                 Feed(lambda: self._to_idle_from(Phase.COMPLETING)),
+                Feed(self.drain_if_idle),  # nothing queued waits on a failed turn
             ]
 
         return [*self._move(Phase.COMPLETING), Feed(withdraw)]
@@ -765,9 +809,33 @@ class TurnMachine:
             row = self.new_row(
                 RowKind.PARTIAL, encode_body(body), stream=aborted.stream, cut=record
             )
-            effects.append(CommitRows((row,), "cut" if owes else "partial"))
-        effects.append(Feed(lambda: self._abort_written(aborted, row, owes=owes)))
+            written = row
+
+            def then(failed: str | None) -> list[Effect]:
+                if failed is None:
+                    return self._abort_written(aborted, written, owes=owes)
+                return self._abort_unwritten(aborted, failed)
+
+            effects.append(CommitRows((row,), "cut" if owes else "partial", then))
+            return effects
+        effects.append(Feed(lambda: self._abort_written(aborted, None, owes=owes)))
         return effects
+
+    def _abort_unwritten(self, aborted: Aborted, failed: str) -> list[Effect]:
+        """The partial (and the cut record it carried) could not be written.
+
+        Nothing of it is durable, so the cut owes nothing; the host is told a ``store_write``
+        stream error, and the queue goes on as after any abort.
+        """
+        error = StreamFailed(
+            session=self.id,
+            stream=aborted.stream,
+            kind=ErrorKind.RETRYABLE,
+            remaining=aborted.metadata.steps_remaining,
+            type=ErrorType.STORE_WRITE.value,
+            message=failed,
+        )
+        return [Emit(error), Feed(lambda: self._abort_written(aborted, None, owes=False))]
 
     def _abort_written(
         self, aborted: Aborted, row: HistoryRow | None, *, owes: bool

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from agent_session._session_store import SessionStore
     from agent_session._turn import TurnInput
     from agent_session.ports import PreStreamGate
+    from stream_manager import StreamOutcome
 
 log = logging.getLogger("turnkeeper.session")
 
@@ -54,7 +55,7 @@ class SendPipeline:
         gate: PreStreamGate,
         emit: Callable[[EngineEvent], None],
         perform: Callable[[list[Effect]], Awaitable[None]],
-        launch: Callable[[StreamContext], Awaitable[None]],
+        launch: Callable[[StreamContext], Awaitable[StreamOutcome]],
     ) -> None:
         self._machine = machine
         self._store = store
@@ -120,9 +121,13 @@ class SendPipeline:
         return None
 
     async def _launch_accepted(self, context: StreamContext) -> PipelineResult:
-        """AS-10, AS-22: launch an accepted turn; a failure before its stream is reported."""
+        """AS-10, AS-22: launch an accepted turn; a failure before its stream is reported.
+
+        The outcome's path (its rows, the drain) runs after the launch, outside this guard:
+        a write failing there is the machine's input, never a failure "before the stream".
+        """
         try:
-            await self._launch(context)
+            outcome = await self._launch(context)
         except (TurnkeeperError, OSError) as error:
             log.warning("the turn failed before its stream started: %s", error)
             self._emit(
@@ -136,6 +141,7 @@ class SendPipeline:
                 )
             )
             return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
+        await self._perform(self._machine.outcome(outcome, context))
         return Accepted()
 
     async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
@@ -148,7 +154,11 @@ class SendPipeline:
         failure = SendFailure(type="pre_stream", message=str(error))
         if turn.kind is EntryKind.USER and machine.validate(turn) is None:
             row = self._user_row(turn)
-            await self._store.commit(Boundary(rows=(row,)))
+            try:
+                await self._store.commit(Boundary(rows=(row,)))
+            except TurnkeeperError as written:  # the row is lost with the send: say both
+                message = f"{error}; the message was not kept: {written}"
+                return SendRefused(SendFailure(type="store_write", message=message))
             self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
             await self._perform(machine.supersede(turn, "superseded by a refused send's row (R35)"))
             self._emit(

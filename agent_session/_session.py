@@ -240,7 +240,7 @@ class AgentSession:
                 index = 0
             elif type(effect) is Flush:
                 if self._machine.pending:
-                    self._run(self._flush)
+                    self._run(self._flush_in_task)
             elif type(effect) is CommitRows:
                 raise AssertionError("a synchronous input cannot commit rows")  # pragma: no cover
             elif hold_resume and type(effect) is StartResume and index == len(queue):
@@ -266,8 +266,15 @@ class AgentSession:
                     await self._flush()
             elif type(effect) is CommitRows:
                 rows = effect.rows
-                await self._store.commit(Boundary(rows=rows))
-                self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
+                try:
+                    await self._store.commit(Boundary(rows=rows))
+                except (TurnkeeperError, OSError) as error:  # a result like any other
+                    log.warning("session %s: %s rows not written: %s", self.id, effect.what, error)
+                    fed = effect.then(str(error))
+                else:
+                    self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
+                    fed = effect.then(None)
+                queue, index = [*fed, *queue[index:]], 0
             else:
                 self._act(effect)
 
@@ -302,15 +309,28 @@ class AgentSession:
             for entry_id, error in notify_all_canceled(list(effect.removed), effect.reason):
                 log.warning("cancellation callback of %s failed: %r", entry_id, error)
 
-    async def _flush(self) -> None:
-        """Make every queued cut-record change durable, in order; then tell each."""
+    async def _flush_in_task(self) -> None:
+        await self._flush()  # a failure is the machine's input already; nothing waits on it
+
+    async def _flush(self) -> str | None:
+        """Make every queued cut-record change durable, in order; then tell each.
+
+        A failed write is the machine's input (``change_failed``): the flush stops there and
+        returns the failure's message (``None`` when every change is durable).
+        """
         machine, boundaries = self._machine, self._store
         while (change := machine.take_change()) is not None:
             moved = CutStateChange(row_id=change.row_id, state=change.state)
-            await boundaries.commit(Boundary(cut_states=(moved,)))
+            try:
+                await boundaries.commit(Boundary(cut_states=(moved,)))
+            except (TurnkeeperError, OSError) as error:
+                log.warning("session %s: cut record %s not written: %s", self.id, moved, error)
+                await self._perform(machine.change_failed(change))
+                return str(error)
             self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
             if change.told is not None:
                 self._emit(change.told)
+        return None
 
     # ------------------------------------------------------------ collaborators
 
@@ -333,6 +353,7 @@ class AgentSession:
             manager=self._manager,
             emit=self._emit,
             perform=self._perform,
+            flush=self._flush,
         )
 
     # ------------------------------------------------------------ tasks and idleness
@@ -351,6 +372,25 @@ class AgentSession:
         if self._idle is None:
             self._idle = anyio.Event()
 
+    def hold(self) -> Callable[[], None]:
+        """Count the session busy (``wait_idle`` waits) until the returned release is called.
+
+        Startup recovery holds a recovered session from its plan until its resume has an
+        outcome. Releasing twice releases once.
+        """
+        self._tasks += 1
+        self._busy()
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._tasks -= 1
+                self._check_idle()
+
+        return release
+
     def _run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start ``work`` in the engine's task group, counted for ``wait_idle``."""
         self._tasks += 1
@@ -359,6 +399,8 @@ class AgentSession:
         async def counted() -> None:
             try:
                 await work()
+            except Exception:  # a bug here must not take the engine's other sessions down
+                log.exception("session %s: a task failed: %s", self.id, self.describe())
             finally:
                 self._tasks -= 1
                 self._check_idle()
@@ -412,17 +454,21 @@ class AgentSession:
 
         self._run(dispatch)
 
-    async def _launch_turn(self, context: StreamContext) -> None:
-        """AS-10, AS-22: an accepted turn's stream under a new abort signal, then its outcome."""
+    async def _launch_turn(self, context: StreamContext) -> StreamOutcome:
+        """AS-10, AS-22: an accepted turn's stream under a new abort signal; its outcome."""
         self._prepared_abort = abort = AbortSignal()
-        outcome = await self._launcher().launch(context, abort)
-        await self._on_outcome(outcome, context)
+        return await self._launcher().launch(context, abort)
 
     async def _on_outcome(self, outcome: StreamOutcome, context: StreamContext) -> None:
         await self._perform(self._machine.outcome(outcome, context))
 
     async def _sweep(self) -> None:
-        """AS-2: the scheduled sweep, in a task; a resume it starts runs on in this task."""
+        """AS-2: the scheduled sweep, in a task; a resume it starts runs on in this task.
+
+        Record changes whose write failed are written again first (told once durable).
+        """
+        if self._machine.pending:
+            await self._flush()
         start = self._do(self._machine.sweep_due(), hold_resume=True)
         if start is not None:
             await self._armed(start)()
@@ -734,8 +780,11 @@ class AgentSession:
         async def discard() -> None:
             await self._flush()
             boundaries = self._store
-            rows = await boundaries.rows()
-            await boundaries.commit(Boundary(delete=tuple(row.row_id for row in rows)))
+            try:
+                rows = await boundaries.rows()
+                await boundaries.commit(Boundary(delete=tuple(row.row_id for row in rows)))
+            except (TurnkeeperError, OSError) as error:  # the history stays as it was
+                log.warning("session %s: history not discarded: %s", self.id, error)
 
         self._run(discard)
 

@@ -82,6 +82,7 @@ from stream_manager.errors import (
     ScriptExhausted,
     TerminationUnconfirmed,
     UnknownModel,
+    WriteFailed,
 )
 from stream_manager.ports import (
     Capability,
@@ -179,6 +180,7 @@ __all__ = [
     "UnknownModel",
     "VirtualClock",
     "Withdrawn",
+    "WriteFailed",
     "decide_stop",
     "initial_budget",
     "is_success",

@@ -51,7 +51,7 @@ from stream_manager._request import (
     hears_milestones,
 )
 from stream_manager._stream import ActiveStream, StreamState
-from stream_manager.errors import UnknownModel
+from stream_manager.errors import ErrorType, UnknownModel, WriteFailed
 from stream_manager.ports import Clock, Model, Tool, ToolKind
 
 if TYPE_CHECKING:
@@ -230,8 +230,11 @@ class StreamManager:
                 )
             )
         if hears:
-            with anyio.CancelScope(shield=True):
-                await host.reached(Started(info))
+            try:
+                with anyio.CancelScope(shield=True):
+                    await host.reached(Started(info))
+            except WriteFailed as error:  # its start is not durable: no step may run
+                return self._processor.fail(stream, ErrorType.STORE_WRITE, str(error))
         return await self._processor.run(stream, request)
 
     def _withdrawal(self, stream: ActiveStream, abort: AbortSignal | None) -> Withdrawn | None:

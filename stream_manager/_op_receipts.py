@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from persistence import Boundary, OperationRecord, OpState, Store
+from persistence import Boundary, OperationRecord, OpState, Store, TurnkeeperError
 from stream_manager._events import OperationStarted, Persisted, ReceiptWritten, StreamEvent
 from stream_manager._op_parts import OverlapGuard
 from stream_manager._op_states import OutcomeCode, advance, requested, target_digest
 from stream_manager._parts import ToolCallPart, ToolResultPart
+from stream_manager.errors import WriteFailed
 from stream_manager.ports import Capability, Clock, ToolKind
 
 
@@ -36,15 +37,26 @@ class ReceiptWriter:
     # ------------------------------------------------------------ writes and events
 
     async def _write(self, record: OperationRecord) -> None:
-        await self.store.commit(record.session, Boundary(operations=(record,)), owner=self._owner())
+        await self._commit(record.session, (record,))
         if self._emit is not None:
             self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
 
     async def _write_all(self, records: list[OperationRecord]) -> None:
         """Write a step's receipts in one durable write (their events come from the caller)."""
         if records:  # one step's calls: one session's boundary
-            boundary = Boundary(operations=tuple(records))
-            await self.store.commit(records[0].session, boundary, owner=self._owner())
+            await self._commit(records[0].session, tuple(records))
+
+    async def _commit(self, session: str, records: tuple[OperationRecord, ...]) -> None:
+        """One durable write; a failed one is :class:`WriteFailed` (the stream cannot go on).
+
+        Nothing of it is told: the stored receipts stay as they were (an open one becomes
+        ``indeterminate`` at the next startup, OP-7).
+        """
+        try:
+            await self.store.commit(session, Boundary(operations=records), owner=self._owner())
+        except (TurnkeeperError, OSError) as error:
+            what = ", ".join(f"{r.op_id} ({r.state.value})" for r in records)
+            raise WriteFailed(f"receipt {what} could not be written: {error}") from error
 
     #: What the runner and the provider calls write through.
     write = _write

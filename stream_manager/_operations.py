@@ -39,6 +39,7 @@ provider-executed calls their receipts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -73,8 +74,10 @@ from stream_manager._op_states import (
     target_digest,
 )
 from stream_manager._parts import ToolCallPart, ToolResultPart
-from stream_manager.errors import TerminationUnconfirmed
+from stream_manager.errors import TerminationUnconfirmed, WriteFailed
 from stream_manager.ports import Capability, Clock, Tool, ToolContext, ToolKind
+
+log = logging.getLogger("turnkeeper.operations")
 
 
 class OperationRunner:
@@ -184,12 +187,35 @@ class OperationRunner:
                 continue
             try:
                 results.append(await self._run(item, spawn))
+            except WriteFailed:
+                waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
+                with anyio.CancelScope(shield=True):
+                    await self._write_failed(item, waiting)
+                raise
             except BaseException:
                 waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
                 with anyio.CancelScope(shield=True):
                     await self._stopped(item, waiting, stop_why(), spawn)
                 raise
         return results
+
+    async def _write_failed(self, op: Op, waiting: list[Op]) -> None:
+        """A receipt of ``op`` could not be written: the stream fails (``WriteFailed``).
+
+        The operation keeps the receipt last written (an open one is ``indeterminate`` at the
+        next startup, OP-7); a call still running is cancelled, and the calls waiting behind
+        it never run: their cancellation is written if the store takes it.
+        """
+        op.stop_timers()
+        if not op.done:
+            op.scope.cancel()
+            self._retire_worker_of(op)  # OP-6: whatever it does, it holds only its own task
+        for other in waiting:
+            try:
+                await self._request_cancel_before_dispatch(other, CancelWhy.STREAM_STOPPED)
+                await self._cancel_before_dispatch(other)
+            except WriteFailed as error:
+                log.warning("operation %s: %s", other.record.op_id, error)
 
     async def _stopped_at_admission(
         self,
@@ -447,8 +473,15 @@ class OperationRunner:
         candidate, op = found
         if not op.cancelling:
             op.cancelling = True
-            self._spawns[candidate](lambda: self._request_cancel(op, CancelWhy.USER))
+            self._spawns[candidate](lambda: self._cancel_by_person(op))
         return True
+
+    async def _cancel_by_person(self, op: Op) -> None:
+        try:
+            await self._request_cancel(op, CancelWhy.USER)
+        except WriteFailed as error:  # not durable: the call is stopped all the same
+            log.warning("operation %s: %s", op.record.op_id, error)
+            op.scope.cancel()
 
     async def _request_cancel(self, op: Op, why: CancelWhy) -> None:
         """OP-3: the request is durable before anything waits; then the scope is cancelled."""
@@ -533,5 +566,11 @@ class OperationRunner:
         if op.unconfirmed or self._closing:
             return  # no acknowledgement: the receipt already says what is known
         with anyio.CancelScope(shield=True):
-            self._guard.release(op.record)
-            await self._write_cancel_outcome(op, deadline=deadline)
+            held = op.record
+            self._guard.release(held)
+            try:
+                await self._write_cancel_outcome(op, deadline=deadline)
+            except WriteFailed as error:  # it stays indeterminate, as the store says
+                log.warning("operation %s: %s", held.op_id, error)
+                op.record = held
+                self._guard.hold(held)

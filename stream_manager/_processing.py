@@ -17,6 +17,7 @@ each stream once it is processing.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,8 +66,10 @@ from stream_manager._request import (
 from stream_manager._stop import RequiredTools, StopWhy, decide_stop
 from stream_manager._stream import ActiveStream, StreamState
 from stream_manager._validate import malformed
-from stream_manager.errors import ErrorType, ModelError, is_retryable
+from stream_manager.errors import ErrorType, ModelError, WriteFailed, is_retryable
 from stream_manager.ports import Model, ModelRequest
+
+log = logging.getLogger("turnkeeper.stream")
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -151,11 +154,26 @@ class StreamProcessor:
         try:
             with stream.scope:
                 outcome = await self._loop(stream, request, list(request.messages), required)
+        except WriteFailed as error:
+            outcome = self._write_failed(stream, error)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._ops.provider_calls.cut(stream.id)  # OP-7
+                try:
+                    await self._ops.provider_calls.cut(stream.id)  # OP-7
+                except WriteFailed as error:  # they stay open: indeterminate at next startup
+                    log.warning("stream %s: %s", stream.id, error)
             self._ops.stream_closed(stream.id)
         return outcome
+
+    def _write_failed(self, stream: ActiveStream, error: WriteFailed) -> Failed | _Stopped:
+        """A durable write the stream needed failed: a ``store_write`` stream error.
+
+        A stop that was already landing wins (its abort path reports the stream's end).
+        """
+        if stream.hard_reason is not None or stream.state is StreamState.STOPPING:
+            log.warning("stream %s: stopped while a write failed: %s", stream.id, error)
+            return _STOPPED
+        return self.fail(stream, ErrorType.STORE_WRITE, str(error))
 
     def _stream_spawn(self, stream: ActiveStream) -> Spawn | None:
         """The stream's group's spawn; ``None`` when the engine's group is bound instead."""
@@ -198,10 +216,10 @@ class StreamProcessor:
                     previous_response_retries += 1
                     loop_ceiling = stream.budget.remaining  # SM-18: never a fresh ceiling
                     continue
-                return self._fail(stream, error.type, error.message)
+                return self.fail(stream, error.type, error.message)
             if step.finish is None:
                 if step.parts:
-                    return self._fail(
+                    return self.fail(
                         stream,
                         ErrorType.STREAM_TRUNCATED,
                         f"model {stream.model!r} step {model_request.step} ended without a finish",
@@ -210,7 +228,7 @@ class StreamProcessor:
                     empty_retries += 1
                     loop_ceiling = stream.budget.remaining  # SM-17 runs under the remainder
                     continue
-                return self._fail(
+                return self.fail(
                     stream,
                     ErrorType.EMPTY_OUTPUT,
                     f"model {stream.model!r} returned no output at step {model_request.step}",
@@ -256,6 +274,8 @@ class StreamProcessor:
                     if stream.soft_reason is not None:
                         step.soft_stopped = True
                         return step
+        except WriteFailed:
+            raise  # a provider call's receipt: the stream cannot go on (``_process_in``)
         except ModelError as error:
             step.error = error
         except Exception as error:  # a model that raises something else is still a typed error
@@ -350,10 +370,10 @@ class StreamProcessor:
         )
         stream.progress = decision.progress
         if isinstance(decision, NoHop):
-            return self._fail(stream, ErrorType.MODEL_REFUSAL, decision.note)
+            return self.fail(stream, ErrorType.MODEL_REFUSAL, decision.note)
         if decision.to not in self._models:
             note = f"fallback model {decision.to!r} could not be started"
-            return self._fail(stream, ErrorType.MODEL_REFUSAL, note)
+            return self.fail(stream, ErrorType.MODEL_REFUSAL, note)
         if self._events.observers:
             self._events.emit(
                 FellBack(
@@ -460,7 +480,7 @@ class StreamProcessor:
             )
         return ended
 
-    def _fail(self, stream: ActiveStream, error_type: ErrorType, message: str) -> Failed:
+    def fail(self, stream: ActiveStream, error_type: ErrorType, message: str) -> Failed:
         """SM-19, SM-20: a stream error that reports what the attempt left."""
         stream.step_open = False
         if error_type is ErrorType.CONTEXT_EXCEEDED:

@@ -42,6 +42,7 @@ TRANSITIONS: Final[frozenset[tuple[StreamState, StreamState]]] = frozenset(
         (_S.STREAMING, _S.STOPPING),
         (_S.STREAMING, _S.COMPLETED),
         (_S.STREAMING, _S.ERROR),
+        (_S.COMPLETED, _S.ERROR),  # its final write failed: the stream ends in error instead
         (_S.STOPPING, _S.ABORTED),
     }
 )

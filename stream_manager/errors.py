@@ -32,6 +32,8 @@ class ErrorType(StrEnum):
     PROVIDER_ERROR = "provider_error"
     #: A provider failure not worth retrying (a scripted ``error = "terminal"``).
     PROVIDER_REJECTED = "provider_rejected"
+    #: A durable write the stream depends on failed (a receipt, its start, its final row).
+    STORE_WRITE = "store_write"
 
 
 #: SM-19: stream error types an auto-retry must not retry.
@@ -76,6 +78,15 @@ class ScriptExhausted(ModelError):
         )
         self.model = model
         self.step_index = step_index
+
+
+class WriteFailed(TurnkeeperError):
+    """A durable write the stream depends on failed; the stream cannot go on.
+
+    Raised by the receipt writer when a receipt's commit fails, and by a host when the write a
+    milestone stands for fails (its stream start, its final row). The step loop ends the stream
+    with a ``store_write`` stream error; nothing the failed write carried is told.
+    """
 
 
 class TerminationUnconfirmed(TurnkeeperError):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from agent_session import ContinuationOwed, EngineConfig, Recovered
+from agent_session import ContinuationOwed, Engine, EngineConfig, Phase, Recovered
 from message_queue import Correlation
 from persistence import (
     CutRecord,
@@ -28,7 +28,7 @@ from persistence import (
     Store,
     TurnEnvelope,
 )
-from stream_manager import FellBack, Persisted, ScriptStep, StreamStarted
+from stream_manager import FellBack, Persisted, ScriptedModel, ScriptStep, StreamStarted
 from tests import store_kit
 from tests.agent_session.support import T_, HookTool, X, session_rig
 from tests.operations.support import LedgerStore
@@ -448,3 +448,20 @@ async def test_ps6_recovered_resumes_start_at_most_recovery_concurrency_at_once(
         assert gate.most == 3
         assert len(r.of(StreamStarted)) == 10
         assert await store_kit.owed(r.store) == []
+
+
+async def test_ps6_wait_idle_right_after_the_engine_started_covers_the_recovered_turn(
+    store: Store,
+) -> None:
+    """Issue 12 item 7: the engine's start must not look idle before its resumes began.
+
+    The recovered session is held busy from its plan until its resume has an outcome, so an
+    ``engine.wait_idle()`` awaited at once returns only after the resumed turn answered.
+    """
+    await seed(store, record=cut(remaining=2, model="M2"))
+    answering = ScriptedModel("M2", [X("answered after the restart")])
+    async with Engine(store=store, models={"M": ScriptedModel("M", []), "M2": answering}) as e:
+        await e.wait_idle()
+        assert answering.steps_played == 1
+        assert e.session("s1").owes() is False
+        assert e.session("s1").phase is Phase.IDLE

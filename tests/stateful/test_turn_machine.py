@@ -138,6 +138,7 @@ class Shell:
                 assert not sync, "a synchronous input committed rows"
                 for row in effect.rows:
                     self.commit_row(row)
+                self.perform(effect.then(None), sync=sync)
             elif isinstance(effect, Emit):
                 self.tell(effect.event)
             elif isinstance(effect, ScheduleSweep):

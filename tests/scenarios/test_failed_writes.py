@@ -1,0 +1,124 @@
+"""A failed store write never wedges a session (issue 12: "failed writes are inputs").
+
+For every library scenario, the sweep runs it once unfaulted, then once per trace event with
+``fail_next store_write`` armed at that event (the next commit after it fails, whatever it
+carries: a user row, a sentinel, an envelope, a receipt, a partial or final row, a cut
+record's change, a recovery write). Every faulted run must:
+
+* end, within a real-time hang guard, without an exception escaping the runner;
+* leave no session busy (the runner's "did not reach quiescence" is the wedge);
+* strand no queued entry: each one queued is dequeued, cancelled or cleared by the end;
+* tell nothing that is not durable: a continuation told ended is not owed in the store.
+
+A run may still end with a scenario-level error (its script expected the unfaulted path and
+ran out of steps, or an action found no entry to withdraw) or with failed expectations: the
+faulted run legitimately takes another path. ``make test`` runs a fixed sample of placements;
+``TURNKEEPER_FUZZ=full`` runs every placement of every library scenario.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agent_session.harness.loader import load_scenario
+from agent_session.harness.runner import RunResult, run_scenario
+from agent_session.harness.scenario import Scenario
+from persistence import CutState, MemoryStore
+
+LIBRARY = sorted((Path(__file__).parents[2] / "docs" / "scenarios").glob("*.toml"))
+FULL = os.environ.get("TURNKEEPER_FUZZ") == "full"
+#: In ``make test``: every n-th placement of each scenario (all of them when FULL).
+SAMPLE_EVERY = 1 if FULL else 7
+HANG_GUARD_S = 30
+#: Errors a faulted run may end with: its own script or actions assumed the unfaulted path.
+PATH_ERRORS = ("ran out of scripted steps", "no queued entry")
+
+
+async def _run(scenario: Scenario, store: MemoryStore) -> RunResult:
+    with anyio.fail_after(HANG_GUARD_S):  # a hang guard, never a synchronisation
+        return await run_scenario(scenario, store)
+
+
+def _faulted(scenario: Scenario, event: str, nth: int) -> Scenario:
+    action_type = type(scenario.actions[0])
+    fault = action_type.model_validate(
+        {"at": {"event": event, "nth": nth}, "do": {"op": "fail_next", "what": "store_write"}}
+    )
+    return scenario.model_copy(update={"actions": [*scenario.actions, fault]})
+
+
+def _placements(trace: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    seen: Counter[str] = Counter()
+    placements = []
+    for line in trace:
+        event = line["event"]
+        seen[event] += 1
+        if event != "crash":
+            placements.append((event, seen[event]))
+    return placements
+
+
+def _stranded_entries(trace: list[dict[str, Any]]) -> list[str]:
+    """Entries queued (not batched into another) never dequeued, cancelled or cleared.
+
+    The queue lives in memory (it is not durable yet): a ``crash`` ends its entries with the
+    process, so only the last engine's entries are checked.
+    """
+    queued: list[str] = []
+    ended: set[str] = set()
+    for line in trace:
+        event = line["event"]
+        if event == "crash":
+            queued, ended = [], set()
+        elif event == "queued" and not line["into"]:
+            queued.append(line["entry"])
+        elif event in ("dequeued", "entry-canceled"):
+            ended.add(line["entry"])
+        elif event == "cleared":
+            ended.update(line["entries"])
+    return [entry for entry in queued if entry not in ended]
+
+
+async def _told_but_owed(store: MemoryStore, trace: list[dict[str, Any]]) -> list[str]:
+    """Cuts told ended whose durable record still says owed (told before durable)."""
+    ended = {
+        (line["session"], line["cut"]) for line in trace if line["event"] == "continuation-ended"
+    }
+    wrong = []
+    async with store:
+        for session, cut in sorted(ended):
+            loaded = await store.load(session, envelopes=False)
+            rows = () if loaded is None else loaded.rows
+            owed = [r for r in rows if r.stream == cut and r.cut and r.cut.state is CutState.OWED]
+            if owed:
+                wrong.append(f"{session} {cut}")
+    return wrong
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
+async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Path) -> None:
+    scenario = load_scenario(path)
+    baseline = await _run(scenario, MemoryStore())
+    assert baseline.exit_code == 0, baseline.failures or baseline.error
+    placements = _placements(baseline.trace)[::SAMPLE_EVERY]
+    problems: list[str] = []
+    for event, nth in placements:
+        store = MemoryStore()
+        result = await _run(_faulted(scenario, event, nth), store)
+        where = f"fail_next store_write at {event} #{nth}"
+        if result.error is not None and not any(p in result.error for p in PATH_ERRORS):
+            problems.append(f"{where}: {result.error}")
+        stranded = _stranded_entries(result.trace)
+        if stranded:
+            problems.append(f"{where}: queued entries stranded: {stranded}")
+        told = await _told_but_owed(store, result.trace)
+        if told:
+            problems.append(f"{where}: told ended but still owed in the store: {told}")
+    assert placements
+    assert problems == []
