@@ -17,11 +17,12 @@ import anyio
 import anyio.abc
 
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
-from agent_session._recovery import Abandon, plan_recovery
+from agent_session._recovery import Abandon, plan_recovery, unreadable
 from agent_session._session import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from persistence import (
     Boundary,
+    CorruptRecord,
     CutState,
     CutStateChange,
     OpState,
@@ -238,6 +239,10 @@ class Engine:
             if sid in self._sessions:
                 continue  # already open here: its own bookkeeping stands
             plan = plan_recovery(found, self._known_models)
+            if not isinstance(plan, Abandon):
+                damaged = await self._unreadable_history(sid)
+                if damaged is not None:  # the record stays owed, for a person to repair
+                    plan = Abandon(f"the history a resume needs is unreadable: {damaged}", ())
             if isinstance(plan, Abandon):
                 log.warning("recovery of session %s abandoned: %s", sid, plan.why)
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
@@ -256,20 +261,7 @@ class Engine:
             told.append(Recovered(session=sid, action="resume", why=why))
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
-        by_session: dict[str, list[CutStateChange]] = {}
-        for sid, row_id, state in voids:
-            by_session.setdefault(sid, []).append(CutStateChange(row_id=row_id, state=state))
-        unwritten: set[str] = set()
-        for sid, changes in by_session.items():  # one boundary per session
-            try:
-                boundary = Boundary(cut_states=tuple(changes))
-                await self.store.commit(sid, boundary, owner=self._owner)
-            except (TurnkeeperError, OSError) as error:  # the next startup plans it again
-                log.error("recovery of session %s: its records were not written: %s", sid, error)
-                unwritten.add(sid)
-                continue
-            for change in changes:
-                self._emit(Persisted(session=sid, what="cut-void", id=change.row_id))
+        unwritten = await self._commit_plans(voids)
         for event in told:
             if event.action == "resume" or event.session not in unwritten:
                 self._emit(event)  # an abandon is its write: untold when that failed
@@ -277,6 +269,35 @@ class Engine:
             held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
             self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
+
+    async def _commit_plans(self, voids: list[tuple[str, str, CutState]]) -> set[str]:
+        """Write the record changes the plans decided, one boundary per session.
+
+        Returns the sessions whose write failed (logged; the next startup plans them again).
+        """
+        by_session: dict[str, list[CutStateChange]] = {}
+        for sid, row_id, state in voids:
+            by_session.setdefault(sid, []).append(CutStateChange(row_id=row_id, state=state))
+        unwritten: set[str] = set()
+        for sid, changes in by_session.items():
+            try:
+                boundary = Boundary(cut_states=tuple(changes))
+                await self.store.commit(sid, boundary, owner=self._owner)
+            except (TurnkeeperError, OSError) as error:
+                log.error("recovery of session %s: its records were not written: %s", sid, error)
+                unwritten.add(sid)
+                continue
+            for change in changes:
+                self._emit(Persisted(session=sid, what="cut-void", id=change.row_id))
+        return unwritten
+
+    async def _unreadable_history(self, session: str) -> str | None:
+        """Why ``session``'s history cannot be streamed from, or ``None`` (R61)."""
+        try:
+            loaded = await self.store.load(session, envelopes=False)
+        except CorruptRecord as error:
+            return str(error)
+        return None if loaded is None else unreadable(loaded.rows)
 
     async def _start_recovered(
         self, sessions: list[AgentSession], held: list[Callable[[], None]]

@@ -23,10 +23,15 @@ session, decides here:
 Older rows of the same session still marked owed are voided (only the latest cut can be owed).
 A record that fails validation never reaches this module: the store reports it as corrupt and
 the engine abandons that session's recovery with the store's message (R61), writing nothing.
+Before a resume is adopted, the history it will stream from is read and every body decoded
+(:func:`unreadable`): a damaged row abandons that session's recovery with the row named and
+nothing written, so the record stays owed for a person to repair, instead of a resume that
+fails on every attempt and forfeits the turn. Other sessions are recovered regardless.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent_session._continuation import Marker
@@ -130,6 +135,16 @@ def plan_recovery(found: RecoverableCut, models: frozenset[str]) -> RecoveryPlan
             stale,
         )
     return Resume(marker=marker_from(cut, row.stream), row_id=row.row_id, stale=stale)
+
+
+def unreadable(rows: Sequence[HistoryRow]) -> str | None:
+    """Why a resume could not stream from ``rows`` (the first damaged body), or ``None``."""
+    for row in rows:
+        try:
+            decode_body(row)
+        except CorruptRecord as error:
+            return str(error)
+    return None
 
 
 def continues(follower: HistoryRow, cut: CutRecord) -> bool:

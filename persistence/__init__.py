@@ -14,6 +14,7 @@ layer; the packages above convert their domain objects to and from its records).
 
 from persistence._errors import (
     CorruptRecord,
+    DamagedStore,
     MigrationRequired,
     NotATurnkeeperStore,
     StaleOwner,
@@ -40,6 +41,7 @@ from persistence.records import (
     RecoverableCut,
     RecoveryScan,
     RowKind,
+    SessionList,
     SessionLoad,
     SessionRecord,
     ToolKind,
@@ -56,6 +58,7 @@ __all__ = [
     "CutRecord",
     "CutState",
     "CutStateChange",
+    "DamagedStore",
     "HistoryRow",
     "MemoryStore",
     "MigrationRequired",
@@ -66,6 +69,7 @@ __all__ = [
     "RecoverableCut",
     "RecoveryScan",
     "RowKind",
+    "SessionList",
     "SessionLoad",
     "SessionRecord",
     "SqliteStore",

@@ -17,6 +17,7 @@ from persistence._errors import CorruptRecord
 from persistence.records import (
     Capability,
     CutRecord,
+    CutState,
     HistoryRow,
     OperationRecord,
     RecoverableCut,
@@ -69,13 +70,26 @@ def _mismatch(table: str, key: str, path: str, expected: str, value: object) -> 
     return CorruptRecord(table, key, f"${path}: Expected {expected}, got {type(value).__name__}")
 
 
-def decode_row(values: Sequence[Any]) -> HistoryRow:
-    """Build a history row from its columns, validating each one.
+#: The cut states a row may hold in its ``cut_state`` column (``None``: no cut record).
+CUT_STATES = frozenset(state.value for state in CutState)
+#: Column values of a cut row that owes nothing: a load may skip such a row's damaged record.
+_SETTLED = frozenset(CUT_STATES - {CutState.OWED.value}) | {None}
+
+
+def _blob(table: str, key: str, path: str, value: object) -> CorruptRecord | None:
+    """A CorruptRecord when a stored record is not a blob or text (msgspec reads only those)."""
+    if type(value) in (bytes, str):
+        return None
+    return _mismatch(table, key, path, "bytes", value)
+
+
+def _columns(values: Sequence[Any]) -> tuple[str, RowKind]:
+    """Check a history row's own columns; its key and kind.
 
     Raises:
-        CorruptRecord: A column or the cut record fails validation.
+        CorruptRecord: A column fails validation.
     """
-    session, seq, row_id, kind, stream, cut_state, cut_blob, body = values
+    session, seq, row_id, kind, stream, cut_state, _cut, body = values
     key = _checks.row_key(str(session), str(row_id))
     for path, value, expected in (
         (".session", session, str),
@@ -87,12 +101,26 @@ def decode_row(values: Sequence[Any]) -> HistoryRow:
             raise _mismatch("history_rows", key, path, expected.__name__, value)
     if stream is not None and type(stream) is not str:
         raise _mismatch("history_rows", key, ".stream", "str | None", stream)
+    if cut_state is not None and cut_state not in CUT_STATES:
+        raise CorruptRecord(
+            "history_rows", key, f"$.cut_state: Invalid enum value {cut_state!r} (not a CutState)"
+        )
     try:
-        row_kind = RowKind(kind)
-    except ValueError:
+        return key, RowKind(kind)
+    except (ValueError, TypeError):
         raise CorruptRecord("history_rows", key, f"$.kind: Invalid enum value {kind!r}") from None
+
+
+def _cut(key: str, cut_state: object, cut_blob: object) -> CutRecord | None:
+    """The row's cut record, agreeing with its ``cut_state`` column.
+
+    Raises:
+        CorruptRecord: The record fails validation or disagrees with the column.
+    """
     cut: CutRecord | None = None
     if cut_blob is not None:
+        if not isinstance(cut_blob, bytes | str):
+            raise _mismatch("history_rows", key, ".cut", "bytes", cut_blob)
         try:
             cut = _CUT.decode(cut_blob)
         except msgspec.DecodeError as exc:
@@ -104,9 +132,51 @@ def decode_row(values: Sequence[Any]) -> HistoryRow:
             f"$.cut.state: the record says {None if cut is None else cut.state.value!r}, "
             f"the cut_state column says {cut_state!r}",
         )
+    return cut
+
+
+def decode_row(values: Sequence[Any]) -> HistoryRow:
+    """Build a history row from its columns, validating each one.
+
+    Raises:
+        CorruptRecord: A column or the cut record fails validation.
+    """
+    session, seq, row_id, _kind, stream, cut_state, cut_blob, body = values
+    key, row_kind = _columns(values)
     return HistoryRow(
+        session=session,
+        seq=seq,
+        row_id=row_id,
+        kind=row_kind,
+        body=body,
+        stream=stream,
+        cut=_cut(key, cut_state, cut_blob),
+    )
+
+
+def decode_history_row(values: Sequence[Any]) -> tuple[HistoryRow, CorruptRecord | None]:
+    """A row for a session's history: a damaged cut record the row does not need is skipped.
+
+    When the ``cut_state`` column says the record owes nothing (or there is none) and only the
+    record fails validation, the row comes back without it, with the problem; the history (its
+    bodies) is whole, and the stored record stays as it is.
+
+    Raises:
+        CorruptRecord: A column fails validation, or the damaged record may be owed.
+    """
+    session, seq, row_id, _kind, stream, cut_state, cut_blob, body = values
+    key, row_kind = _columns(values)
+    problem: CorruptRecord | None = None
+    try:
+        cut = _cut(key, cut_state, cut_blob)
+    except CorruptRecord as error:
+        if cut_state not in _SETTLED:
+            raise
+        cut, problem = None, error
+    row = HistoryRow(
         session=session, seq=seq, row_id=row_id, kind=row_kind, body=body, stream=stream, cut=cut
     )
+    return row, problem
 
 
 def decode_session(values: Sequence[Any]) -> SessionRecord:
@@ -116,6 +186,9 @@ def decode_session(values: Sequence[Any]) -> SessionRecord:
         CorruptRecord: The record fails validation or names another id.
     """
     session_id, blob = values
+    wrong = _blob("sessions", str(session_id), "", blob)
+    if wrong is not None:
+        raise wrong
     try:
         record = _SESSION.decode(blob)
     except msgspec.DecodeError as exc:
@@ -133,6 +206,9 @@ def decode_envelope(values: Sequence[Any]) -> TurnEnvelope:
     """
     session, stream, blob = values
     key = f"{session}/{stream}"
+    wrong = _blob("turn_envelopes", key, "", blob)
+    if wrong is not None:
+        raise wrong
     try:
         envelope = _ENVELOPE.decode(blob)
     except msgspec.DecodeError as exc:
@@ -151,6 +227,9 @@ def decode_operation(values: Sequence[Any]) -> OperationRecord:
         CorruptRecord: The record fails validation or disagrees with its columns.
     """
     op_id, state, blob = values
+    wrong = _blob("operations", str(op_id), "", blob)
+    if wrong is not None:
+        raise wrong
     try:
         stored = msgspec.structs.asdict(_OPERATION.decode(blob))
     except msgspec.DecodeError as exc:
@@ -195,6 +274,11 @@ def recovery_scan(
             records[str(values[0])] = decode_session(values)
         except CorruptRecord as error:
             corrupt.setdefault(str(values[0]), str(error))
+    for name in decoded["owed"]:
+        if name not in records and name not in corrupt:
+            corrupt[name] = str(
+                CorruptRecord("sessions", name, "$: no session row for its owed cut")
+            )
     stream_ids: dict[str, list[str]] = {}
     for name, stream in streams:
         stream_ids.setdefault(str(name), []).append(str(stream))
@@ -218,13 +302,26 @@ def decode_load(
 ) -> SessionLoad | None:
     """Build a session's load from its raw rows; ``None`` when there is no session row.
 
+    A damaged cut record of a row that owes nothing is reported in ``corrupt`` and the row
+    comes back without it (:func:`decode_history_row`).
+
     Raises:
-        CorruptRecord: The session, a row or an envelope fails validation.
+        CorruptRecord: The session, a row's columns, a cut record that may be owed or an
+            envelope fails validation.
     """
     if not session:
         return None
+    record = decode_session(session[0])
+    history: list[HistoryRow] = []
+    corrupt: list[tuple[str, str]] = []
+    for values in rows:
+        row, problem = decode_history_row(values)
+        history.append(row)
+        if problem is not None:
+            corrupt.append((row.row_id, str(problem)))
     return SessionLoad(
-        record=decode_session(session[0]),
-        rows=tuple(decode_row(values) for values in rows),
+        record=record,
+        rows=tuple(history),
         envelopes=tuple(decode_envelope(values) for values in envelopes),
+        corrupt=tuple(corrupt),
     )

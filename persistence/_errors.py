@@ -88,6 +88,7 @@ class CorruptRecord(TurnkeeperError):
         table: The table (or collection) the value was read from.
         key: The value's key within that table, e.g. ``s1/r7``.
         detail: What failed, led by the field path, e.g. ``$.remaining: Expected int, got str``.
+        field: The field path alone (``$.remaining``; ``$`` for the whole value).
     """
 
     def __init__(self, table: str, key: str, detail: str) -> None:
@@ -95,6 +96,27 @@ class CorruptRecord(TurnkeeperError):
         self.table = table
         self.key = key
         self.detail = detail
+        head = detail.split(": ", 1)[0]
+        self.field = head if head.startswith("$") else "$"
+
+
+class DamagedStore(StoreError):
+    """The file is a turnkeeper store SQLite cannot read whole; nothing was written to it.
+
+    A damaged page, a missing table, an unreadable ``schema_version``, text that is not UTF-8.
+    Raised at open (a read-write open refuses such a file before it changes anything) and by a
+    read that meets a damaged page (SQLite's ``SQLITE_CORRUPT``). ``turnkeeper inspect`` and
+    ``receipts`` report it with exit 4 (``docs/cli.md``).
+
+    Attributes:
+        path: The path that was opened.
+        reason: What is damaged.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} is a damaged turnkeeper store: {reason}")
+        self.path = path
+        self.reason = reason
 
 
 class NotATurnkeeperStore(TurnkeeperError):
@@ -102,7 +124,8 @@ class NotATurnkeeperStore(TurnkeeperError):
 
     Attributes:
         path: The path that was opened.
-        reason: Why it is not a store (not SQLite, no ``schema_version`` table, missing).
+        reason: Why it is not a store (not SQLite, no ``schema_version`` table, missing, a
+            directory, a folder that does not exist).
     """
 
     def __init__(self, path: str, reason: str) -> None:

@@ -16,6 +16,7 @@ one raises :class:`~persistence.CorruptRecord` and is left where it is.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
@@ -24,10 +25,19 @@ import anyio
 
 from persistence import _checks, _lock, _writes
 from persistence._checkpoint import Checkpointer
-from persistence._connection import Translate, connect, file_facts, one, transaction
+from persistence._connection import (
+    Translate,
+    check_path,
+    connect,
+    file_facts,
+    one,
+    probe_uri,
+    transaction,
+)
 from persistence._decode import decode_load, decode_operation, decode_session, recovery_scan
 from persistence._errors import (
     CorruptRecord,
+    DamagedStore,
     MigrationRequired,
     NotATurnkeeperStore,
     StoreError,
@@ -43,8 +53,8 @@ from persistence.records import (
     OpState,
     ReceiptQuery,
     RecoveryScan,
+    SessionList,
     SessionLoad,
-    SessionRecord,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +80,7 @@ SELECT_OPERATIONS_IN_SESSION = (
     "SELECT op_id, state, record FROM operations WHERE session = ? ORDER BY rowid"
 )
 SELECT_VERSION = "SELECT version FROM schema_version"
+SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 INSERT_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 UPDATE_VERSION = "UPDATE schema_version SET version = ?"
 
@@ -96,6 +107,17 @@ def migrations() -> tuple[Migration, ...]:
 def schema_version() -> int:
     """The newest schema version this code knows."""
     return migrations()[-1].version
+
+
+def tables_at(version: int) -> frozenset[str]:
+    """The tables a store of ``version`` holds: those its migrations create."""
+    return frozenset(
+        match.group(1)
+        for migration in migrations()[:version]
+        for statement in migration.statements
+        for match in [re.search(r"CREATE TABLE (\w+)", statement)]
+        if match is not None
+    )
 
 
 async def _take_lock(database: str) -> HeldLock:
@@ -192,6 +214,9 @@ class SqliteStore:
                 with self._errors:
                     self._db = await self._open_readonly()
                 return
+            # What the path is, before the lock file is made beside it: a refusal leaves the
+            # folder as it was.
+            await anyio.to_thread.run_sync(lambda: check_path(self._path, readonly=False))
             held = await _take_lock(self._path)
             try:
                 with self._errors:
@@ -305,18 +330,25 @@ class SqliteStore:
         return db
 
     async def _open_readonly(self) -> aiosqlite.Connection:
-        size, uri = await anyio.to_thread.run_sync(file_facts, self._path)
-        if size is None:
-            raise NotATurnkeeperStore(self._path, "no such file (read-only opens create nothing)")
-        if size == 0:
-            raise NotATurnkeeperStore(self._path, "the file is empty")
-        db = await connect(uri, uri=True)
+        """Check what the file is, then open it ``mode=ro`` for reading.
+
+        The checks read the file ``immutable`` when no ``-wal`` is beside it
+        (``_connection.probe_uri``), so a refused file gets no sidecar files either.
+        """
+        await anyio.to_thread.run_sync(lambda: check_path(self._path, readonly=True))
+        _, uri = await anyio.to_thread.run_sync(file_facts, self._path)
+        probe = probe_uri(self._path)
+        db = await connect(probe, uri=True)
         try:
             await db.execute("PRAGMA busy_timeout = 5000")
-            await db.execute("PRAGMA query_only = ON")
             version = await self._probe(db)
             if version < schema_version():
                 raise MigrationRequired(self._path, version, schema_version())
+            if probe != uri:  # checked through an immutable view: read through a real one
+                await db.close()
+                db = await connect(uri, uri=True)
+            await db.execute("PRAGMA busy_timeout = 5000")
+            await db.execute("PRAGMA query_only = ON")
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await db.close()
@@ -329,6 +361,8 @@ class SqliteStore:
         Raises:
             NotATurnkeeperStore: Not SQLite, or no ``schema_version`` table.
             UnsupportedSchemaVersion: Newer than this code.
+            DamagedStore: ``schema_version`` is not one version from 1 up, or a table that
+                version has is missing.
         """
         try:
             (tables,) = await one(db, SELECT_VERSION_TABLE)
@@ -340,9 +374,27 @@ class SqliteStore:
             raise NotATurnkeeperStore(
                 self._path, "a SQLite database without turnkeeper's schema_version table"
             )
-        version = await self._read_version(db)
+        try:
+            version = await self._read_version(db)
+        except CorruptRecord as error:
+            raise DamagedStore(self._path, str(error)) from None
         if version > schema_version():
             raise UnsupportedSchemaVersion(self._path, version, schema_version())
+        if version < 1:
+            raise DamagedStore(self._path, f"schema_version says version {version}")
+        present = {str(name) for (name,) in await db.execute_fetchall(SELECT_TABLES)}
+        missing = sorted(tables_at(version) - present)
+        if missing:
+            raise DamagedStore(
+                self._path, f"schema version {version} has no table {', '.join(missing)}"
+            )
+        ahead = sorted((tables_at(schema_version()) - tables_at(version)) & present)
+        if ahead:  # a migration would fail on them: refuse before it writes anything
+            raise DamagedStore(
+                self._path,
+                f"schema_version says {version}, but table {', '.join(ahead)} of a later "
+                "version exists",
+            )
         return version
 
     async def _read_version(self, db: aiosqlite.Connection) -> int:
@@ -443,14 +495,28 @@ class SqliteStore:
         """
         return decode_load(*await self._read(_writes.load(session, envelopes=envelopes)))
 
-    async def sessions(self) -> list[SessionRecord]:
-        """Every session, ordered by id.
+    async def sessions(self) -> SessionList:
+        """Every session whose record validates, ordered by id; the others in ``corrupt``."""
+        records = SessionList()
+        corrupt: list[tuple[str, str]] = []
+        for row in await self._read(_writes.select(SELECT_SESSIONS, ())):
+            try:
+                records.append(decode_session(row))
+            except CorruptRecord as error:
+                corrupt.append((str(row[0]), str(error)))
+        records.corrupt = tuple(corrupt)
+        return records
 
-        Raises:
-            CorruptRecord: A stored session fails validation.
+    async def quick_check(self) -> list[str]:
+        """SQLite's ``PRAGMA quick_check``: what it found wrong (empty when it says ``ok``).
+
+        Reads every page of the file (no index cross-check, which ``integrity_check`` adds);
+        ``turnkeeper inspect`` runs it. A store too damaged to check raises
+        :class:`~persistence.DamagedStore`.
         """
-        rows = await self._read(_writes.select(SELECT_SESSIONS, ()))
-        return [decode_session(row) for row in rows]
+        rows = await self._read(_writes.select("PRAGMA quick_check", ()))
+        found = [str(row[0]) for row in rows]
+        return [] if found == ["ok"] else found
 
     async def scan_recoverable(self) -> RecoveryScan:
         """Every session with an owed cut record, read in one call (PS-6's startup scan).

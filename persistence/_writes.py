@@ -13,6 +13,7 @@ return raw rows and leave decoding them to the verbs in ``_sqlite``, on the even
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -23,7 +24,7 @@ import msgspec
 from persistence import _checks
 from persistence._decode import decode_session
 from persistence._errors import CorruptRecord, UsageError
-from persistence.records import Boundary, HistoryRow, OperationRecord, SessionRecord
+from persistence.records import Boundary, CutState, HistoryRow, OperationRecord, SessionRecord
 
 T = TypeVar("T")
 
@@ -330,20 +331,40 @@ def _load(session: str, envelopes: bool, db: sqlite3.Connection) -> Load:
 #: and envelope stream ids of those sessions (decoded by the store, on the loop).
 Scan = tuple[list[Any], list[Any], list[Any], list[Any]]
 
-_OWED_SESSIONS = "SELECT DISTINCT session FROM history_rows WHERE cut_state = 'owed'"
+
+def _live_cut_rows() -> str:
+    """A CTE ``live(session, seq)``: rows whose ``cut_state`` is ``owed`` or no state at all.
+
+    One range of the partial index on ``cut_state`` per gap around the settled states (SQLite
+    orders numbers before text and blobs after it), so a damaged column is found without
+    reading the settled cut rows: it is reported, never an owed cut made invisible.
+    """
+    settled = sorted(state.value for state in CutState if state is not CutState.OWED)
+    bounds: list[str | None] = [None, *settled, None]
+    selects = []
+    for low, high in itertools.pairwise(bounds):
+        terms = [f"cut_state > '{low}'" if low else "", f"cut_state < '{high}'" if high else ""]
+        where = " AND ".join(term for term in terms if term)
+        selects.append(f"SELECT session, seq FROM history_rows WHERE {where}")
+    return "WITH live(session, seq) AS (" + " UNION ALL ".join(selects) + ") "
+
+
+_LIVE = _live_cut_rows()
+_COLUMNS = "h.session, h.seq, h.row_id, h.kind, h.stream, h.cut_state, h.cut, h.body"
+_LIVE_SESSIONS = "SELECT DISTINCT session FROM live"
 SCAN_OWED = (
-    "SELECT session, seq, row_id, kind, stream, cut_state, cut, body "
-    "FROM history_rows WHERE cut_state = 'owed' ORDER BY session, seq"
+    f"{_LIVE}SELECT {_COLUMNS} FROM live JOIN history_rows h "
+    "ON h.session = live.session AND h.seq = live.seq ORDER BY h.session, h.seq"
 )
 SCAN_TRAILING = (
-    "SELECT h.session, h.seq, h.row_id, h.kind, h.stream, h.cut_state, h.cut, h.body "
-    "FROM history_rows h JOIN "
-    "(SELECT session, MAX(seq) AS seq FROM history_rows WHERE cut_state = 'owed' "
-    "GROUP BY session) o ON h.session = o.session AND h.seq > o.seq ORDER BY h.session, h.seq"
+    f"{_LIVE}SELECT {_COLUMNS} FROM history_rows h JOIN "
+    "(SELECT session, MAX(seq) AS seq FROM live GROUP BY session) o "
+    "ON h.session = o.session AND h.seq > o.seq ORDER BY h.session, h.seq"
 )
-SCAN_SESSIONS = f"SELECT id, record FROM sessions WHERE id IN ({_OWED_SESSIONS})"
+SCAN_SESSIONS = f"{_LIVE}SELECT id, record FROM sessions WHERE id IN ({_LIVE_SESSIONS})"
 SCAN_STREAMS = (
-    f"SELECT session, stream FROM turn_envelopes WHERE session IN ({_OWED_SESSIONS}) ORDER BY rowid"
+    f"{_LIVE}SELECT session, stream FROM turn_envelopes WHERE session IN ({_LIVE_SESSIONS}) "
+    "ORDER BY rowid"
 )
 
 

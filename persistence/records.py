@@ -11,6 +11,7 @@ holding thousands of sessions otherwise spends much of its time re-scanning them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated
 
@@ -348,8 +349,29 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         record: The session's record.
         rows: Its history rows, by seq.
         envelopes: Its turn envelopes, in the order they were first written.
+        corrupt: ``(row id, what was wrong)`` for each row whose cut record failed validation
+            while its ``cut_state`` column says it owes nothing: such a row is in ``rows``
+            without its record (``cut`` is ``None``), and the stored record stays as it is.
     """
 
     record: SessionRecord
     rows: tuple[HistoryRow, ...] = ()
     envelopes: tuple[TurnEnvelope, ...] = ()
+    corrupt: tuple[tuple[str, str], ...] = ()
+
+
+class SessionList(list[SessionRecord]):
+    """What ``sessions()`` returns: the valid session records, by id, and the corrupt rows.
+
+    A list (every valid record, in order) with one more attribute, ``corrupt``: ``(session id,
+    what was wrong)`` for each stored session record that failed validation, skipped, never
+    dropped or rewritten. A store that holds only typed values (``MemoryStore``) has none.
+    """
+
+    corrupt: tuple[tuple[str, str], ...]
+
+    def __init__(
+        self, records: Iterable[SessionRecord] = (), corrupt: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        super().__init__(records)
+        self.corrupt = tuple(corrupt)

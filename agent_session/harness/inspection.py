@@ -15,16 +15,21 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from agent_session._recovery import unreadable
 from agent_session.harness.console import PipeConsole
 from agent_session.harness.redaction import redact
 from persistence import (
-    MigrationRequired,
-    NotATurnkeeperStore,
+    CorruptRecord,
+    DamagedStore,
     OperationRecord,
     OpState,
+    ReceiptQuery,
+    RecoveryScan,
+    SessionList,
+    SessionRecord,
     SqliteStore,
     StoreError,
-    UnsupportedSchemaVersion,
+    TurnkeeperError,
 )
 
 _encoder = msgspec.json.Encoder()
@@ -36,13 +41,35 @@ def _receipt_row(record: OperationRecord) -> dict[str, Any]:
     return {key: redact(value) if isinstance(value, str) else value for key, value in data.items()}
 
 
-async def _open(db: str) -> SqliteStore | str:
+#: Exit codes of ``inspect`` and ``receipts`` (docs/cli.md).
+EXIT_OK, EXIT_REFUSED, EXIT_DAMAGED = 0, 2, 4
+
+
+async def _open(db: str) -> SqliteStore | tuple[int, str]:
+    """The store, opened read-only; or the exit code and the one line that says why not."""
     store = SqliteStore(db, readonly=True)
     try:
         await store.open()
-    except (NotATurnkeeperStore, UnsupportedSchemaVersion, MigrationRequired, StoreError) as error:
-        return str(error)
+    except DamagedStore as error:
+        return EXIT_DAMAGED, str(error)
+    except TurnkeeperError as error:  # not a store, another version, unreadable
+        return EXIT_REFUSED, str(error)
     return store
+
+
+class _Findings:
+    """What a command found damaged, each ``(where, detail)``; printed on standard error."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.items: list[tuple[str, str]] = []
+
+    def add(self, where: str, detail: str) -> None:
+        self.items.append((where, redact(detail)))
+        print(f"turnkeeper {self.command}: {where}: {redact(detail)}", file=sys.stderr)
+
+    def json(self) -> list[dict[str, str]]:
+        return [{"at": where, "detail": detail} for where, detail in self.items]
 
 
 async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
@@ -54,26 +81,30 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
         except ValueError:
             allowed = ", ".join(s.value for s in OpState)
             print(f"turnkeeper receipts: unknown state {state!r} ({allowed})", file=sys.stderr)
-            return 2
+            return EXIT_REFUSED
     opened = await _open(db)
-    if isinstance(opened, str):
-        print(f"turnkeeper receipts: {opened}", file=sys.stderr)
-        return 2
+    if isinstance(opened, tuple):
+        print(f"turnkeeper receipts: {opened[1]}", file=sys.stderr)
+        return opened[0]
+    found = _Findings("receipts")
     try:
         query = await opened.receipts(states=states)
+    except StoreError as error:  # a damaged page under the receipts
+        print(f"turnkeeper receipts: {error}", file=sys.stderr)
+        return EXIT_DAMAGED
     finally:
         await opened.close()
     for op_id, detail in query.corrupt:
-        print(f"turnkeeper receipts: skipped corrupt receipt {op_id}: {detail}", file=sys.stderr)
+        found.add(f"skipped corrupt receipt {op_id}", detail)
     if as_json:
         payload = {
             "receipts": [_receipt_row(r) for r in query.records],
-            "corrupt": [{"op": op_id, "detail": detail} for op_id, detail in query.corrupt],
+            "corrupt": [{"op": op_id, "detail": redact(d)} for op_id, d in query.corrupt],
         }
         print(_encoder.encode(payload).decode())
-        return 0
-    _print_receipts(list(query.records))
-    return 0
+    else:
+        _print_receipts(list(query.records))
+    return EXIT_DAMAGED if found.items else EXIT_OK
 
 
 def _console() -> Console:
@@ -107,50 +138,34 @@ def _print_receipts(records: list[OperationRecord]) -> None:
 
 
 async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
-    """``turnkeeper inspect``: sessions, owed continuations, receipts."""
+    """``turnkeeper inspect``: integrity, sessions, owed continuations, receipts.
+
+    Every read goes on past a damaged value or table: what failed is reported (on standard
+    error, and under ``corrupt`` in ``--json``) and the rest is shown; exit 4 when anything
+    was damaged (SQLite's ``quick_check`` included), 0 when nothing was.
+    """
     opened = await _open(db)
-    if isinstance(opened, str):
-        print(f"turnkeeper inspect: {opened}", file=sys.stderr)
-        return 2
+    if isinstance(opened, tuple):
+        print(f"turnkeeper inspect: {opened[1]}", file=sys.stderr)
+        return opened[0]
+    found = _Findings("inspect")
     try:
-        sessions = [s for s in await opened.sessions() if session is None or s.id == session]
-        scan = await opened.scan_recoverable()
-        query = await opened.receipts(session)
+        report = await _read_report(opened, session, found)
     finally:
         await opened.close()
-    owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
-    for sid, detail in scan.corrupt:
-        if session in (None, sid):
-            print(
-                f"turnkeeper inspect: skipped corrupt cut of session {sid}: {detail}",
-                file=sys.stderr,
-            )
-    owed_rows: list[dict[str, Any]] = [
-        {
-            "session": row.session,
-            "row": row.row_id,
-            "cut": row.stream,
-            "remaining": row.cut.remaining if row.cut else None,
-            "model": row.cut.model if row.cut else None,
-        }
-        for row in owed
-    ]
-    report: dict[str, Any] = {
-        "sessions": [{"id": s.id, "model": s.model} for s in sessions],
-        "owed": owed_rows,
-        "follow_ups": [],  # compaction follow-ups arrive with the compaction work
-        "handles": [],  # delegated handles arrive with the delegation work
-        "receipts": [_receipt_row(r) for r in query.records],
-        "corrupt_receipts": [{"op": op_id, "detail": d} for op_id, d in query.corrupt],
-    }
+    records: list[OperationRecord] = report.pop("records")
+    report["corrupt"] = found.json()
     if as_json:
         print(_encoder.encode(report).decode())
-        return 0
+        return EXIT_DAMAGED if found.items else EXIT_OK
     console = _console()
     console.print(f"store: {db}")
-    console.print(f"sessions: {', '.join(s.id for s in sessions) or 'none'}")
-    if owed_rows:
-        for item in owed_rows:
+    problems = report["integrity"]["problems"]
+    verdict = "ok" if not problems else f"{len(problems)} problems, the store is damaged"
+    console.print(f"integrity (SQLite quick_check): {verdict}")
+    console.print(f"sessions: {', '.join(s['id'] for s in report['sessions']) or 'none'}")
+    if report["owed"]:
+        for item in report["owed"]:
             console.print(
                 f"owed continuation: {item['session']} cut {item['cut']} "
                 f"({item['remaining']} steps left on {item['model']})"
@@ -158,5 +173,82 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     else:
         console.print("owed continuations: none")
     console.print("pending follow-ups: none; delegated handles: none")
-    _print_receipts(list(query.records))
-    return 0
+    _print_receipts(records)
+    if found.items:
+        console.print(f"damaged: {len(found.items)} problems reported (exit 4)")
+    return EXIT_DAMAGED if found.items else EXIT_OK
+
+
+async def _read_report(store: SqliteStore, session: str | None, found: _Findings) -> dict[str, Any]:
+    """Every read of ``inspect``, each going on past what it could not read."""
+    try:
+        problems = await store.quick_check()
+    except StoreError as error:
+        problems = [str(error)]
+    for problem in problems:
+        found.add("quick_check", problem)
+    sessions = await _sessions(store, session, found)
+    try:
+        scan = await store.scan_recoverable()
+    except StoreError as error:
+        found.add("owed continuations", str(error))
+        scan = RecoveryScan()
+    for sid, detail in scan.corrupt:
+        if session in (None, sid):
+            found.add(f"skipped corrupt cut of session {sid}", detail)
+    try:
+        query = await store.receipts(session)
+    except StoreError as error:
+        found.add("receipts", str(error))
+        query = ReceiptQuery(records=())
+    for op_id, detail in query.corrupt:
+        found.add(f"skipped corrupt receipt {op_id}", detail)
+    owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
+    return {
+        "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
+        "sessions": [{"id": s.id, "model": s.model} for s in sessions],
+        "owed": [
+            {
+                "session": row.session,
+                "row": row.row_id,
+                "cut": row.stream,
+                "remaining": row.cut.remaining if row.cut else None,
+                "model": row.cut.model if row.cut else None,
+            }
+            for row in owed
+        ],
+        "follow_ups": [],  # compaction follow-ups arrive with the compaction work
+        "handles": [],  # delegated handles arrive with the delegation work
+        "receipts": [_receipt_row(r) for r in query.records],
+        "corrupt_receipts": [{"op": op_id, "detail": redact(d)} for op_id, d in query.corrupt],
+        "records": list(query.records),
+    }
+
+
+async def _sessions(
+    store: SqliteStore, session: str | None, found: _Findings
+) -> list[SessionRecord]:
+    """The sessions (every one, or ``session``), each read whole to find its damaged rows."""
+    try:
+        listed = await store.sessions()
+    except StoreError as error:
+        found.add("sessions", str(error))
+        listed = SessionList()
+    for sid, detail in listed.corrupt:
+        if session in (None, sid):
+            found.add(f"skipped corrupt session {sid}", detail)
+    sessions = [s for s in listed if session in (None, s.id)]
+    for record in sessions:
+        try:
+            loaded = await store.load(record.id)
+        except (CorruptRecord, StoreError) as error:
+            found.add(f"session {record.id} cannot be loaded", str(error))
+            continue
+        if loaded is None:
+            continue
+        for row_id, detail in loaded.corrupt:
+            found.add(f"skipped corrupt cut record of {row_id}", detail)
+        damaged = unreadable(loaded.rows)
+        if damaged is not None:
+            found.add(f"session {record.id} has an unreadable row", damaged)
+    return sessions

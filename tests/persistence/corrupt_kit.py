@@ -1,0 +1,307 @@
+"""Damaged stores for the corrupt-store suite: real stores made by library scenarios, a table
+of damages applied to copies of them, and the checks every read path must pass on each.
+
+Two base stores, each made once per test session by running a scenario of ``docs/scenarios``:
+
+* ``owed``: ``crash-mid-turn.toml`` whose process dies as the cut row commits; no later write
+  reaches the file, so the store ends with the session's cut still owed (a recovery's input);
+* ``plain``: ``withdrawn-wake.toml`` run to its end (sessions, rows, consumed cut, envelopes,
+  receipts).
+
+A damage is a function of the copied store's path that returns the path the commands get (a
+folder or a missing path for the damages of the path itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from agent_session.harness.loader import load_scenario
+from agent_session.harness.runner import run_scenario
+from persistence import SqliteStore
+from stream_manager import Persisted
+from tests.operations.support import LedgerStore
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
+PAGE = 4096
+
+Damage = Callable[[Path], Path]
+
+
+async def make_owed(path: Path) -> None:
+    """``crash-mid-turn``, its process dying as the cut row commits: the cut stays owed."""
+    scenario = load_scenario(SCENARIOS / "crash-mid-turn.toml")
+    ledger = LedgerStore(SqliteStore(path))
+
+    def die_at_the_cut(event: object) -> None:
+        if isinstance(event, Persisted) and event.what == "cut":
+            ledger.crash()  # no later write reaches the file
+
+    await run_scenario(scenario, ledger, observers=(die_at_the_cut,))
+
+
+async def make_plain(path: Path) -> None:
+    """``withdrawn-wake`` run to its end."""
+    result = await run_scenario(load_scenario(SCENARIOS / "withdrawn-wake.toml"), SqliteStore(path))
+    assert result.exit_code == 0, result
+
+
+def build_bases(folder: Path) -> dict[str, Path]:
+    """Both base stores in ``folder`` (no WAL left beside them: they were closed cleanly)."""
+    bases = {"owed": folder / "owed.db", "plain": folder / "plain.db"}
+    anyio.run(make_owed, bases["owed"])
+    anyio.run(make_plain, bases["plain"])
+    for path in bases.values():
+        assert not Path(f"{path}-wal").exists()
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA quick_check").fetchone() == ("ok",)
+        db.close()
+    return bases
+
+
+def digest(path: Path) -> str | None:
+    """The file's SHA-256, ``None`` for anything that is not a file."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def beside(path: Path) -> set[str]:
+    """The names in the path's folder (sidecars appearing are a write)."""
+    return set(os.listdir(path.parent)) if path.parent.is_dir() else set()
+
+
+# ---------------------------------------------------------------- damages
+
+
+def sql(*statements: str, checks: bool = True) -> Damage:
+    """Damage by SQL run on the file (check constraints off when ``checks`` is false)."""
+
+    def damage(path: Path) -> Path:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            if not checks:
+                db.execute("PRAGMA ignore_check_constraints = ON")
+            for statement in statements:
+                db.execute(statement)
+        finally:
+            db.close()
+        assert not Path(f"{path}-wal").exists()
+        return path
+
+    return damage
+
+
+def zero_page(number: int | None) -> Damage:
+    """Overwrite one page with zeros (``None``: the last page)."""
+
+    def damage(path: Path) -> Path:
+        data = bytearray(path.read_bytes())
+        pages = len(data) // PAGE
+        index = pages - 1 if number is None else min(number, pages) - 1
+        data[index * PAGE : (index + 1) * PAGE] = bytes(PAGE)
+        path.write_bytes(bytes(data))
+        return path
+
+    return damage
+
+
+def scribble(seed: int, count: int = 8) -> Damage:
+    """Overwrite ``count`` random bytes past the header (seeded)."""
+
+    def damage(path: Path) -> Path:
+        data = bytearray(path.read_bytes())
+        rng = random.Random(seed)
+        for _ in range(count):
+            data[rng.randrange(100, len(data))] = rng.randrange(256)
+        path.write_bytes(bytes(data))
+        return path
+
+    return damage
+
+
+def truncate(keep: float | int) -> Damage:
+    """Cut the file short: a fraction of it, or a number of bytes."""
+
+    def damage(path: Path) -> Path:
+        data = path.read_bytes()
+        size = int(len(data) * keep) if isinstance(keep, float) else keep
+        path.write_bytes(data[:size])
+        return path
+
+    return damage
+
+
+def replace_with(content: bytes) -> Damage:
+    def damage(path: Path) -> Path:
+        path.write_bytes(content)
+        return path
+
+    return damage
+
+
+def a_folder(path: Path) -> Path:
+    path.unlink()
+    path.mkdir()
+    return path
+
+
+def missing_folder(path: Path) -> Path:
+    return path.parent / "no-such-folder" / path.name
+
+
+def missing_file(path: Path) -> Path:
+    path.unlink()
+    return path
+
+
+OWED = "WHERE cut_state = 'owed'"
+CUT_ROW = "WHERE cut IS NOT NULL"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One damage, and what ``inspect`` (every session) must exit with on it.
+
+    ``inspect`` exits 0 for a sound store, 2 when it refuses the path, 4 when it read a
+    damaged store and reported the damage (docs/cli.md). ``names`` must appear in what it
+    printed (the table, key and field of a damaged value, or what is wrong with the path).
+    """
+
+    damage: Damage
+    inspect_exit: int
+    names: tuple[str, ...] = ()
+
+
+#: Every damage of the bounded suite (``make test``), by name.
+CASES: dict[str, Case] = {
+    "cut-json": Case(
+        sql(f"UPDATE history_rows SET cut = x'7b22' {OWED}"), 4, ("history_rows[dev/dev:r2]",)
+    ),
+    "cut-remaining-text": Case(
+        sql(f"UPDATE history_rows SET cut = json_set(cut, '$.remaining', 'three') {OWED}"),
+        4,
+        ("history_rows[dev/dev:r2]", "$.cut.remaining"),
+    ),
+    "cut-remaining-negative": Case(
+        sql(f"UPDATE history_rows SET cut = json_set(cut, '$.remaining', -2) {OWED}"),
+        4,
+        ("$.cut.remaining",),
+    ),
+    "cut-blob-integer": Case(
+        sql(f"UPDATE history_rows SET cut = 42 {OWED}"), 4, ("history_rows[dev/dev:r2]", "$.cut")
+    ),
+    "cut-state-unknown": Case(
+        sql(f"UPDATE history_rows SET cut_state = 'bogus' {OWED}"),
+        4,
+        ("history_rows[dev/dev:r2]", "$.cut_state"),
+    ),
+    "cut-state-integer": Case(
+        sql(f"UPDATE history_rows SET cut_state = 7 {OWED}"), 4, ("$.cut_state",)
+    ),
+    "cut-state-disagrees": Case(
+        sql(f"UPDATE history_rows SET cut_state = 'consumed' {OWED}"), 4, ("$.cut.state",)
+    ),
+    "cut-without-state": Case(
+        sql(f"UPDATE history_rows SET cut_state = NULL {OWED}", checks=False),
+        4,
+        ("$.cut.state",),
+    ),
+    "body-not-bytes": Case(
+        sql("UPDATE history_rows SET body = 'text' WHERE seq = 1"), 4, ("$.body",)
+    ),
+    "body-not-json": Case(
+        sql("UPDATE history_rows SET body = x'7b' WHERE seq = 1"), 4, ("history_rows[dev/dev:r1]",)
+    ),
+    "kind-unknown": Case(
+        sql("UPDATE history_rows SET kind = 'robot' WHERE seq = 1"), 4, ("$.kind",)
+    ),
+    "seq-text": Case(sql("UPDATE history_rows SET seq = 'one' WHERE seq = 1"), 4, ("$.seq",)),
+    "session-json": Case(sql("UPDATE sessions SET record = x'00ff'"), 4, ("sessions[dev]",)),
+    "session-integer": Case(sql("UPDATE sessions SET record = 5"), 4, ("sessions[dev]",)),
+    "session-other-id": Case(
+        sql("UPDATE sessions SET record = json_set(record, '$.id', 'other')"),
+        4,
+        ("sessions[dev]", "$.id"),
+    ),
+    "envelope-json": Case(sql("UPDATE turn_envelopes SET record = x'7b'"), 4, ("turn_envelopes",)),
+    "receipt-json": Case(
+        sql("UPDATE operations SET record = x'7b' WHERE rowid = 1"), 4, ("operations[",)
+    ),
+    "receipt-state-column": Case(
+        sql("UPDATE operations SET state = 'weird' WHERE rowid = 1"), 4, ("operations[",)
+    ),
+    "receipt-field": Case(
+        sql("UPDATE operations SET record = json_set(record, '$.started_at', 'noon')"),
+        4,
+        ("$.started_at",),
+    ),
+    "receipt-integer": Case(sql("UPDATE operations SET record = 3"), 4, ("operations[",)),
+    "schema-version-text": Case(
+        sql("UPDATE schema_version SET version = 'x'"), 4, ("schema_version",)
+    ),
+    "schema-version-two-rows": Case(
+        sql("INSERT INTO schema_version VALUES (2)"), 4, ("schema_version",)
+    ),
+    "schema-version-no-row": Case(sql("DELETE FROM schema_version"), 4, ("schema_version",)),
+    "schema-version-zero": Case(sql("UPDATE schema_version SET version = 0"), 4, ("version 0",)),
+    "schema-version-newer": Case(
+        sql("UPDATE schema_version SET version = 99"), 2, ("schema version 99",)
+    ),
+    "schema-version-older": Case(
+        sql("UPDATE schema_version SET version = 1"), 4, ("of a later version exists",)
+    ),
+    "schema-version-older-truly": Case(
+        sql("UPDATE schema_version SET version = 1", "DROP TABLE operations"),
+        2,
+        ("needs migrating",),
+    ),
+    "schema-version-dropped": Case(
+        sql("DROP TABLE schema_version"), 2, ("without turnkeeper's schema_version",)
+    ),
+    "table-operations-dropped": Case(sql("DROP TABLE operations"), 4, ("operations",)),
+    "table-history-dropped": Case(sql("DROP TABLE history_rows"), 4, ("history_rows",)),
+    "table-sessions-dropped": Case(sql("DROP TABLE sessions"), 4, ("sessions",)),
+    "index-dropped": Case(sql("DROP INDEX history_rows_cut_state"), 0),
+    "page-2-zeroed": Case(zero_page(2), 4, ("damaged",)),
+    "last-page-zeroed": Case(zero_page(None), 4, ("damaged",)),
+    "header-zeroed": Case(zero_page(1), 2, ("not a SQLite database",)),
+    "truncated-half": Case(truncate(0.5), 4, ("damaged",)),
+    "truncated-to-header": Case(truncate(100), 4, ("damaged",)),
+    "truncated-inside-header": Case(truncate(50), 4, ("damaged",)),
+    "not-sqlite": Case(replace_with(b"just some notes\n" * 40), 2, ("not a SQLite database",)),
+    "empty-file": Case(replace_with(b""), 2, ("empty",)),
+    "a-directory": Case(a_folder, 2, ("is a directory",)),
+    "missing-folder": Case(missing_folder, 2, ("no-such-folder",)),
+    "missing-file": Case(missing_file, 2, ("no such file",)),
+}
+
+
+def fuzz_cases(pages: int) -> dict[str, Case]:
+    """The fuller variant's extra damages: every page zeroed, seeded scribbles.
+
+    Their outcome is not fixed in advance: each must end as 0, 2 or 4, cleanly.
+    """
+    extra: dict[str, Case] = {}
+    for number in range(2, pages + 1):
+        extra[f"page-{number}-zeroed"] = Case(zero_page(number), -1)
+    for seed in range(40):
+        extra[f"scribble-{seed}"] = Case(scribble(seed), -1)
+    for fraction in (0.1, 0.25, 0.75, 0.9):
+        extra[f"truncated-{fraction}"] = Case(truncate(fraction), -1)
+    return extra
+
+
+def copy_base(base: Path, folder: Path) -> Path:
+    """A fresh copy of a base store, alone in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / "store.db"
+    shutil.copyfile(base, copy)
+    return copy
