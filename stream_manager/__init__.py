@@ -92,6 +92,7 @@ from stream_manager.ports import (
     ToolContext,
     ToolKind,
 )
+from stream_manager.redaction import REDACTED, RedactingFilter, redact, redact_logs
 from stream_manager.scripted import (
     CallBehaviours,
     FunctionModel,
@@ -101,6 +102,7 @@ from stream_manager.scripted import (
 )
 
 __all__ = [
+    "REDACTED",
     "AbortMetadata",
     "AbortReason",
     "AbortSignal",
@@ -142,6 +144,7 @@ __all__ = [
     "QueuedStopReport",
     "ReasoningPart",
     "ReceiptWritten",
+    "RedactingFilter",
     "Refused",
     "RequiredTools",
     "Role",
@@ -184,5 +187,10 @@ __all__ = [
     "is_success",
     "operation_id",
     "plan_hop",
+    "redact",
+    "redact_logs",
     "start_progress",
 ]
+
+# Every record of turnkeeper's own loggers is redacted (``stream_manager.redaction.LOGGERS``).
+redact_logs()
