@@ -41,7 +41,7 @@ async def _open(db: str) -> SqliteStore | str:
     try:
         await store.open()
     except (NotATurnkeeperStore, UnsupportedSchemaVersion, MigrationRequired, StoreError) as error:
-        return str(error)
+        return redact(error)
     return store
 
 
@@ -64,11 +64,16 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
     finally:
         await opened.close()
     for op_id, detail in query.corrupt:
-        print(f"turnkeeper receipts: skipped corrupt receipt {op_id}: {detail}", file=sys.stderr)
+        print(
+            f"turnkeeper receipts: skipped corrupt receipt {redact(op_id)}: {redact(detail)}",
+            file=sys.stderr,
+        )
     if as_json:
         payload = {
             "receipts": [_receipt_row(r) for r in query.records],
-            "corrupt": [{"op": op_id, "detail": detail} for op_id, detail in query.corrupt],
+            "corrupt": [
+                {"op": redact(op_id), "detail": redact(detail)} for op_id, detail in query.corrupt
+            ],
         }
         print(_encoder.encode(payload).decode())
         return 0
@@ -103,7 +108,7 @@ def _print_receipts(records: list[OperationRecord]) -> None:
     console.print(table)
     for record in records:
         if record.explanation:
-            console.print(f"{record.op_id}: {redact(record.explanation)}")
+            console.print(f"{redact(record.op_id)}: {redact(record.explanation)}")
 
 
 async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
@@ -122,33 +127,36 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     for sid, detail in scan.corrupt:
         if session in (None, sid):
             print(
-                f"turnkeeper inspect: skipped corrupt cut of session {sid}: {detail}",
+                f"turnkeeper inspect: skipped corrupt cut of session {redact(sid)}: "
+                f"{redact(detail)}",
                 file=sys.stderr,
             )
     owed_rows: list[dict[str, Any]] = [
         {
-            "session": row.session,
-            "row": row.row_id,
-            "cut": row.stream,
+            "session": redact(row.session),
+            "row": redact(row.row_id),
+            "cut": redact(row.stream),
             "remaining": row.cut.remaining if row.cut else None,
-            "model": row.cut.model if row.cut else None,
+            "model": redact(row.cut.model) if row.cut else None,
         }
         for row in owed
     ]
     report: dict[str, Any] = {
-        "sessions": [{"id": s.id, "model": s.model} for s in sessions],
+        "sessions": [{"id": redact(s.id), "model": redact(s.model)} for s in sessions],
         "owed": owed_rows,
         "follow_ups": [],  # compaction follow-ups arrive with the compaction work
         "handles": [],  # delegated handles arrive with the delegation work
         "receipts": [_receipt_row(r) for r in query.records],
-        "corrupt_receipts": [{"op": op_id, "detail": d} for op_id, d in query.corrupt],
+        "corrupt_receipts": [
+            {"op": redact(op_id), "detail": redact(d)} for op_id, d in query.corrupt
+        ],
     }
     if as_json:
         print(_encoder.encode(report).decode())
         return 0
     console = _console()
-    console.print(f"store: {db}")
-    console.print(f"sessions: {', '.join(s.id for s in sessions) or 'none'}")
+    console.print(f"store: {redact(db)}")
+    console.print(f"sessions: {', '.join(redact(s.id) for s in sessions) or 'none'}")
     if owed_rows:
         for item in owed_rows:
             console.print(
