@@ -11,7 +11,7 @@ import msgspec
 from agent_session._continuation import EndedHow
 from agent_session._phases import Phase
 from message_queue import DispatchMode, EntryKind
-from stream_manager import Persisted, StreamEvent
+from stream_manager import Persisted, StreamEvent, redact
 
 
 class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event", gc=False):
@@ -89,7 +89,11 @@ class Recovered(_Event, frozen=True, kw_only=True, tag="recovered"):
     """Startup recovery's decision for one session (PS-6): ``resume`` or ``abandon``."""
 
     action: str
+    #: Why, redacted when the event is built (it may quote a stored record's problem).
     why: str
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "why", redact(self.why))
 
 
 SessionEvent = (

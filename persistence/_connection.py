@@ -122,6 +122,24 @@ def probe_uri(path: str) -> str:
     return uri if os.path.exists(f"{path}-wal") else uri + "&immutable=1"
 
 
+def create_private(path: str) -> None:
+    """Create the database file ``0600`` when it is missing, before SQLite opens it.
+
+    SQLite gives the ``-wal`` and ``-shm`` files the main file's permission bits, so a store
+    created here keeps all three private to its user whatever the umask. An existing file is
+    never touched (its mode is its owner's choice); a path SQLite treats specially (``:memory:``,
+    a ``file:`` URI) is left to SQLite, and so is any error: the open that follows reports it.
+    Blocking file I/O: run it on a worker thread.
+    """
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except OSError:
+        return  # it exists (kept as it is), or the open below explains what is wrong
+
+
 async def connect(database: str, *, uri: bool = False) -> aiosqlite.Connection:
     """Open an aiosqlite connection; on failure, let its worker thread finish first.
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 import aiosqlite
 import anyio
 
-from persistence import _checks, _lock, _writes
+from persistence import _checks, _connection, _lock, _writes
 from persistence._checkpoint import Checkpointer
 from persistence._connection import (
     Translate,
@@ -306,6 +306,7 @@ class SqliteStore:
         await self.close()
 
     async def _open_readwrite(self) -> aiosqlite.Connection:
+        await anyio.to_thread.run_sync(_connection.create_private, self._path)  # 0600, WAL too
         size, _ = await anyio.to_thread.run_sync(file_facts, self._path)
         fresh = not size
         db = await connect(self._path)

@@ -93,6 +93,7 @@ from stream_manager.ports import (
     ToolContext,
     ToolKind,
 )
+from stream_manager.redaction import REDACTED, RedactingFilter, redact, redact_logs
 from stream_manager.scripted import (
     CallBehaviours,
     FunctionModel,
@@ -102,6 +103,7 @@ from stream_manager.scripted import (
 )
 
 __all__ = [
+    "REDACTED",
     "AbortMetadata",
     "AbortReason",
     "AbortSignal",
@@ -143,6 +145,7 @@ __all__ = [
     "QueuedStopReport",
     "ReasoningPart",
     "ReceiptWritten",
+    "RedactingFilter",
     "Refused",
     "RequiredTools",
     "Role",
@@ -186,5 +189,10 @@ __all__ = [
     "is_success",
     "operation_id",
     "plan_hop",
+    "redact",
+    "redact_logs",
     "start_progress",
 ]
+
+# Every record of turnkeeper's own loggers is redacted (``stream_manager.redaction.LOGGERS``).
+redact_logs()

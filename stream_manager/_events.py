@@ -15,6 +15,7 @@ import msgspec
 
 from stream_manager._parts import FinishReason
 from stream_manager._stop import StopWhy
+from stream_manager.redaction import redact
 
 
 class AbortReason(StrEnum):
@@ -115,13 +116,22 @@ class StreamFailed(_Event, frozen=True, kw_only=True, tag="stream-error"):
     remaining: int
     #: The error type (SM-19), e.g. ``model_refusal`` or ``stream_truncated``.
     type: str
+    #: What happened, redacted when the event is built: a provider's error text may quote a
+    #: credential, and an observer never receives one (``docs/trace.md``, "Redaction").
     message: str
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "message", redact(self.message))
 
 
 class LaunchRefused(_Event, frozen=True, kw_only=True, tag="launch-refused"):
     """A launch was refused before any ``stream-start`` (SM-4)."""
 
+    #: Why, redacted when the event is built (a host's launch probe writes it).
     why: str
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "why", redact(self.why))
 
 
 class ToolCallStarted(_Event, frozen=True, kw_only=True, tag="tool-call-start"):

@@ -32,6 +32,7 @@ import msgspec
 
 from persistence import OperationRecord, OpState, TurnkeeperError
 from stream_manager.ports import Capability
+from stream_manager.redaction import redact
 
 
 class OutcomeCode(StrEnum):
@@ -151,7 +152,7 @@ def advance(
         if acknowledged and record.cancel_requested_at is not None:
             changes["cancel_acknowledged_at"] = now
     if explanation is not None:
-        changes["explanation"] = explanation
+        changes["explanation"] = redact(explanation)  # the receipt's only free text
     if blocked_by is not None:
         changes["blocked_by"] = blocked_by
     if record.state is OpState.INDETERMINATE:

@@ -68,6 +68,7 @@ from stream_manager._stream import ActiveStream, StreamState
 from stream_manager._validate import malformed
 from stream_manager.errors import ErrorType, ModelError, WriteFailed, is_retryable
 from stream_manager.ports import Model, ModelRequest
+from stream_manager.redaction import redact
 
 log = logging.getLogger("turnkeeper.stream")
 
@@ -482,6 +483,7 @@ class StreamProcessor:
 
     def fail(self, stream: ActiveStream, error_type: ErrorType, message: str) -> Failed:
         """SM-19, SM-20: a stream error that reports what the attempt left."""
+        message = redact(message)  # a provider's text may quote a credential
         stream.step_open = False
         if error_type is ErrorType.CONTEXT_EXCEEDED:
             kind = ErrorKind.CONTEXT_EXCEEDED

@@ -8,6 +8,7 @@ engine failed or did not reach quiescence.
 from __future__ import annotations
 
 import errno
+import os
 import sys
 import tempfile
 from importlib.resources import as_file, files
@@ -31,6 +32,7 @@ from persistence import (
     StoreLocked,
     TurnkeeperError,
 )
+from stream_manager import redact
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -73,7 +75,7 @@ async def run_command(
         try:
             result = await _run_one(scenario, db, memory)
         except StoreLocked as error:  # --db names a store a live process owns: nothing ran
-            print(f"turnkeeper run: {error}", file=sys.stderr)
+            print(f"turnkeeper run: {redact(error)}", file=sys.stderr)
             return 2
         lines = [encode_line(line) + b"\n" for line in result.trace]
         if trace == "-":
@@ -83,8 +85,15 @@ async def run_command(
         _report(path, result, as_json, report)
         worst = max(worst, result.exit_code, key=_severity)
     if trace is not None and trace != "-":
-        await anyio.Path(trace).write_bytes(b"".join(traced))
+        await anyio.to_thread.run_sync(write_private, trace, b"".join(traced))
     return worst
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Write a trace file, created ``0600`` (an existing file keeps its mode, and is replaced)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with open(fd, "wb") as out:
+        out.write(data)
 
 
 def _severity(code: int) -> int:
@@ -130,18 +139,18 @@ def _report(path: str, result: RunResult, as_json: bool, out: IO[str]) -> None:
             "name": result.name,
             "exit": result.exit_code,
             "passed": result.exit_code == 0,
-            "failures": result.failures,
-            "error": result.error,
+            "failures": [redact(failure) for failure in result.failures],
+            "error": None if result.error is None else redact(result.error),
             "events": len(result.trace),
             "virtual_ms": result.virtual_ms,
         }
         out.write(_encoder.encode(summary).decode() + "\n")
         return
     if result.error is not None:
-        out.write(f"ERROR {path}: {result.error}\n")
+        out.write(f"ERROR {path}: {redact(result.error)}\n")
     elif result.failures:
         out.write(f"FAIL  {path}: {result.name}\n")
-        out.writelines(f"      {failure}\n" for failure in result.failures)
+        out.writelines(f"      {redact(failure)}\n" for failure in result.failures)
     else:
         out.write(f"PASS  {path}: {result.name} ({len(result.trace)} events)\n")
 
@@ -152,10 +161,10 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     try:
         await SqliteStore.remove(path)  # a previous demo store, never another file or a live one
     except NotATurnkeeperStore as error:
-        print(f"turnkeeper demo: {error}; refusing to replace it", file=sys.stderr)
+        print(f"turnkeeper demo: {redact(error)}; refusing to replace it", file=sys.stderr)
         return 2
     except StoreLocked as error:
-        print(f"turnkeeper demo: {error}", file=sys.stderr)
+        print(f"turnkeeper demo: {redact(error)}", file=sys.stderr)
         return 2
     with as_file(files("agent_session.harness") / "incident.toml") as incident:
         scenario = load_scenario(incident, supported_ops=SUPPORTED_OPS)
@@ -164,12 +173,11 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     try:
         result = await _locked_or(run_scenario(scenario, SqliteStore(path), observers=(timeline,)))
     except StoreLocked as error:  # another process took it since the removal
-        print(f"turnkeeper demo: {error}", file=sys.stderr)
+        print(f"turnkeeper demo: {redact(error)}", file=sys.stderr)
         return 2
     if trace is not None:
-        await anyio.Path(trace).write_bytes(
-            b"".join(encode_line(line) + b"\n" for line in result.trace)
-        )
+        trace_bytes = b"".join(encode_line(line) + b"\n" for line in result.trace)
+        await anyio.to_thread.run_sync(write_private, trace, trace_bytes)
     ok, sentence = verdict(result)
     timeline.footer(ok, sentence)
     if timeline.closed:

@@ -51,9 +51,9 @@ async def _open(db: str) -> SqliteStore | tuple[int, str]:
     try:
         await store.open()
     except DamagedStore as error:
-        return EXIT_DAMAGED, str(error)
+        return EXIT_DAMAGED, redact(error)
     except TurnkeeperError as error:  # not a store, another version, unreadable
-        return EXIT_REFUSED, str(error)
+        return EXIT_REFUSED, redact(error)
     return store
 
 
@@ -65,8 +65,9 @@ class _Findings:
         self.items: list[tuple[str, str]] = []
 
     def add(self, where: str, detail: str) -> None:
-        self.items.append((where, redact(detail)))
-        print(f"turnkeeper {self.command}: {where}: {redact(detail)}", file=sys.stderr)
+        where, detail = redact(where), redact(detail)
+        self.items.append((where, detail))
+        print(f"turnkeeper {self.command}: {where}: {detail}", file=sys.stderr)
 
     def json(self) -> list[dict[str, str]]:
         return [{"at": where, "detail": detail} for where, detail in self.items]
@@ -90,7 +91,7 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
     try:
         query = await opened.receipts(states=states)
     except StoreError as error:  # a damaged page under the receipts
-        print(f"turnkeeper receipts: {error}", file=sys.stderr)
+        print(f"turnkeeper receipts: {redact(error)}", file=sys.stderr)
         return EXIT_DAMAGED
     finally:
         await opened.close()
@@ -99,7 +100,7 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
     if as_json:
         payload = {
             "receipts": [_receipt_row(r) for r in query.records],
-            "corrupt": [{"op": op_id, "detail": redact(d)} for op_id, d in query.corrupt],
+            "corrupt": [{"op": redact(op), "detail": redact(d)} for op, d in query.corrupt],
         }
         print(_encoder.encode(payload).decode())
     else:
@@ -134,7 +135,7 @@ def _print_receipts(records: list[OperationRecord]) -> None:
     console.print(table)
     for record in records:
         if record.explanation:
-            console.print(f"{record.op_id}: {redact(record.explanation)}")
+            console.print(f"{redact(record.op_id)}: {redact(record.explanation)}")
 
 
 async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
@@ -159,7 +160,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         print(_encoder.encode(report).decode())
         return EXIT_DAMAGED if found.items else EXIT_OK
     console = _console()
-    console.print(f"store: {db}")
+    console.print(f"store: {redact(db)}")
     problems = report["integrity"]["problems"]
     verdict = "ok" if not problems else f"{len(problems)} problems, the store is damaged"
     console.print(f"integrity (SQLite quick_check): {verdict}")
@@ -195,32 +196,32 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         scan = RecoveryScan()
     for sid, detail in scan.corrupt:
         if session in (None, sid):
-            found.add(f"skipped corrupt cut of session {sid}", detail)
+            found.add(f"skipped corrupt cut of session {redact(sid)}", detail)
     try:
         query = await store.receipts(session)
     except StoreError as error:
         found.add("receipts", str(error))
         query = ReceiptQuery(records=())
     for op_id, detail in query.corrupt:
-        found.add(f"skipped corrupt receipt {op_id}", detail)
+        found.add(f"skipped corrupt receipt {redact(op_id)}", detail)
     owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
     return {
         "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
-        "sessions": [{"id": s.id, "model": s.model} for s in sessions],
+        "sessions": [{"id": redact(s.id), "model": redact(s.model)} for s in sessions],
         "owed": [
             {
-                "session": row.session,
-                "row": row.row_id,
-                "cut": row.stream,
+                "session": redact(row.session),
+                "row": redact(row.row_id),
+                "cut": redact(row.stream),
                 "remaining": row.cut.remaining if row.cut else None,
-                "model": row.cut.model if row.cut else None,
+                "model": redact(row.cut.model) if row.cut else None,
             }
             for row in owed
         ],
         "follow_ups": [],  # compaction follow-ups arrive with the compaction work
         "handles": [],  # delegated handles arrive with the delegation work
         "receipts": [_receipt_row(r) for r in query.records],
-        "corrupt_receipts": [{"op": op_id, "detail": redact(d)} for op_id, d in query.corrupt],
+        "corrupt_receipts": [{"op": redact(op), "detail": redact(d)} for op, d in query.corrupt],
         "records": list(query.records),
     }
 

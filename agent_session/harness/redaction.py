@@ -1,21 +1,11 @@
-"""Redaction of values that look like credentials (``docs/trace.md``).
+"""Redaction for the harness: :func:`stream_manager.redact`, re-exported.
 
-Receipts hold no arguments or outputs by construction, and events carry ids, codes and short
-explanations; as a second line of defence every traced or printed string passes through
-:func:`redact`, so a key or token that reached a message (a model error, a hand-edited row
-quoted in a recovery report) never reaches a trace file or a terminal.
+The table of credential shapes lives in ``stream_manager/redaction.py`` so every package can
+use it (``docs/trace.md``, "Redaction").
 """
 
 from __future__ import annotations
 
-import re
+from stream_manager.redaction import REDACTED, redact
 
-_SECRET = re.compile(
-    r"(?i)(bearer\s+\S+|sk-[A-Za-z0-9_-]{6,}|(?:api[_-]?key|token|password|passwd|secret|"
-    r"cookie|authorization)\s*[=:]\s*\S+)"
-)
-
-
-def redact(value: object) -> str:
-    """``value`` as text, with anything that looks like a credential replaced."""
-    return _SECRET.sub("[redacted]", str(value))
+__all__ = ["REDACTED", "redact"]

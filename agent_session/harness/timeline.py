@@ -11,6 +11,7 @@ from agent_session.harness.console import PipeConsole
 from agent_session.harness.runner import RunResult
 from agent_session.harness.scenario import Scenario
 from agent_session.harness.trace import event_name
+from stream_manager import redact
 
 #: Events the timeline leaves out (they are in the trace).
 _QUIET = frozenset({"tool-call-start", "tool-call-end", "phase"})
@@ -78,13 +79,14 @@ class Timeline:
     def footer(self, ok: bool, sentence: str) -> None:
         """Print the verdict."""
         style = "bold green" if ok else "bold red"
-        self._print(Text(("verdict: " if ok else "verdict: FAILED: ") + sentence, style=style))
+        verdict_line = ("verdict: " if ok else "verdict: FAILED: ") + redact(sentence)
+        self._print(Text(verdict_line, style=style))
 
 
 def _show(value: object) -> str:
     if isinstance(value, tuple | list):
-        return "[" + ",".join(str(v) for v in value) + "]"
-    return str(value)
+        return "[" + ",".join(redact(v) for v in value) + "]"
+    return redact(value)
 
 
 def verdict(result: RunResult) -> tuple[bool, str]:

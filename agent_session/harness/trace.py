@@ -3,7 +3,7 @@
 Every line has ``seq`` (from 1), ``t`` (virtual milliseconds), ``event`` and ``session``, then
 the event's own fields under the names ``docs/trace.md`` gives them. Lines are built from the
 event Structs with msgspec, so the same run always gives the same bytes. Every string, at the
-top level or in a list, passes through :func:`~agent_session.harness.redaction.redact` first
+top level or in a list, passes through :func:`stream_manager.redact` first
 (no credentials in a trace).
 """
 
@@ -15,8 +15,7 @@ from typing import Any
 import msgspec
 
 from agent_session._events import EngineEvent
-from agent_session.harness.redaction import redact
-from stream_manager import Clock
+from stream_manager import Clock, redact
 
 TraceLine = dict[str, Any]
 

@@ -32,4 +32,4 @@ def test_credentials_inside_list_fields_never_reach_the_trace() -> None:
     recorder(QueueCleared(session="s1", entries=("u1", "token=abc123xyz"), hard_stop=False))
     raw = recorder.jsonl()
     assert b"abc123xyz" not in raw
-    assert recorder.lines[0]["entries"] == ["u1", "[redacted]"]
+    assert recorder.lines[0]["entries"] == ["u1", "token=[redacted]"]  # the key stays
