@@ -78,6 +78,25 @@ _WORDING: Final = (
 _NAMED_FIELDS: Final = ("session", "tool", "model", "handle")
 
 
+#: How much of a value an error message echoes (``shorten``).
+ECHO_LIMIT: Final = 80
+
+
+def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` as an error message echoes it: whole, or its start and its length.
+
+    Args:
+        text: The value to echo.
+        limit: How many characters are shown of a longer one.
+
+    Returns:
+        ``text`` when it is short enough, else its first ``limit`` characters and its length.
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} chars)"
+
+
 class ScenarioError(UsageError):
     """A scenario file is invalid.
 
