@@ -274,7 +274,9 @@ def _script_call(call: ToolCallSpec, tool: ToolSpec | None) -> ScriptToolCall:
 def _read(path: Path, shown: str) -> object:
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json"):
-        raise ScenarioError([f"{shown}: $: unsupported file type {suffix!r}; use .toml or .json"])
+        raise ScenarioError(
+            [f"{shown}: $: unsupported file type {shorten(suffix)!r}; use .toml or .json"]
+        )
     raw = _read_bounded(path, shown)
     try:
         text = raw.decode("utf-8")
@@ -495,25 +497,28 @@ def _check_declarations(scenario: Scenario) -> Iterator[Problem]:
     for field, key, idents in declared:
         for index, ident in enumerate(idents):
             if ident in idents[:index]:
-                yield (field, index, key), f"duplicate {field[:-1]} {key} {ident!r}"
+                yield (field, index, key), f"duplicate {field[:-1]} {key} {shorten(ident)!r}"
 
 
 def _check_models(scenario: Scenario, names: _Names) -> Iterator[Problem]:
     for index, model in enumerate(scenario.models):
         for position, fallback in enumerate(model.fallbacks):
             if fallback not in names.models:
-                yield ("models", index, "fallbacks", position), f"unknown model {fallback!r}"
+                yield (
+                    ("models", index, "fallbacks", position),
+                    f"unknown model {shorten(fallback)!r}",
+                )
     for index, session in enumerate(scenario.sessions):
         if session.model not in names.models:
-            yield ("sessions", index, "model"), f"unknown model {session.model!r}"
+            yield ("sessions", index, "model"), f"unknown model {shorten(session.model)!r}"
     for model_id, script in scenario.scripts.items():
         if model_id not in names.models:
-            yield ("scripts", model_id), f"script for undeclared model {model_id!r}"
+            yield ("scripts", model_id), f"script for undeclared model {shorten(model_id)!r}"
         for step_index, step in enumerate(script.steps):
             for call_index, call in enumerate(step.tool_calls):
                 if call.tool not in names.tools:
                     loc = ("scripts", model_id, "steps", step_index, "tool_calls", call_index)
-                    yield (*loc, "tool"), f"unknown tool {call.tool!r}"
+                    yield (*loc, "tool"), f"unknown tool {shorten(call.tool)!r}"
 
 
 def _check_fields(
@@ -538,7 +543,7 @@ def _check_trigger(loc: Loc, trigger: Trigger, names: _Names) -> Iterator[Proble
     if not isinstance(trigger, EventTrigger):
         return
     if trigger.event not in TRACE_EVENTS:
-        yield (*loc, "event"), f"unknown event {trigger.event!r}"
+        yield (*loc, "event"), f"unknown event {shorten(trigger.event)!r}"
     yield from _check_fields(loc, trigger.event, trigger.match, names)
 
 
@@ -550,12 +555,15 @@ def _check_action(
     for field in ("session", "owner", "target"):
         value = getattr(action, field, None)
         if isinstance(value, str) and value not in names.sessions:
-            yield (*loc, field), f"unknown session {value!r}"
+            yield (*loc, field), f"unknown session {shorten(value)!r}"
     if isinstance(action, WithdrawAction):
         yield from _check_withdraw(action, loc, names)
     handle = action.handle if isinstance(action, HandleAction | EnqueueAction) else None
     if handle is not None and handle not in names.handles:
-        yield (*loc, "handle"), f"unknown handle {handle!r}; no delegate action declares it"
+        yield (
+            (*loc, "handle"),
+            f"unknown handle {shorten(handle)!r}; no delegate action declares it",
+        )
 
 
 def _check_withdraw(action: WithdrawAction, loc: Loc, names: _Names) -> Iterator[Problem]:
@@ -563,13 +571,13 @@ def _check_withdraw(action: WithdrawAction, loc: Loc, names: _Names) -> Iterator
     if key not in names.entries:
         yield (
             (*loc, "entry"),
-            f"unknown entry {action.entry!r}; no send or enqueue action on session "
-            f"{action.session!r} declares it",
+            f"unknown entry {shorten(action.entry)!r}; no send or enqueue action on session "
+            f"{shorten(action.session)!r} declares it",
         )
     elif key not in names.cancelable:
         yield (
             (*loc, "entry"),
-            f"entry {action.entry!r} is a user message (send): it has no cancel signal to "
+            f"entry {shorten(action.entry)!r} is a user message (send): it has no cancel signal to "
             "fire; only enqueued entries can be withdrawn",
         )
 
@@ -584,13 +592,13 @@ def _check_expect(expect: Expect, names: _Names) -> Iterator[Problem]:
     for field, values in by_session:
         for key in values:
             if key not in names.sessions:
-                yield ("expect", field, key), f"unknown session {key!r}"
+                yield ("expect", field, key), f"unknown session {shorten(key)!r}"
     for key in expect.handles:
         if key not in names.handles:
-            yield ("expect", "handles", key), f"unknown handle {key!r}"
+            yield ("expect", "handles", key), f"unknown handle {shorten(key)!r}"
     for index, item in enumerate(expect.events):
         event = item["event"]
         if event not in TRACE_EVENTS:
-            yield ("expect", "events", index, "event"), f"unknown event {event!r}"
+            yield ("expect", "events", index, "event"), f"unknown event {shorten(str(event))!r}"
         if isinstance(event, str):
             yield from _check_fields(("expect", "events", index), event, item, names)
