@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest crash bench clean
+.PHONY: demo test lint typecheck pytest crash fuzz bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ pytest: $(STAMP)
 # Every durable boundary of every library scenario: kill there, recover, check (docs/development.md).
 crash: $(STAMP)
 	$(BIN)/python -m agent_session.harness.crashpoints docs/scenarios/*.toml
+
+# The fuzz and sweep suites at full size (docs/development.md); make test runs a bounded sample.
+fuzz: $(STAMP)
+	TURNKEEPER_FUZZ=full $(BIN)/python -m pytest -q tests/harness/test_scenario_fuzz.py \
+		tests/scenarios/test_crash_sweep.py tests/scenarios/test_failed_writes.py \
+		tests/persistence/test_corrupt_store.py tests/test_redaction.py \
+		tests/operations/test_secret_leaks.py
 
 # The peers are installed for benchmarking only (the `bench` extra); `test` and `demo` never need them.
 bench: $(STAMP)

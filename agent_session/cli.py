@@ -16,6 +16,7 @@ import anyio
 
 from agent_session.harness.commands import demo_command, run_command
 from agent_session.harness.inspection import inspect_command, receipts_command
+from persistence import TurnkeeperError, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,19 +56,62 @@ def _parser() -> argparse.ArgumentParser:
 EXIT_BROKEN_PIPE = 141
 
 
+#: Bad input or usage the commands refuse: one line, nothing ran (``docs/cli.md``).
+EXIT_USAGE = 2
+#: The engine or the store failed.
+EXIT_FAILED = 3
+#: A bug: an exception nothing expected (70, ``EX_SOFTWARE`` of ``sysexits.h``).
+EXIT_INTERNAL = 70
+#: Interrupted (Ctrl-C): 128 + SIGINT.
+EXIT_INTERRUPTED = 130
+#: How much of an error's message the one line shows.
+_MESSAGE_LIMIT = 200
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line and return its exit code.
+    """Run the command line and return its exit code; never a traceback.
 
     A reader that stops reading (``turnkeeper inspect --json | head``) ends the command
-    quietly: no traceback, exit code :data:`EXIT_BROKEN_PIPE`.
+    quietly: no traceback, exit code :data:`EXIT_BROKEN_PIPE`. Anything else that escapes a
+    command is one line on standard error: a refused input or store (``UsageError``, a store
+    error) is :data:`EXIT_USAGE` or :data:`EXIT_FAILED`; an exception nothing expected is
+    ``turnkeeper: internal error: TYPE: message`` and :data:`EXIT_INTERNAL`.
     """
     try:
         return _dispatch(_parser().parse_args(argv))
+    except SystemExit:
+        raise  # argparse's own usage errors (2), --help and --version (0)
     except BaseException as error:
         if not _only_broken_pipes(error):
-            raise
+            return _one_line(error)
     _discard_stdout()
     return EXIT_BROKEN_PIPE
+
+
+def _one_line(error: BaseException) -> int:
+    """Report what escaped a command in one line; its exit code."""
+    leaf = _first_leaf(error)
+    if isinstance(leaf, KeyboardInterrupt):
+        print("turnkeeper: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    message = " ".join(str(leaf).split())
+    if len(message) > _MESSAGE_LIMIT:
+        message = f"{message[:_MESSAGE_LIMIT]}\N{HORIZONTAL ELLIPSIS} ({len(message)} chars)"
+    if isinstance(leaf, UsageError):
+        print(f"turnkeeper: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(leaf, TurnkeeperError):
+        print(f"turnkeeper: {type(leaf).__name__}: {message}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"turnkeeper: internal error: {type(leaf).__name__}: {message}", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    """The first exception a group (of groups) holds; ``error`` itself otherwise."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -13,12 +13,12 @@ import sys
 import tempfile
 from importlib.resources import as_file, files
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Final
 
 import anyio
 import msgspec
 
-from agent_session.harness.loader import ScenarioError, load_scenario
+from agent_session.harness.loader import ScenarioError, load_scenario, shorten
 from agent_session.harness.runner import SUPPORTED_OPS, RunResult, run_scenario
 from agent_session.harness.scenario import Scenario
 from agent_session.harness.support import unsupported_features
@@ -56,6 +56,52 @@ def load_all(paths: list[str]) -> tuple[list[Scenario], list[str]]:
     return scenarios, problems
 
 
+def writable_target(path: str, option: str) -> str | None:
+    """Why ``path`` cannot be written as a file, or ``None``: checked before anything runs."""
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        return f"{option} {path}: is a directory"
+    if target.exists() and not target.is_file():
+        return f"{option} {path}: not a regular file"
+    if not folder.is_dir():
+        return f"{option} {path}: no such folder {str(folder)!r}"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{option} {path}: not writable"
+    if not target.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        return f"{option} {path}: cannot create a file in {str(folder)!r}"
+    return None
+
+
+#: The first bytes of every SQLite database file.
+_SQLITE_HEADER: Final = b"SQLite format 3\x00"
+
+
+def store_target(path: str) -> str | None:
+    """Why ``--db PATH`` cannot be a store, or ``None``: the store itself checks the rest."""
+    problem = writable_target(path, "--db")
+    if problem is not None:
+        return problem
+    target = Path(path)
+    try:
+        with target.open("rb") as file:
+            header = file.read(len(_SQLITE_HEADER))
+    except FileNotFoundError:
+        return None  # a new store
+    except OSError as error:
+        return f"--db {path}: cannot read it: {error.strerror or error}"
+    if header and header != _SQLITE_HEADER:
+        return f"--db {path}: not a turnkeeper store (not a SQLite file); left untouched"
+    return None
+
+
+def _refuse(command: str, problems: list[str | None]) -> int | None:
+    found = [line for line in problems if line is not None]
+    for line in found:
+        print(f"turnkeeper {command}: {line}", file=sys.stderr)
+    return 2 if found else None
+
+
 async def run_command(
     paths: list[str], db: str | None, memory: bool, trace: str | None, as_json: bool
 ) -> int:
@@ -68,14 +114,23 @@ async def run_command(
     if db is not None and len(scenarios) > 1:
         print("turnkeeper run: --db takes one scenario; run them one at a time", file=sys.stderr)
         return 2
+    refused = _refuse(
+        "run",
+        [
+            None if db is None else store_target(db),
+            None if trace in (None, "-") else writable_target(trace, "--trace"),
+        ],
+    )
+    if refused is not None:
+        return refused
     report = sys.stderr if trace == "-" else sys.stdout
     traced: list[bytes] = []
     worst = 0
     for path, scenario in zip(paths, scenarios, strict=True):
         try:
             result = await _run_one(scenario, db, memory)
-        except StoreLocked as error:  # --db names a store a live process owns: nothing ran
-            print(f"turnkeeper run: {redact(error)}", file=sys.stderr)
+        except TurnkeeperError as error:  # the store could not be opened: nothing ran
+            print(f"turnkeeper run: {shorten(redact(error), 300)}", file=sys.stderr)
             return 2
         lines = [encode_line(line) + b"\n" for line in result.trace]
         if trace == "-":
@@ -85,7 +140,11 @@ async def run_command(
         _report(path, result, as_json, report)
         worst = max(worst, result.exit_code, key=_severity)
     if trace is not None and trace != "-":
-        await anyio.to_thread.run_sync(write_private, trace, b"".join(traced))
+        try:
+            await anyio.to_thread.run_sync(write_private, trace, b"".join(traced))
+        except OSError as error:
+            print(f"turnkeeper run: --trace {trace}: {error.strerror or error}", file=sys.stderr)
+            return 2
     return worst
 
 
@@ -107,26 +166,23 @@ async def _run_one(scenario: Scenario, db: str | None, memory: bool) -> RunResul
             store = MemoryStore()
         else:
             store = SqliteStore(db if db is not None else Path(scratch) / "run.db")
-        try:
-            return await _locked_or(run_scenario(scenario, store))
-        except StoreLocked:
-            raise  # run_command reports it: nothing ran
-        except TurnkeeperError as error:
-            return RunResult(name=scenario.name, trace=[], error=f"{type(error).__name__}: {error}")
+        return await _locked_or(run_scenario(scenario, store))
 
 
 async def _locked_or(run: Awaitable[RunResult]) -> RunResult:
-    """The run's result; :class:`StoreLocked` itself when the store's open was refused.
+    """The run's result; the store's own error when it could not be opened.
 
-    The engine opens the store inside the run's task group, which wraps what it raises.
+    Once the run is under way every engine failure is its result (exit 3): what escapes is
+    the first engine's open (a locked store, not a store, no such folder: exit 2). The engine
+    opens the store inside the run's task group, which wraps what it raises.
     """
     try:
         return await run
     except BaseExceptionGroup as group:
-        locked, rest = group.split(StoreLocked)
-        if locked is None or rest is not None:
+        refused, rest = group.split(TurnkeeperError)
+        if refused is None or rest is not None:
             raise
-        first: BaseException = locked
+        first: BaseException = refused
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise first from None
@@ -157,6 +213,12 @@ def _report(path: str, result: RunResult, as_json: bool, out: IO[str]) -> None:
 
 async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     """``turnkeeper demo``: the built-in incident on a fresh SQLite file, with a timeline."""
+    refused = _refuse(
+        "demo",
+        [writable_target(db, "--db"), None if trace is None else writable_target(trace, "--trace")],
+    )
+    if refused is not None:
+        return refused
     path = Path(db)
     try:
         await SqliteStore.remove(path)  # a previous demo store, never another file or a live one
@@ -172,12 +234,16 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     timeline.header(scenario, path)
     try:
         result = await _locked_or(run_scenario(scenario, SqliteStore(path), observers=(timeline,)))
-    except StoreLocked as error:  # another process took it since the removal
-        print(f"turnkeeper demo: {redact(error)}", file=sys.stderr)
+    except TurnkeeperError as error:  # another process took it since the removal, ...
+        print(f"turnkeeper demo: {shorten(redact(error), 300)}", file=sys.stderr)
         return 2
     if trace is not None:
         trace_bytes = b"".join(encode_line(line) + b"\n" for line in result.trace)
-        await anyio.to_thread.run_sync(write_private, trace, trace_bytes)
+        try:
+            await anyio.to_thread.run_sync(write_private, trace, trace_bytes)
+        except OSError as error:
+            print(f"turnkeeper demo: --trace {trace}: {error.strerror or error}", file=sys.stderr)
+            return 2
     ok, sentence = verdict(result)
     timeline.footer(ok, sentence)
     if timeline.closed:

@@ -88,8 +88,12 @@ class ScenarioTool:
         return value / 1000 if isinstance(value, int) and value > 0 else None
 
     def abandon(self) -> None:
-        """The engine is gone: calls still running here end now, unacknowledged."""
+        """The engine is gone: calls still running here end now, unacknowledged.
+
+        Only the calls of that engine: the next engine's calls of this tool start afresh.
+        """
         self._abandoned.set()
+        self._abandoned = anyio.Event()
         for waiting in self._acknowledging:
             waiting.set()
 
@@ -97,23 +101,24 @@ class ScenarioTool:
         """Take the scripted time, then answer, fail or hang; react to a cancel as scripted."""
         self.calls += 1
         behaviour = {**self._defaults(), **self._behaviours.of(call.call_id)}
+        abandoned = self._abandoned  # this engine's: set when it goes away
         try:
             return await self._work(call, context, behaviour)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 if behaviour.get("on_cancel") == "ignore":
-                    await self._abandoned.wait()  # never stops, never acknowledges
+                    await abandoned.wait()  # never stops, never acknowledges
                 else:
-                    await self._acknowledge_after(behaviour.get("ack_delay_ms"))
-            if self._abandoned.is_set():
+                    await self._acknowledge_after(behaviour.get("ack_delay_ms"), abandoned)
+            if abandoned.is_set():
                 raise TerminationUnconfirmed(
                     f"{self.name}: abandoned when its engine went away; it never acknowledged"
                 ) from None
             raise
 
-    async def _acknowledge_after(self, delay: object) -> None:
+    async def _acknowledge_after(self, delay: object, abandoned: anyio.Event) -> None:
         """Wait ``delay`` virtual ms (or until abandoned) before acknowledging."""
-        if not isinstance(delay, int) or delay <= 0 or self._abandoned.is_set():
+        if not isinstance(delay, int) or delay <= 0 or abandoned.is_set():
             return
         woken = anyio.Event()
         timer = self._clock.call_at(self._clock.now() + delay / 1000, woken.set)

@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, get_args
 
+import msgspec
 from pydantic import ValidationError
 
+from agent_session._events import EngineEvent
 from agent_session.harness.scenario import (
     Action,
     DelegateAction,
@@ -42,6 +46,7 @@ from agent_session.harness.scenario import (
     Trigger,
     WithdrawAction,
 )
+from agent_session.harness.trace import Crash
 from persistence import UsageError
 from stream_manager import ScriptStep, ScriptToolCall
 
@@ -50,14 +55,47 @@ if TYPE_CHECKING:
 
     from pydantic_core import ErrorDetails
 
-#: Every trace event name of ``docs/trace.md``, plus the harness's tool-call events.
-TRACE_EVENTS: Final = frozenset(
-    """
-    phase queued withdrawn dequeued entry-canceled cleared stream-start step fallback stop
-    stream-end stream-abort stream-error launch-refused op-start op-cancel-requested receipt
-    op-blocked owed continuation-ended resume claim settled retry-scheduled retry-abandoned
-    persisted crash recovered tool-call-start tool-call-end
-    """.split()  # noqa: SIM905 - grouped like docs/trace.md, not one name a line
+#: The fields every trace line has (``docs/trace.md``), whatever its event.
+LINE_FIELDS: Final = frozenset({"seq", "t", "event", "session"})
+#: The names ``docs/trace.md`` reserves for features not built: valid, but no Struct emits
+#: them yet, so their fields are the page's.
+_UNBUILT_EVENTS: Final = {
+    "claim": ("handle", "cut", "answer"),
+    "settled": ("handle", "status"),
+    "retry-scheduled": ("stream", "attempt", "budget"),
+    "retry-abandoned": ("why",),
+}
+
+
+def _event_fields() -> dict[str, frozenset[str]]:
+    """Each trace event's name and the fields of its lines, read off the event Structs."""
+    structs: list[type[msgspec.Struct]] = [*get_args(EngineEvent), Crash]
+    fields = {
+        str(struct.__struct_config__.tag): LINE_FIELDS
+        | {field.encode_name for field in msgspec.structs.fields(struct)}
+        for struct in structs
+    }
+    for name, extra in _UNBUILT_EVENTS.items():
+        fields.setdefault(name, LINE_FIELDS | set(extra))
+    return fields
+
+
+#: Every trace event name of ``docs/trace.md`` and the fields a line of it has.
+EVENT_FIELDS: Final = _event_fields()
+#: Every trace event name of ``docs/trace.md``, the harness's ``crash`` included.
+TRACE_EVENTS: Final = frozenset(EVENT_FIELDS)
+#: The most a scenario file may hold (bytes): it is read no further.
+MAX_FILE_BYTES: Final = 1 << 20
+#: The deepest nesting of tables and arrays a scenario file may hold.
+MAX_DEPTH: Final = 64
+#: The integers a scenario file may hold (TOML's own range: 64-bit signed).
+_INT_RANGE: Final = (-(1 << 63), (1 << 63) - 1)
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+#: What the depth scan of the raw text skips (strings, comments) or counts (brackets).
+_JSON_TOKENS: Final = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+_TOML_TOKENS: Final = re.compile(
+    r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}]',
+    re.DOTALL,
 )
 
 Loc = tuple[str | int, ...]
@@ -76,6 +114,25 @@ _WORDING: Final = (
 )
 #: Trace-event fields whose values name something the file declares.
 _NAMED_FIELDS: Final = ("session", "tool", "model", "handle")
+
+
+#: How much of a value an error message echoes (``shorten``).
+ECHO_LIMIT: Final = 80
+
+
+def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` as an error message echoes it: whole, or its start and its length.
+
+    Args:
+        text: The value to echo.
+        limit: How many characters are shown of a longer one.
+
+    Returns:
+        ``text`` when it is short enough, else its first ``limit`` characters and its length.
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} chars)"
 
 
 class ScenarioError(UsageError):
@@ -217,23 +274,137 @@ def _script_call(call: ToolCallSpec, tool: ToolSpec | None) -> ScriptToolCall:
 def _read(path: Path, shown: str) -> object:
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json"):
-        raise ScenarioError([f"{shown}: $: unsupported file type {suffix!r}; use .toml or .json"])
+        raise ScenarioError(
+            [f"{shown}: $: unsupported file type {shorten(suffix)!r}; use .toml or .json"]
+        )
+    raw = _read_bounded(path, shown)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError([f"{shown}: $: cannot read the file: {exc.strerror or exc}"]) from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ScenarioError([f"{shown}: $: not UTF-8 text: {exc.reason}"]) from None
+        where = f"byte {exc.start}"
+        raise ScenarioError([f"{shown}: $: not UTF-8 text: {exc.reason} at {where}"]) from None
+    tokens = _TOML_TOKENS if suffix == ".toml" else _JSON_TOKENS
+    if _bracket_depth(text, tokens) > MAX_DEPTH:
+        raise ScenarioError([f"{shown}: $: nested deeper than {MAX_DEPTH} tables or arrays"])
     try:
-        return tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+        data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError([f"{shown}: $: invalid TOML: {exc}"]) from None
+        raise ScenarioError([f"{shown}: $: invalid TOML: {shorten(str(exc), 200)}"]) from None
     except json.JSONDecodeError as exc:
-        raise ScenarioError([f"{shown}: $: invalid JSON: {exc}"]) from None
+        raise ScenarioError([f"{shown}: $: invalid JSON: {shorten(str(exc), 200)}"]) from None
+    except (RecursionError, ValueError) as exc:  # a parser's own limits, never a traceback
+        raise ScenarioError([f"{shown}: $: cannot parse: {shorten(str(exc), 200)}"]) from None
+    found = list(_value_problems(data))
+    if found:
+        raise ScenarioError(_lines(shown, found))
+    return data
+
+
+def _read_bounded(path: Path, shown: str) -> bytes:
+    """The file's bytes: a regular file of at most ``MAX_FILE_BYTES``, read no further.
+
+    A FIFO, a device, a socket or a directory is refused from its ``stat``, before any open
+    that could block (a FIFO with no writer) or read forever (``/dev/zero``); the open itself
+    never blocks (``O_NONBLOCK``) and what it opened is checked again.
+    """
+
+    def refuse(reason: str) -> ScenarioError:
+        return ScenarioError([f"{shown}: $: {reason}"])
+
+    try:
+        kind = _file_kind(os.stat(path).st_mode)
+        if kind is not None:
+            raise refuse(f"not a regular file ({kind})")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise refuse(f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        kind = _file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise refuse(f"not a regular file ({kind})")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise refuse(f"cannot read the file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_FILE_BYTES:
+        raise refuse(f"larger than {MAX_FILE_BYTES} bytes; a scenario file is small")
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str | None:
+    """What a non-regular file is (``None`` for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _bracket_depth(text: str, tokens: re.Pattern[str]) -> int:
+    """How deeply the raw text nests ``[`` and ``{`` outside strings and comments.
+
+    Checked before parsing: the parsers recurse once per level, and a few thousand levels
+    would overflow Python's stack.
+    """
+    depth = deepest = 0
+    for match in tokens.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _value_problems(data: object) -> Iterator[Problem]:
+    """What the parsed document holds that no scenario may: walked without recursion.
+
+    Nesting deeper than ``MAX_DEPTH`` (TOML's dotted keys nest without brackets), a key or
+    string with a lone surrogate (a JSON escape of half a pair: not Unicode text), an integer
+    outside 64 bits.
+    """
+    stack: list[tuple[Loc, object]] = [((), data)]
+    while stack:
+        loc, value = stack.pop()
+        if len(loc) > MAX_DEPTH:
+            yield loc[:MAX_DEPTH], f"nested deeper than {MAX_DEPTH} tables or arrays"
+            continue
+        if isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if _SURROGATE.search(key):
+                    yield (*loc, key), "key is not valid Unicode (a lone surrogate)"
+                    continue
+                stack.append(((*loc, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*loc, index), item) for index, item in reversed(list(enumerate(value))))
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            yield loc, f"not valid Unicode: a lone surrogate in {_describe(value)}"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            low, high = _INT_RANGE
+            if not low <= value <= high:
+                yield loc, f"integer out of range ({low} to {high})"
 
 
 def _lines(shown: str, problems: Iterable[Problem]) -> list[str]:
-    return [f"{shown}: {format_path(loc)}: {reason}" for loc, reason in problems]
+    return [f"{shown}: {format_path(_short_loc(loc))}: {reason}" for loc, reason in problems]
+
+
+def _short_loc(loc: Loc) -> Loc:
+    return tuple(shorten(part) if isinstance(part, str) else part for part in loc)
 
 
 def _from_pydantic(error: ErrorDetails) -> Problem:
@@ -244,17 +415,18 @@ def _from_pydantic(error: ErrorDetails) -> Problem:
         loc = loc[:3] + loc[4:]  # the union's tag: the trigger variant, or the action's op
         if loc[2] == "at" and len(loc) > 4 and loc[3] == "match":
             loc = loc[:3] + loc[4:]  # gathered match fields sit beside `event` in the file
+    last = shorten(loc[-1]) if loc and isinstance(loc[-1], str) else loc[-1] if loc else ""
     if kind == "extra_forbidden":
-        return loc, f"unknown key {loc[-1]!r}"
+        return loc, f"unknown key {last!r}"
     if kind == "missing":
-        return loc, f"missing required key {loc[-1]!r}"
+        return loc, f"missing required key {last!r}"
     if kind == "union_tag_not_found":
         return (*loc, "op"), "missing required key 'op'"
     if kind == "union_tag_invalid":
         ctx = error.get("ctx", {})
         tag, expected = ctx.get("tag"), ctx.get("expected_tags")
-        return (*loc, "op"), f"unknown op {tag!r}; expected one of {expected}"
-    reason = error["msg"].removeprefix("Value error, ")
+        return (*loc, "op"), f"unknown op {_describe(tag)}; expected one of {expected}"
+    reason = shorten(error["msg"].removeprefix("Value error, "), 300)
     for pattern, replacement in _WORDING:
         reason = pattern.sub(replacement, reason)
     if reason.startswith("should be"):
@@ -273,7 +445,7 @@ def _describe(value: object) -> str:
         return "an array"
     if isinstance(value, str):
         return repr(value if len(value) <= 40 else value[:37] + "...")
-    return str(value)
+    return shorten(str(value))
 
 
 # --- references ------------------------------------------------------------------------------
@@ -325,40 +497,54 @@ def _check_declarations(scenario: Scenario) -> Iterator[Problem]:
     for field, key, idents in declared:
         for index, ident in enumerate(idents):
             if ident in idents[:index]:
-                yield (field, index, key), f"duplicate {field[:-1]} {key} {ident!r}"
+                yield (field, index, key), f"duplicate {field[:-1]} {key} {shorten(ident)!r}"
 
 
 def _check_models(scenario: Scenario, names: _Names) -> Iterator[Problem]:
     for index, model in enumerate(scenario.models):
         for position, fallback in enumerate(model.fallbacks):
             if fallback not in names.models:
-                yield ("models", index, "fallbacks", position), f"unknown model {fallback!r}"
+                yield (
+                    ("models", index, "fallbacks", position),
+                    f"unknown model {shorten(fallback)!r}",
+                )
     for index, session in enumerate(scenario.sessions):
         if session.model not in names.models:
-            yield ("sessions", index, "model"), f"unknown model {session.model!r}"
+            yield ("sessions", index, "model"), f"unknown model {shorten(session.model)!r}"
     for model_id, script in scenario.scripts.items():
         if model_id not in names.models:
-            yield ("scripts", model_id), f"script for undeclared model {model_id!r}"
+            yield ("scripts", model_id), f"script for undeclared model {shorten(model_id)!r}"
         for step_index, step in enumerate(script.steps):
             for call_index, call in enumerate(step.tool_calls):
                 if call.tool not in names.tools:
                     loc = ("scripts", model_id, "steps", step_index, "tool_calls", call_index)
-                    yield (*loc, "tool"), f"unknown tool {call.tool!r}"
+                    yield (*loc, "tool"), f"unknown tool {shorten(call.tool)!r}"
 
 
-def _check_fields(loc: Loc, fields: Mapping[str, object], names: _Names) -> Iterator[Problem]:
+def _check_fields(
+    loc: Loc, event: str, fields: Mapping[str, object], names: _Names
+) -> Iterator[Problem]:
+    known = EVENT_FIELDS.get(event)
+    if known is not None:
+        for field in fields:
+            if field not in known:
+                yield (
+                    (*loc, field),
+                    f"unknown field {shorten(field)!r} of event {event!r}; its fields are "
+                    + ", ".join(sorted(known - {"event"})),
+                )
     for field in _NAMED_FIELDS:
         value = fields.get(field)
         if isinstance(value, str) and value not in names.named(field):
-            yield (*loc, field), f"unknown {field} {value!r}"
+            yield (*loc, field), f"unknown {field} {shorten(value)!r}"
 
 
 def _check_trigger(loc: Loc, trigger: Trigger, names: _Names) -> Iterator[Problem]:
     if not isinstance(trigger, EventTrigger):
         return
     if trigger.event not in TRACE_EVENTS:
-        yield (*loc, "event"), f"unknown event {trigger.event!r}"
-    yield from _check_fields(loc, trigger.match, names)
+        yield (*loc, "event"), f"unknown event {shorten(trigger.event)!r}"
+    yield from _check_fields(loc, trigger.event, trigger.match, names)
 
 
 def _check_action(
@@ -369,12 +555,15 @@ def _check_action(
     for field in ("session", "owner", "target"):
         value = getattr(action, field, None)
         if isinstance(value, str) and value not in names.sessions:
-            yield (*loc, field), f"unknown session {value!r}"
+            yield (*loc, field), f"unknown session {shorten(value)!r}"
     if isinstance(action, WithdrawAction):
         yield from _check_withdraw(action, loc, names)
     handle = action.handle if isinstance(action, HandleAction | EnqueueAction) else None
     if handle is not None and handle not in names.handles:
-        yield (*loc, "handle"), f"unknown handle {handle!r}; no delegate action declares it"
+        yield (
+            (*loc, "handle"),
+            f"unknown handle {shorten(handle)!r}; no delegate action declares it",
+        )
 
 
 def _check_withdraw(action: WithdrawAction, loc: Loc, names: _Names) -> Iterator[Problem]:
@@ -382,13 +571,13 @@ def _check_withdraw(action: WithdrawAction, loc: Loc, names: _Names) -> Iterator
     if key not in names.entries:
         yield (
             (*loc, "entry"),
-            f"unknown entry {action.entry!r}; no send or enqueue action on session "
-            f"{action.session!r} declares it",
+            f"unknown entry {shorten(action.entry)!r}; no send or enqueue action on session "
+            f"{shorten(action.session)!r} declares it",
         )
     elif key not in names.cancelable:
         yield (
             (*loc, "entry"),
-            f"entry {action.entry!r} is a user message (send): it has no cancel signal to "
+            f"entry {shorten(action.entry)!r} is a user message (send): it has no cancel signal to "
             "fire; only enqueued entries can be withdrawn",
         )
 
@@ -403,12 +592,13 @@ def _check_expect(expect: Expect, names: _Names) -> Iterator[Problem]:
     for field, values in by_session:
         for key in values:
             if key not in names.sessions:
-                yield ("expect", field, key), f"unknown session {key!r}"
+                yield ("expect", field, key), f"unknown session {shorten(key)!r}"
     for key in expect.handles:
         if key not in names.handles:
-            yield ("expect", "handles", key), f"unknown handle {key!r}"
+            yield ("expect", "handles", key), f"unknown handle {shorten(key)!r}"
     for index, item in enumerate(expect.events):
         event = item["event"]
         if event not in TRACE_EVENTS:
-            yield ("expect", "events", index, "event"), f"unknown event {event!r}"
-        yield from _check_fields(("expect", "events", index), item, names)
+            yield ("expect", "events", index, "event"), f"unknown event {shorten(str(event))!r}"
+        if isinstance(event, str):
+            yield from _check_fields(("expect", "events", index), event, item, names)

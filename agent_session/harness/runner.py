@@ -28,8 +28,8 @@ import anyio.abc
 from agent_session._engine import Engine
 from agent_session._events import EngineEvent
 from agent_session.harness.expect import check_expectations
-from agent_session.harness.fakes import Faults, FaultyStore, ScenarioTool
-from agent_session.harness.loader import script_steps
+from agent_session.harness.fakes import Faults, FaultyStore, ProcessCrashed, ScenarioTool
+from agent_session.harness.loader import script_steps, shorten
 from agent_session.harness.scenario import (
     ActionSpec,
     CancelOpAction,
@@ -356,7 +356,8 @@ class _ScenarioRun:
                     self.scenario.expect, actions.engine.sessions, self.store, self.recorder.lines
                 )
             result.virtual_ms = round(self.clock.now() * 1000)
-            await self.close()
+            closing = await self.close()
+            result.error = result.error or closing
             finished = True
         if not finished:  # a cancellation ended the run early: never a silent pass
             result.error = result.error or "the run was cancelled before the scenario finished"
@@ -366,13 +367,13 @@ class _ScenarioRun:
         while True:
             try:
                 await _drive(self.scenario, actions, self.clock, self.recorder)
+                current = actions.generation
+                if current.ending is None:
+                    return None
+                await self._end(current)  # a crashed one writes nothing on its way out
+                await self._start_generation()
             except RunFailed as error:
                 return str(error)
-            current = actions.generation
-            if current.ending is None:
-                return None
-            await self._end(current)  # a crashed one writes nothing on its way out
-            await self._start_generation()
 
     def _run_errors(self, actions: _Actions) -> str | None:
         if actions.errors:
@@ -411,8 +412,12 @@ class _ScenarioRun:
         assert self.group is not None
         self.group.start_soon(self._host, generation)
         await generation.ready.wait()
-        if generation.failure is not None:
-            raise generation.failure
+        if generation.failure is not None and not generation.ended():
+            if self.actions is None:  # the first engine: its store's refusal is the caller's
+                raise generation.failure
+            raise RunFailed(engine_failure(generation.failure))
+        # A crash or restart while it opened (at a recovery's event) ended it already: what
+        # it raised meanwhile is the dying engine's; the driver starts the next one.
         return generation
 
     async def _host(self, generation: _Generation) -> None:
@@ -447,20 +452,67 @@ class _ScenarioRun:
         finished = generation.finished.is_set
         if not finished():
             time = VirtualTime(self.clock, store=generation.store)
-            if generation.ending == "restart":
-                await time.advance(stop=finished)  # the engine's own timers run
+            if generation.ending == "restart":  # the engine's own timers run, within limits
+                await time.advance(stop=finished, check=self._within_time_limit)
             else:
                 await time.quiet()
         if not finished():  # it waits only for what runs in a tool
-            for tool in self.tools.values():
-                tool.abandon()
+            self._abandon_tools()
             await generation.finished.wait()
-        if generation.failure is not None:
-            raise generation.failure
+        failure = generation.failure
+        if failure is not None and generation.ending == "crash":
+            failure = _not_of_the_crash(failure)
+        if failure is not None:
+            raise RunFailed(engine_failure(failure))
 
-    async def close(self) -> None:
-        if self.actions is not None:
-            await self._end(self.actions.generation)
+    def _within_time_limit(self, deadline: float) -> None:
+        _check_virtual_time(self.scenario, deadline)
+
+    def _abandon_tools(self) -> None:
+        for tool in self.tools.values():
+            tool.abandon()
+
+    async def close(self) -> str | None:
+        """End the last engine; what it raised on its way out, described, or ``None``."""
+        if self.actions is None:
+            return None
+        generation = self.actions.generation
+        try:
+            await self._end(generation)
+        except RunFailed as error:
+            # A limit refused the restart's own shutdown: end what is left of it now.
+            if not generation.finished.is_set():
+                generation.scope.cancel()
+                self._abandon_tools()
+                await generation.finished.wait()
+            return str(error)
+        return None
+
+
+def engine_failure(error: BaseException) -> str:
+    """One line for what an engine raised: its first leaf error, type and message."""
+    leaf = error
+    while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+        leaf = leaf.exceptions[0]
+    return f"the engine failed: {type(leaf).__name__}: {shorten(str(leaf))}"
+
+
+def _not_of_the_crash(error: BaseException) -> BaseException | None:
+    """What a crashed engine raised, less the writes the crash refused (``ProcessCrashed``).
+
+    A dead process reports nothing: a task of it that went on to write after the crash met
+    the sealed store, and that refusal is the crash itself, not a failure of the run.
+    """
+    if isinstance(error, BaseExceptionGroup):
+        _, rest = error.split(ProcessCrashed)
+        return rest
+    return None if isinstance(error, ProcessCrashed) else error
+
+
+def _check_virtual_time(scenario: Scenario, deadline: float) -> None:
+    limit = scenario.limits.max_virtual_ms
+    if deadline * 1000 > limit:
+        raise RunFailed(f"no quiescence within {limit} virtual ms (limits.max_virtual_ms)")
 
 
 async def _drive(
@@ -489,10 +541,7 @@ async def _drive(
         return False
 
     def within_limits(deadline: float) -> None:
-        if deadline * 1000 > limits.max_virtual_ms:
-            raise RunFailed(
-                f"no quiescence within {limits.max_virtual_ms} virtual ms (limits.max_virtual_ms)"
-            )
+        _check_virtual_time(scenario, deadline)
 
     time = VirtualTime(clock, store=generation.store)
     if await time.advance(
