@@ -25,6 +25,14 @@ from persistence._errors import (
     UsageError,
 )
 from persistence._memory import MemoryStore
+from persistence._resolve import (
+    OPERATOR,
+    OPERATOR_OUTCOMES,
+    NotResolvable,
+    Resolution,
+    resolve_operation,
+    resolved,
+)
 from persistence._sqlite import SqliteStore
 from persistence.records import (
     OPEN_OP_STATES,
@@ -51,6 +59,8 @@ from persistence.store import Store
 
 __all__ = [
     "OPEN_OP_STATES",
+    "OPERATOR",
+    "OPERATOR_OUTCOMES",
     "Boundary",
     "Capability",
     "Committed",
@@ -63,11 +73,13 @@ __all__ = [
     "MemoryStore",
     "MigrationRequired",
     "NotATurnkeeperStore",
+    "NotResolvable",
     "OpState",
     "OperationRecord",
     "ReceiptQuery",
     "RecoverableCut",
     "RecoveryScan",
+    "Resolution",
     "RowKind",
     "SessionList",
     "SessionLoad",
@@ -82,4 +94,6 @@ __all__ = [
     "TurnkeeperError",
     "UnsupportedSchemaVersion",
     "UsageError",
+    "resolve_operation",
+    "resolved",
 ]
