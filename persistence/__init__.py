@@ -30,6 +30,7 @@ from persistence._resolve import (
     OPERATOR_OUTCOMES,
     NotResolvable,
     Resolution,
+    found_receipt,
     resolve_operation,
     resolved,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "TurnkeeperError",
     "UnsupportedSchemaVersion",
     "UsageError",
+    "found_receipt",
     "resolve_operation",
     "resolved",
 ]
