@@ -100,6 +100,18 @@ def as_resolution(value: Resolution | str) -> Resolution:
         raise UsageError(f"unknown resolution {value!r} ({allowed})") from None
 
 
+def checked_note(note: str) -> str:
+    """``note`` without surrounding blanks.
+
+    Raises:
+        UsageError: It is empty: a resolution says what was checked.
+    """
+    text = note.strip()
+    if not text:
+        raise UsageError("a resolution needs a note saying what was checked")
+    return text
+
+
 def resolved(
     record: OperationRecord, as_: Resolution | str, *, at: float, note: str
 ) -> OperationRecord:
@@ -113,9 +125,7 @@ def resolved(
         UsageError: An unknown resolution, or an empty note.
     """
     resolution = as_resolution(as_)
-    text = note.strip()
-    if not text:
-        raise UsageError("a resolution needs a note saying what was checked")
+    text = checked_note(note)
     if record.state is not OpState.INDETERMINATE:
         raise NotResolvable(record.op_id, record.state)
     state, outcome, acknowledged, explanation = _SETTLED[resolution]
