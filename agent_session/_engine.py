@@ -25,7 +25,9 @@ from persistence import (
     CorruptRecord,
     CutState,
     CutStateChange,
+    OperationRecord,
     OpState,
+    Resolution,
     SessionRecord,
     Store,
     TurnkeeperError,
@@ -166,6 +168,24 @@ class Engine:
         open_ones = await self.store.receipts(states=frozenset({OpState.INDETERMINATE}))
         for record in open_ones.records:
             runner.remember_indeterminate(record)
+
+    async def resolve_operation(
+        self, op_id: str, *, as_: Resolution | str, note: str
+    ) -> OperationRecord:
+        """A person checked indeterminate ``op_id``: settle it (``docs/operations.md``).
+
+        ``as_`` is ``completed``, ``failed`` or ``not-run`` (nothing happened: ``cancelled``).
+        The receipt is written durably (``resolved_by`` operator, at the engine's clock, with
+        ``note``), then the overlap guard lets the operation go: an identical call in its
+        session runs again (OP-9), and after a restart too.
+
+        Raises:
+            NotResolvable: No such receipt, a damaged one, or one that is not indeterminate
+                (nothing written).
+            UsageError: An unknown resolution or an empty note.
+            WriteFailed: The write failed; the operation stays indeterminate.
+        """
+        return await self.manager.operations.resolve_indeterminate(op_id, as_, note=note)
 
     async def __aexit__(
         self,

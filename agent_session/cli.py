@@ -1,7 +1,8 @@
 """The ``turnkeeper`` command line (``docs/cli.md``).
 
 ``run`` drives scenario files through the harness; ``demo`` runs the built-in incident on a
-fresh SQLite file with a live timeline; ``inspect`` and ``receipts`` read a store, read-only.
+fresh SQLite file with a live timeline; ``inspect`` and ``receipts`` read a store, read-only;
+``resolve`` settles an indeterminate operation in a store no process holds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from importlib.metadata import version
 import anyio
 
 from agent_session.harness.commands import demo_command, run_command
-from agent_session.harness.inspection import inspect_command, receipts_command
+from agent_session.harness.inspection import inspect_command, receipts_command, resolve_command
 from persistence import TurnkeeperError, UsageError
 
 
@@ -48,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     receipts.add_argument("--db", metavar="PATH", required=True)
     receipts.add_argument("--state")
     receipts.add_argument("--json", action="store_true")
+    resolve = commands.add_parser("resolve", help="settle an indeterminate operation")
+    resolve.add_argument("op", metavar="OP", help="the operation id (turnkeeper receipts)")
+    resolve.add_argument("--db", metavar="PATH", required=True)
+    resolve.add_argument(
+        "--as", dest="as_", metavar="completed|failed|not-run", required=True, help="what you found"
+    )
+    resolve.add_argument("--note", metavar="TEXT", required=True, help="what you checked")
     return parser
 
 
@@ -119,6 +127,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return anyio.run(run_command, args.scenarios, args.db, args.memory, args.trace, args.json)
     if args.command == "demo":
         return anyio.run(demo_command, args.db, args.trace, args.plain)
+    if args.command == "resolve":
+        return anyio.run(resolve_command, args.db, args.op, args.as_, args.note)
     if args.command == "receipts":
         return anyio.run(receipts_command, args.db, args.state, args.json)
     return anyio.run(inspect_command, args.db, args.session, args.json)

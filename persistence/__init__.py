@@ -25,6 +25,17 @@ from persistence._errors import (
     UsageError,
 )
 from persistence._memory import MemoryStore
+from persistence._resolve import (
+    OPERATOR,
+    OPERATOR_OUTCOMES,
+    NotResolvable,
+    Resolution,
+    as_resolution,
+    checked_note,
+    found_receipt,
+    resolve_operation,
+    resolved,
+)
 from persistence._sqlite import SqliteStore
 from persistence.records import (
     OPEN_OP_STATES,
@@ -51,6 +62,8 @@ from persistence.store import Store
 
 __all__ = [
     "OPEN_OP_STATES",
+    "OPERATOR",
+    "OPERATOR_OUTCOMES",
     "Boundary",
     "Capability",
     "Committed",
@@ -63,11 +76,13 @@ __all__ = [
     "MemoryStore",
     "MigrationRequired",
     "NotATurnkeeperStore",
+    "NotResolvable",
     "OpState",
     "OperationRecord",
     "ReceiptQuery",
     "RecoverableCut",
     "RecoveryScan",
+    "Resolution",
     "RowKind",
     "SessionList",
     "SessionLoad",
@@ -82,4 +97,9 @@ __all__ = [
     "TurnkeeperError",
     "UnsupportedSchemaVersion",
     "UsageError",
+    "as_resolution",
+    "checked_note",
+    "found_receipt",
+    "resolve_operation",
+    "resolved",
 ]

@@ -54,11 +54,17 @@ PUT_ENVELOPE = (
     "ON CONFLICT (session, stream) DO UPDATE SET record = excluded.record"
 )
 PUT_OPERATION = (
-    "INSERT INTO operations (op_id, session, state, capability, target, record) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (op_id) DO UPDATE SET session = excluded.session, "
-    "state = excluded.state, capability = excluded.capability, target = excluded.target, "
-    "record = excluded.record"
+    "INSERT INTO operations "
+    "(op_id, session, state, capability, target, resolved_by, resolved_at, record) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (op_id) DO UPDATE SET "
+    "session = excluded.session, state = excluded.state, capability = excluded.capability, "
+    "target = excluded.target, resolved_by = excluded.resolved_by, "
+    "resolved_at = excluded.resolved_at, record = excluded.record"
 )
+#: The end of a receipt's bytes when nobody resolved it: the fields migration 0003 added, all
+#: unset. Left off, so such a receipt keeps the bytes it always had (they decode to the
+#: defaults); the hottest write stays as short as it was.
+_UNRESOLVED = b',"resolved_by":null,"resolved_at":null,"note":null}'
 
 
 def row_params(row: HistoryRow) -> tuple[object, ...]:
@@ -81,18 +87,24 @@ def operation_params(record: OperationRecord) -> tuple[object, ...]:
 
     The capability pair is stored as its text (``client:bash``), in its column and in the
     record: the record's bytes are those it always had (``_decode`` reads them back as a pair).
+    A person's resolution (``resolved_by``, ``resolved_at``) is in its columns and the record.
     """
     capability = record.capability.text
     # The same record with its capability as text, encoded at once and never used as a record
     # (a struct copy is half the cost of a dict of its fields; receipts are the hottest write).
     stored = msgspec.structs.replace(record, capability=capability)
+    blob = _ENCODE(stored)
+    if blob.endswith(_UNRESOLVED):
+        blob = blob[: -len(_UNRESOLVED)] + b"}"
     return (
         record.op_id,
         record.session,
         record.state.value,
         capability,
         record.target,
-        _ENCODE(stored),
+        record.resolved_by,
+        record.resolved_at,
+        blob,
     )
 
 

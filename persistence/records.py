@@ -253,13 +253,18 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         cancel_requested_at: When cancellation was requested (durable before anything awaits).
         cancel_reason: Why: ``user``, ``deadline``, ``stream-stopped`` or ``shutdown``.
         cancel_acknowledged_at: When the layer acknowledged termination.
-        ended_at: When the operation reached its current terminal or indeterminate state.
+        ended_at: When the operation reached its current terminal or indeterminate state (a
+            person's resolution leaves it as it was: ``resolved_at`` says when they did).
         termination_acknowledged: The layer confirmed it stopped (or it never started).
         outcome_code: Which kind of ending (OP-12), e.g. ``ok``, ``tool_error``, ``timeout``.
         explanation: A fixed sentence from the engine, e.g. "cancellation requested,
             termination not confirmed".
         resolved_late: An indeterminate state was later resolved by the same layer (OP-8).
         blocked_by: The indeterminate operation that blocked this call (OP-9).
+        resolved_by: Who settled an indeterminate operation from outside the tool layer:
+            ``"operator"`` (a person, ``turnkeeper resolve``), else ``None``.
+        resolved_at: When they settled it (the engine's clock, or the wall clock for the CLI).
+        note: What the person said they checked (their own words; redacted when printed).
     """
 
     op_id: str
@@ -280,6 +285,9 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     explanation: str | None = None
     resolved_late: bool = False
     blocked_by: str | None = None
+    resolved_by: str | None = None
+    resolved_at: float | None = None
+    note: str | None = None
 
 
 class ReceiptQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -51,24 +51,31 @@ class OverlapGuard:
 
     def __init__(self, policy: OverlapPolicy) -> None:
         self._policy = policy
-        #: (session, target) -> the indeterminate operation holding it.
-        self._held: dict[tuple[str, str], str] = {}
+        #: (session, target) -> the indeterminate operations holding it, first held first
+        #: (several after a crash: identical calls of one step were all open).
+        self._held: dict[tuple[str, str], dict[str, None]] = {}
 
     def hold(self, record: OperationRecord) -> None:
         """``record`` is indeterminate: it holds its session's target."""
-        self._held[(record.session, record.target)] = record.op_id
+        self._held.setdefault((record.session, record.target), {})[record.op_id] = None
 
     def release(self, record: OperationRecord) -> None:
-        """``record`` was resolved late: it holds nothing any more."""
+        """``record`` was resolved (late, or by a person): it holds nothing any more."""
         key = (record.session, record.target)
-        if self._held.get(key) == record.op_id:
-            del self._held[key]
+        holders = self._held.get(key)
+        if holders is not None:
+            holders.pop(record.op_id, None)
+            if not holders:
+                del self._held[key]
 
     def blocker(self, op_id: str, session: str, capability: Capability, target: str) -> str | None:
         """The indeterminate operation that refuses call ``op_id``, or ``None``: it may run."""
         if self._policy is OverlapPolicy.SESSION:
-            return next((op for (s, _), op in self._held.items() if s == session), None)
-        blocker = self._held.get((session, target))
+            return next(
+                (next(iter(ops)) for (s, _), ops in self._held.items() if s == session), None
+            )
+        holders = self._held.get((session, target))
+        blocker = next(iter(holders)) if holders else None
         if blocker is not None and self._policy is OverlapPolicy.WARN:
             log.warning(
                 "%s runs although %s, on the same %s target, is indeterminate (overlap: warn)",

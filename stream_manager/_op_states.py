@@ -11,7 +11,8 @@ of ``completed``, ``failed``, ``timed_out``, ``cancelled`` or ``indeterminate`` 
 * ``indeterminate`` when nobody can say it stopped: no acknowledgement within the grace
   interval, a provider-executed call cut off, a process that died (OP-3, OP-7);
 * a late answer from the same layer may resolve ``indeterminate``, recorded as resolved late;
-  silence never does.
+  silence never does. A person who checked may settle it too (``persistence.resolved``:
+  ``resolved_by`` operator, never resolved late).
 
 A cancellation request is a flag with its own time and reason, recorded durably before the
 engine waits on anything (OP-3); it is not a state. Receipts hold identifiers, times and codes:
@@ -57,6 +58,12 @@ class OutcomeCode(StrEnum):
     BLOCKED_BY_INDETERMINATE = "blocked_by_indeterminate"
     #: Completed, but its completion never reached the engine; delivered from its record.
     COMPLETION_SIGNAL_LOST = "completion_signal_lost"
+    #: Indeterminate, then a person checked and found it completed (``turnkeeper resolve``).
+    OPERATOR_COMPLETED = "operator_completed"
+    #: Indeterminate, then a person checked and found it failed.
+    OPERATOR_FAILED = "operator_failed"
+    #: Indeterminate, then a person checked and found it never ran (``cancelled``).
+    OPERATOR_NOT_RUN = "operator_not_run"
 
 
 class CancelWhy(StrEnum):

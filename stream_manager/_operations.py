@@ -44,7 +44,15 @@ from collections.abc import Callable, Mapping
 
 import anyio
 
-from persistence import MemoryStore, OperationRecord, OpState, Store
+from persistence import (
+    MemoryStore,
+    OperationRecord,
+    OpState,
+    Resolution,
+    Store,
+    found_receipt,
+    resolved,
+)
 from stream_manager._events import (
     OpBlocked,
     OpCancelRequested,
@@ -118,6 +126,8 @@ class OperationRunner:
         self._spawns: dict[str, Spawn] = {}
         #: Set when the engine shuts down: no late resolution is written after that (OP-8).
         self._closing = False
+        #: Indeterminate operations whose execute may still end (a late resolution waits).
+        self._lingering: dict[str, Op] = {}
 
     def close(self) -> None:
         """The engine is shutting down: an operation that ends from now on resolves nothing.
@@ -140,6 +150,36 @@ class OperationRunner:
         """Load an indeterminate receipt into the overlap guard (at startup)."""
         if record.state is OpState.INDETERMINATE:
             self._guard.hold(record)
+
+    async def resolve_indeterminate(
+        self, op_id: str, as_: Resolution | str, *, note: str
+    ) -> OperationRecord:
+        """A person settles indeterminate ``op_id``: durably, then the guard lets it go (OP-9).
+
+        Returns the new receipt (``resolved_by`` operator, at the runner's clock). A late end
+        of the same execute resolves nothing afterwards.
+
+        Raises:
+            NotResolvable: No such receipt, a damaged one, or one that is not indeterminate.
+            UsageError: An unknown resolution or an empty note.
+            WriteFailed: The write failed; the operation stays indeterminate and held.
+        """
+        query = await self._receipts.store.receipts(op_id=op_id)
+        op = self._lingering.get(op_id)  # its record in memory is the newest
+        record = op.record if op is not None else found_receipt(query, op_id)
+        settled = resolved(record, as_, at=self._clock.now(), note=note)
+        if op is not None:
+            op.record = settled  # before the write: a late end sees it settled
+        try:
+            await self._receipts.write(settled)
+        except WriteFailed:
+            if op is not None:
+                op.record = record
+            raise
+        self._lingering.pop(op_id, None)
+        self._guard.release(record)
+        self._receipts.receipt_event(settled, record.capability.name)
+        return settled
 
     # ------------------------------------------------------------ the step's calls
 
@@ -532,6 +572,7 @@ class OperationRunner:
                 self._retire_worker_of(op)
         await self._write_cancel_outcome(op, deadline=deadline)
         if op.record.state is OpState.INDETERMINATE and not op.unconfirmed and not self._closing:
+            self._lingering[op.record.op_id] = op
             spawn(lambda: self._late(op, deadline=deadline))
 
     async def _write_cancel_outcome(self, op: Op, *, deadline: bool) -> None:
@@ -562,9 +603,12 @@ class OperationRunner:
     async def _late(self, op: Op, *, deadline: bool) -> None:
         """The same layer ends after all: resolve the indeterminate receipt, recorded late."""
         _, ended = op.watch_ending()
-        await ended.wait()
-        if op.unconfirmed or self._closing:
-            return  # no acknowledgement: the receipt already says what is known
+        try:
+            await ended.wait()
+        finally:
+            self._lingering.pop(op.record.op_id, None)
+        if op.unconfirmed or self._closing or op.record.state is not OpState.INDETERMINATE:
+            return  # no acknowledgement, or a person settled it: the receipt says what is known
         with anyio.CancelScope(shield=True):
             held = op.record
             self._guard.release(held)

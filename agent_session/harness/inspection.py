@@ -1,9 +1,11 @@
-"""``turnkeeper inspect`` and ``turnkeeper receipts``: what a store holds, read-only.
+"""``turnkeeper inspect``, ``receipts`` (what a store holds) and ``resolve`` (settle one).
 
-Both open the store with ``SqliteStore(readonly=True)``: they never migrate, repair, lock or
-write a store another process may be using. A file that is not a turnkeeper store is refused
-with a clear message (exit 2). Receipts hold no arguments or outputs by construction; as a
-second line of defence every printed value passes through :func:`redact`.
+``inspect`` and ``receipts`` open the store with ``SqliteStore(readonly=True)``: they never
+migrate, repair, lock or write a store another process may be using. A file that is not a
+turnkeeper store is refused with a clear message (exit 2). Receipts hold no arguments or
+outputs by construction; as a second line of defence every printed value passes through
+:func:`redact`. ``resolve`` checks read-only too, and writes only once the operation is found
+resolvable.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from agent_session.harness.redaction import redact
 from persistence import (
     CorruptRecord,
     DamagedStore,
+    MigrationRequired,
+    NotResolvable,
     OperationRecord,
     OpState,
     ReceiptQuery,
@@ -30,7 +34,13 @@ from persistence import (
     SqliteStore,
     StoreError,
     TurnkeeperError,
+    UsageError,
+    as_resolution,
+    checked_note,
+    found_receipt,
+    resolve_operation,
 )
+from stream_manager import Clock, SystemClock
 
 _encoder = msgspec.json.Encoder()
 
@@ -136,6 +146,82 @@ def _print_receipts(records: list[OperationRecord]) -> None:
     for record in records:
         if record.explanation:
             console.print(f"{redact(record.op_id)}: {redact(record.explanation)}")
+        if record.resolved_by is not None:
+            when = "" if record.resolved_at is None else f" at {record.resolved_at:.3f}"
+            console.print(
+                f"{redact(record.op_id)}: resolved by {redact(record.resolved_by)}{when}: "
+                f"{redact(record.note or '')}",
+                markup=False,  # a person's words, not rich markup ("[redacted]" included)
+            )
+
+
+async def resolve_command(
+    db: str, op_id: str, as_: str, note: str, clock: Clock | None = None
+) -> int:
+    """``turnkeeper resolve``: a person settles an indeterminate operation in a store.
+
+    Checked first on a read-only open, so a refusal leaves the file byte-identical; then
+    written on a read-write open (refused while another process owns the store). One line
+    either way: on standard output when it was resolved, on standard error when not. The
+    time recorded is ``clock``'s (the wall clock by default, epoch seconds like the engine's).
+    """
+    try:
+        resolution, _ = as_resolution(as_), checked_note(note)
+    except UsageError as error:
+        print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
+        return EXIT_REFUSED
+    refused = await _check_resolvable(db, op_id)
+    if refused is not None:
+        code, line = refused
+        print(f"turnkeeper resolve: {redact(line)}", file=sys.stderr)
+        return code
+    now = (clock or SystemClock()).now()
+    store = SqliteStore(db)
+    try:
+        async with store:
+            record = await resolve_operation(store, op_id, resolution, note=note, at=now)
+    except NotResolvable as error:
+        print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
+        return EXIT_DAMAGED if error.damaged else EXIT_REFUSED
+    except DamagedStore as error:
+        print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
+        return EXIT_DAMAGED
+    except TurnkeeperError as error:  # in use by another process, a failed write
+        print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(
+        f"turnkeeper resolve: {redact(record.op_id)} resolved as {resolution.value}: "
+        f"{record.state.value} ({record.outcome_code}), by {record.resolved_by}"
+    )
+    return EXIT_OK
+
+
+async def _check_resolvable(db: str, op_id: str) -> tuple[int, str] | None:
+    """Why ``op_id`` cannot be resolved in ``db`` (the exit code and one line), read-only.
+
+    A store that needs a migration cannot be read read-only: the read-write open that follows
+    migrates it and checks again.
+    """
+    store = SqliteStore(db, readonly=True)
+    try:
+        await store.open()
+    except MigrationRequired:
+        return None
+    except DamagedStore as error:
+        return EXIT_DAMAGED, str(error)
+    except TurnkeeperError as error:  # not a store, a newer version, unreadable
+        return EXIT_REFUSED, str(error)
+    try:
+        record = found_receipt(await store.receipts(op_id=op_id), op_id)
+        if record.state is not OpState.INDETERMINATE:
+            raise NotResolvable(op_id, record.state)
+    except NotResolvable as error:
+        return (EXIT_DAMAGED if error.damaged else EXIT_REFUSED), str(error)
+    except StoreError as error:
+        return EXIT_DAMAGED, str(error)
+    finally:
+        await store.close()
+    return None
 
 
 async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
