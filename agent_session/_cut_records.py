@@ -68,6 +68,10 @@ class CutRecords:
         else:
             self._ended_unwritten[cut] = (state, told)  # its row is being written
 
+    def forget(self, cut: str) -> None:
+        """``cut``'s record is left as the store has it (nothing here will change it)."""
+        self._rows.pop(cut, None)
+
     def change_row(self, row_id: str, state: CutState) -> None:
         """Queue a change of ``row_id``'s record that nothing tells (a cut taken back)."""
         self.pending.append(CutChange(row_id, state, None))

@@ -17,12 +17,11 @@ import anyio
 import anyio.abc
 
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
-from agent_session._recovery import Abandon, plan_recovery, unreadable
+from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session import AgentSession
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from persistence import (
     Boundary,
-    CorruptRecord,
     CutState,
     CutStateChange,
     OperationRecord,
@@ -259,10 +258,6 @@ class Engine:
             if sid in self._sessions:
                 continue  # already open here: its own bookkeeping stands
             plan = plan_recovery(found, self._known_models)
-            if not isinstance(plan, Abandon):
-                damaged = await self._unreadable_history(sid)
-                if damaged is not None:  # the record stays owed, for a person to repair
-                    plan = Abandon(f"the history a resume needs is unreadable: {damaged}", ())
             if isinstance(plan, Abandon):
                 log.warning("recovery of session %s abandoned: %s", sid, plan.why)
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
@@ -310,14 +305,6 @@ class Engine:
             for change in changes:
                 self._emit(Persisted(session=sid, what="cut-void", id=change.row_id))
         return unwritten
-
-    async def _unreadable_history(self, session: str) -> str | None:
-        """Why ``session``'s history cannot be streamed from, or ``None`` (R61)."""
-        try:
-            loaded = await self.store.load(session, envelopes=False)
-        except CorruptRecord as error:
-            return str(error)
-        return None if loaded is None else unreadable(loaded.rows)
 
     async def _start_recovered(
         self, sessions: list[AgentSession], held: list[Callable[[], None]]

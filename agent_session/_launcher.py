@@ -92,22 +92,22 @@ class StreamLauncher:
             await self._store.commit(Boundary(rows=(sentinel,)))
             self._emit(Persisted(session=session, what="sentinel", id=sentinel.row_id))
             rows = [*rows, sentinel]
-        machine.launching(context)
-        request = StreamRequest(
-            session=session,
-            model=context.model,
-            messages=to_messages(rows),
-            stream_id=machine.next_stream_id(),
-            cause=context.cause,
-            handle=context.correlation.handle_id if context.correlation else None,
-            step_budget=context.step_budget,
-            fallback_progress=context.progress,
-            correlation=context.correlation,
-            extra_system_context=context.extra_system_context,
-            abort=abort,
-            host=self,
-        )
         try:
+            machine.launching(context)
+            request = StreamRequest(
+                session=session,
+                model=context.model,
+                messages=to_messages(rows),  # a damaged row raises here: the sentinel goes too
+                stream_id=machine.next_stream_id(),
+                cause=context.cause,
+                handle=context.correlation.handle_id if context.correlation else None,
+                step_budget=context.step_budget,
+                fallback_progress=context.progress,
+                correlation=context.correlation,
+                extra_system_context=context.extra_system_context,
+                abort=abort,
+                host=self,
+            )
             outcome = await self._manager.start_stream(request)
         except BaseException:
             if sentinel is not None:  # R34: a launch that failed leaves no orphan sentinel

@@ -431,6 +431,24 @@ class TurnMachine:
             Feed(self.drain_if_idle),
         ]
 
+    def resume_unreadable(self, marker: Marker, attempt: int) -> list[Effect]:
+        """R61: the history the resume needs is damaged; retrying cannot mend it.
+
+        The marker goes from memory only: nothing is forfeited or voided, so the durable
+        record stays owed for a person to repair (a restart tries again). The attempt is told
+        ``failed``.
+        """
+        self._resume_armed = False
+        self.continuation, _ = drop(resume_settled(self.continuation))
+        if self._records is not None:
+            self._records.forget(marker.cut)  # no later end may write the record either
+        told = ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
+        return [
+            Emit(told),
+            Feed(lambda: self._to_idle_from(Phase.PREPARING)),
+            Feed(self.drain_if_idle),
+        ]
+
     def resume_context(self, marker: Marker, attempt: int) -> StreamContext:
         """The stream context of a resume of ``marker`` (ST-8, ST-12, ST-13)."""
         return StreamContext(

@@ -23,10 +23,11 @@ session, decides here:
 Older rows of the same session still marked owed are voided (only the latest cut can be owed).
 A record that fails validation never reaches this module: the store reports it as corrupt and
 the engine abandons that session's recovery with the store's message (R61), writing nothing.
-Before a resume is adopted, the history it will stream from is read and every body decoded
-(:func:`unreadable`): a damaged row abandons that session's recovery with the row named and
-nothing written, so the record stays owed for a person to repair, instead of a resume that
-fails on every attempt and forfeits the turn. Other sessions are recovered regardless.
+A damaged history row is found where the resume reads the history (recovery itself stays one
+scan): that resume is given up at once, logged with the row named and nothing written, so the
+record stays owed for a person to repair, instead of a resume that fails on every attempt and
+forfeits the turn. Other sessions are recovered regardless. :func:`unreadable` names the first
+damaged body of a history (``turnkeeper inspect`` reports it).
 """
 
 from __future__ import annotations

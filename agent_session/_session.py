@@ -70,7 +70,14 @@ from message_queue import (
     SendOptions,
     notify_all_canceled,
 )
-from persistence import Boundary, CutStateChange, Store, TurnkeeperError, UsageError
+from persistence import (
+    Boundary,
+    CorruptRecord,
+    CutStateChange,
+    Store,
+    TurnkeeperError,
+    UsageError,
+)
 from stream_manager import (
     AbortReason,
     AbortSignal,
@@ -515,6 +522,15 @@ class AgentSession:
                 outcome: StreamOutcome = Withdrawn(abort.reason)
             else:
                 outcome = await self._launcher().launch(context, abort)
+        except CorruptRecord as error:  # R61: damage a retry cannot mend; never a forfeit
+            log.error(
+                "resume of %s given up: the history it needs is unreadable (the record stays "
+                "owed for a person to repair; `turnkeeper inspect` names the row): %s",
+                marker.cut,
+                error,
+            )
+            await self._perform(machine.resume_unreadable(marker, attempt))
+            return
         except (PreStreamFailure, TurnkeeperError, OSError) as error:
             log.info("resume of %s failed before its stream started: %s", marker.cut, error)
             await self._perform(machine.resume_failed(marker, attempt))

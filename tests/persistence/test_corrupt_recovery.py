@@ -1,16 +1,20 @@
 """Startup recovery on a store with damaged rows (issue 12, R61): sessions are isolated.
 
 Two sessions, each left by a crash with a cut owed. A damage in one session is reported (a
-``recovered`` ``abandon`` naming the table, key and field) and writes nothing to it; the other
-session is resumed regardless. A damaged row the resume does not need fails nothing.
+damaged cut record by the scan, as ``recovered`` ``abandon`` naming the table, key and field; a
+damaged history row by its resume, given up at once and logged) and writes nothing to it; the
+other session is resumed regardless. A damaged row the resume does not need fails nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from typing import TYPE_CHECKING
 
-from agent_session import Recovered
+import pytest
+
+from agent_session import Recovered, ResumeAttempted
 from persistence import SqliteStore
 from stream_manager import StreamStarted
 from tests.agent_session.support import X, session_rig
@@ -48,18 +52,29 @@ async def _recover(path: Path) -> tuple[dict[str, Recovered], list[str]]:
         ]
 
 
-async def test_r61_a_damaged_history_row_abandons_its_session_and_the_other_resumes(
-    tmp_path: Path,
+async def test_r61_a_damaged_history_row_gives_up_its_resume_and_the_other_resumes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The damage is found where the resume reads the history (recovery stays one scan).
+
+    The resume of ``bad`` is given up at once, never retried to the cap and forfeited: its
+    record stays owed for a person to repair, and the log names the damaged row.
+    """
     path = tmp_path / "tk.db"
     before = await _two_owed(
         path, "UPDATE history_rows SET body = x'7b' WHERE session = 'bad' AND seq = 1"
     )
-    told, streams = await _recover(path)
-    assert told["good"].action == "resume"
-    assert told["bad"].action == "abandon"
-    assert "history_rows[bad/bad:r1]" in told["bad"].why, told["bad"].why
+    with caplog.at_level(logging.ERROR, logger="turnkeeper.session"):
+        async with session_rig({"M": [X()]}, store=SqliteStore(path), sessions=()) as r:
+            await r.settle()
+            resumes = [(e.session, e.attempt, e.outcome) for e in r.of(ResumeAttempted)]
+            streams = [s.stream for s in r.of(StreamStarted)]
+            assert r.session("bad").owes() is False  # given up in memory: no retry loop
+    assert ("bad", 1, "failed") in resumes
+    assert ("good", 1, "started") in resumes
+    assert [e for e in resumes if e[0] == "bad"] == [("bad", 1, "failed")]  # never retried
     assert streams == ["good/2"]
+    assert "history_rows[bad/bad:r1]" in caplog.text
     assert _rows_of(path, "bad") == before  # still owed, untouched: no forfeit, no void
 
 

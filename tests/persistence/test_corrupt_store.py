@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from agent_session import Engine, EngineConfig, EngineEvent, Recovered
+from agent_session import (
+    ContinuationEnded,
+    Engine,
+    EngineConfig,
+    EngineEvent,
+    Recovered,
+    ResumeAttempted,
+)
 from agent_session.cli import main
 from persistence import SqliteStore, TurnkeeperError
 from stream_manager import ScriptedModel
@@ -42,8 +49,10 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
 #: scan reads the column's index, never the records of settled cuts, so recovery does not see
 #: these; ``inspect`` reports them (it reads every row). docs/persistence.md says so.
 UNSEEN_BY_RECOVERY = frozenset({"cut-state-disagrees", "cut-without-state"})
-#: Damages of what the owed session's resume needs: recovery abandons it, naming the damage.
-RECOVERY_NEEDS = ("cut-", "session-", "body")
+#: Damages of what the owed session's recovery reads: it abandons it, naming the damage.
+RECOVERY_NEEDS = ("cut-", "session-")
+#: Damages of the history the resume streams from: that resume is given up, never forfeited.
+HISTORY_DAMAGE = ("body",)
 #: Outcomes by damage class, for the summary ``pytest -s`` prints in the full variant.
 OUTCOMES: Counter[str] = Counter()
 
@@ -76,7 +85,7 @@ async def _start_engine(path: Path) -> list[EngineEvent]:
         observers=[events.append],
     )
     async with engine:
-        pass
+        await engine.wait_idle()  # the recovered resumes have run as far as they can
     return events
 
 
@@ -129,6 +138,12 @@ def test_every_read_path_ends_cleanly_on_a_damaged_store(
     OUTCOMES[f"engine started, recovered {actions}"] += 1
     if name in UNSEEN_BY_RECOVERY:
         assert actions == [], (name, events)
+    elif base == "owed" and case.inspect_exit == 4 and name.startswith(HISTORY_DAMAGE):
+        # Found where the resume reads the history: given up at once, never forfeited.
+        assert actions == ["resume"], (name, events)
+        resumes = [e.outcome for e in events if isinstance(e, ResumeAttempted)]
+        assert resumes == ["failed"], (name, events)
+        assert not [e for e in events if isinstance(e, ContinuationEnded)], (name, events)
     elif base == "owed" and case.inspect_exit == 4 and name.startswith(RECOVERY_NEEDS):
         assert actions == ["abandon"], (name, events)
         (told,) = [e for e in events if isinstance(e, Recovered)]
