@@ -24,7 +24,14 @@ from agent_session.harness.fakes import Faults, FaultyStore, ScenarioTool
 from agent_session.harness.runner import engine_config
 from agent_session.harness.scenario import Scenario
 from agent_session.harness.virtual_time import VirtualTime, busy_sessions
-from persistence import HistoryRow, OpState, RowKind, SqliteStore, TurnkeeperError, UsageError
+from persistence import (
+    HistoryRow,
+    OpState,
+    RowKind,
+    SqliteStore,
+    TurnkeeperError,
+    UsageError,
+)
 from stream_manager import FunctionModel, ScriptStep, VirtualClock
 
 
@@ -85,6 +92,8 @@ async def _user_rows(store: SqliteStore) -> dict[str, bytes]:
 
 async def _corrupt(store: SqliteStore, when: str) -> list[tuple[str, str]]:
     found = [(f"receipt {op} ({when})", detail) for op, detail in (await store.receipts()).corrupt]
+    listed = await store.sessions()  # a damaged session record is skipped there, never missed
+    found.extend((f"session {sid} ({when})", detail) for sid, detail in listed.corrupt)
     scan = await store.scan_recoverable()
     found.extend((f"cut of session {sid} ({when})", detail) for sid, detail in scan.corrupt)
     return found
