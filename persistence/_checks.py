@@ -45,17 +45,26 @@ def check_boundary(session: str, boundary: Boundary) -> None:
             raise _foreign(f"rows[{index}] (history row {row.row_id})", row.session, session)
     if envelope is not None and envelope.session != session:
         raise _foreign(f"envelope (stream {envelope.stream})", envelope.session, session)
-    for record in operations:
-        if record.session != session:
-            index = operations.index(record)
-            raise _foreign(f"operations[{index}] ({record.op_id})", record.session, session)
-        if not _sound_capability(record.capability):
-            raise _bad_capability(operations.index(record), record)
+    check_receipts(session, operations)
     for change in boundary.cut_states:
         if type(change.state) is not CutState:
             cut_state(change.state)
     if len(rows) > 1:
         _check_rows(rows)
+
+
+def check_receipts(session: str, operations: Sequence[OperationRecord]) -> None:
+    """``check_boundary`` for a boundary's receipts (all of a receipts-only boundary's checks).
+
+    Raises:
+        UsageError: A receipt of another session, or one whose capability a store cannot
+            read back; nothing is written.
+    """
+    for index, record in enumerate(operations):
+        if record.session != session:
+            raise _foreign(f"operations[{index}] ({record.op_id})", record.session, session)
+        if not _sound_capability(record.capability):
+            raise _bad_capability(index, record)
 
 
 def _foreign(field: str, belongs: str, session: str) -> UsageError:

@@ -157,7 +157,7 @@ def commit(
     """
     envelope = boundary.envelope
     if not (boundary.create or boundary.delete or boundary.rows or boundary.cut_states or envelope):
-        return _receipts(session, boundary.operations, store, owner)
+        return receipts(session, boundary.operations, store, owner)
     plan = _Plan(
         session=session,
         path=path,
@@ -193,7 +193,7 @@ def _run_plan(
     return deleted
 
 
-def _receipts(
+def receipts(
     session: str, records: Sequence[OperationRecord], store: Owned, owner: str | None
 ) -> Job[int] | None:
     """A boundary of receipts only (most boundaries: two per tool step): one upsert each."""

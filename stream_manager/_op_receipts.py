@@ -8,7 +8,7 @@ completes them; a stream cut before it arrives leaves them ``indeterminate`` (OP
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from persistence import Boundary, OperationRecord, OpState, Store, TurnkeeperError
 from stream_manager._events import OperationStarted, Persisted, ReceiptWritten, StreamEvent
@@ -36,27 +36,29 @@ class ReceiptWriter:
 
     # ------------------------------------------------------------ writes and events
 
+    # A failed write is :class:`WriteFailed` (the stream cannot go on). Nothing of it is told:
+    # the stored receipts stay as they were (an open one is ``indeterminate`` at the next
+    # startup, OP-7). The commit is inlined in both writers: receipts are the hottest write.
+
     async def _write(self, record: OperationRecord) -> None:
-        await self._commit(record.session, (record,))
+        records = (record,)
+        try:
+            await self.store.commit(
+                record.session, Boundary(operations=records), owner=self._owner()
+            )
+        except (TurnkeeperError, OSError) as error:
+            raise _unwritten(records, error) from error
         if self._emit is not None:
             self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
 
     async def _write_all(self, records: list[OperationRecord]) -> None:
         """Write a step's receipts in one durable write (their events come from the caller)."""
         if records:  # one step's calls: one session's boundary
-            await self._commit(records[0].session, tuple(records))
-
-    async def _commit(self, session: str, records: tuple[OperationRecord, ...]) -> None:
-        """One durable write; a failed one is :class:`WriteFailed` (the stream cannot go on).
-
-        Nothing of it is told: the stored receipts stay as they were (an open one becomes
-        ``indeterminate`` at the next startup, OP-7).
-        """
-        try:
-            await self.store.commit(session, Boundary(operations=records), owner=self._owner())
-        except (TurnkeeperError, OSError) as error:
-            what = ", ".join(f"{r.op_id} ({r.state.value})" for r in records)
-            raise WriteFailed(f"receipt {what} could not be written: {error}") from error
+            boundary = Boundary(operations=tuple(records))
+            try:
+                await self.store.commit(records[0].session, boundary, owner=self._owner())
+            except (TurnkeeperError, OSError) as error:
+                raise _unwritten(records, error) from error
 
     #: What the runner and the provider calls write through.
     write = _write
@@ -75,6 +77,11 @@ class ReceiptWriter:
                     resolved_late=record.resolved_late,
                 )
             )
+
+
+def _unwritten(records: Sequence[OperationRecord], error: Exception) -> WriteFailed:
+    what = ", ".join(f"{r.op_id} ({r.state.value})" for r in records)
+    return WriteFailed(f"receipt {what} could not be written: {error}")
 
 
 class ProviderCalls:
