@@ -36,8 +36,10 @@ FULL = os.environ.get("TURNKEEPER_FUZZ") == "full"
 #: In ``make test``: every n-th placement of each scenario (all of them when FULL).
 SAMPLE_EVERY = 1 if FULL else 7
 HANG_GUARD_S = 30
-#: Errors a faulted run may end with: its own script or actions assumed the unfaulted path.
-PATH_ERRORS = ("ran out of scripted steps", "no queued entry")
+#: Errors a faulted run may end with: its own script or actions assumed the unfaulted path, or
+#: the host's own ``open_session`` raised (its session's create commit failed: the host was
+#: told, as a typed error, and the harness cannot go on without that session).
+PATH_ERRORS = ("ran out of scripted steps", "no queued entry", "(create))")
 
 
 async def _run(scenario: Scenario, store: MemoryStore) -> RunResult:
@@ -101,6 +103,20 @@ async def _told_but_owed(store: MemoryStore, trace: list[dict[str, Any]]) -> lis
     return wrong
 
 
+#: Outcomes of the faulted runs by class, for the summary ``pytest -s`` prints.
+OUTCOMES: Counter[str] = Counter()
+
+
+def _outcome(result: RunResult) -> str:
+    if result.error is not None and "(create))" in result.error:
+        return "the host's open_session raised (its create commit failed)"
+    if result.error is not None:
+        return "ended with a path error (its script or an action assumed the unfaulted path)"
+    if result.failures:
+        return "ended idle, expectations differ (another path)"
+    return "ended idle, every expectation still met"
+
+
 @pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
 async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Path) -> None:
     scenario = load_scenario(path)
@@ -112,6 +128,7 @@ async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Pa
         store = MemoryStore()
         result = await _run(_faulted(scenario, event, nth), store)
         where = f"fail_next store_write at {event} #{nth}"
+        OUTCOMES[_outcome(result)] += 1
         if result.error is not None and not any(p in result.error for p in PATH_ERRORS):
             problems.append(f"{where}: {result.error}")
         stranded = _stranded_entries(result.trace)
@@ -122,3 +139,11 @@ async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Pa
             problems.append(f"{where}: told ended but still owed in the store: {told}")
     assert placements
     assert problems == []
+
+
+def test_zz_print_the_outcomes() -> None:
+    """Print the outcome counts (``pytest -s``): the figures a closing note reads."""
+    if OUTCOMES:
+        print(f"\nfailed-write sweep: {sum(OUTCOMES.values())} faulted runs")
+        for outcome, count in sorted(OUTCOMES.items()):
+            print(f"  {count:4d}  {outcome}")
