@@ -8,7 +8,8 @@ record's change, a recovery write). Every faulted run must:
 * end, within a real-time hang guard, without an exception escaping the runner;
 * leave no session busy (the runner's "did not reach quiescence" is the wedge);
 * strand no queued entry: each one queued is dequeued, cancelled or cleared by the end;
-* tell nothing that is not durable: a continuation told ended is not owed in the store.
+* tell nothing that is not durable: a continuation told ended is not owed in the store, and
+  none is told owed before the row carrying its record was written.
 
 A run may still end with a scenario-level error (its script expected the unfaulted path and
 ran out of steps, or an action found no entry to withdraw) or with failed expectations: the
@@ -87,6 +88,25 @@ def _stranded_entries(trace: list[dict[str, Any]]) -> list[str]:
     return [entry for entry in queued if entry not in ended]
 
 
+def _owed_untold_durable(trace: list[dict[str, Any]]) -> list[str]:
+    """Cuts told ``owed`` with no ``persisted cut`` before it: a record that was never written.
+
+    The row carrying a cut's record is written first (``persisted cut``), then ``owed`` is
+    told (R60); a row whose write failed owes nothing, so nothing may be told owed.
+    """
+    written = 0
+    wrong = []
+    for line in trace:
+        if line["event"] == "persisted" and line["what"] == "cut":
+            written += 1
+        elif line["event"] == "owed":
+            if written == 0:
+                wrong.append(f"{line['session']} {line['cut']}")
+            else:
+                written -= 1
+    return wrong
+
+
 async def _told_but_owed(store: MemoryStore, trace: list[dict[str, Any]]) -> list[str]:
     """Cuts told ended whose durable record still says owed (told before durable)."""
     ended = {
@@ -134,6 +154,9 @@ async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Pa
         stranded = _stranded_entries(result.trace)
         if stranded:
             problems.append(f"{where}: queued entries stranded: {stranded}")
+        untold = _owed_untold_durable(result.trace)
+        if untold:
+            problems.append(f"{where}: told owed with no durable cut record: {untold}")
         told = await _told_but_owed(store, result.trace)
         if told:
             problems.append(f"{where}: told ended but still owed in the store: {told}")
@@ -147,3 +170,40 @@ def test_zz_print_the_outcomes() -> None:
         print(f"\nfailed-write sweep: {sum(OUTCOMES.values())} faulted runs")
         for outcome, count in sorted(OUTCOMES.items()):
             print(f"  {count:4d}  {outcome}")
+
+
+async def test_a_cut_records_end_whose_write_failed_is_written_and_told_later() -> None:
+    """PS-6: a withdrawal, forfeit or void whose write fails stands, and is written later.
+
+    For every ``persisted cut-void`` of every library scenario, the write is failed (armed at
+    the event just before it). The end must still become durable by the end of the run (the
+    change waits and is written at the next flush or idle sweep) and be told, after
+    that write: a lost change would leave the record owed, and a restart would resume a turn
+    that had ended.
+    """
+    tried = 0
+    for path in LIBRARY:
+        scenario = load_scenario(path)
+        baseline = await _run(scenario, MemoryStore())
+        seen: Counter[str] = Counter()
+        for before, line in zip(baseline.trace, baseline.trace[1:], strict=False):
+            seen[before["event"]] += 1
+            if line["event"] != "persisted" or line["what"] != "cut-void":
+                continue
+            if any(e["event"] == "crash" for e in baseline.trace[: line["seq"]]):
+                continue  # a dead engine's pending change dies with it; recovery re-plans
+            store = MemoryStore()
+            result = await _run(_faulted(scenario, before["event"], seen[before["event"]]), store)
+            ended = {
+                (e["session"], e["cut"])
+                for e in baseline.trace
+                if e["event"] == "continuation-ended"
+            }
+            told = {
+                (e["session"], e["cut"]) for e in result.trace if e["event"] == "continuation-ended"
+            }
+            where = f"{path.stem}: cut-void write failed after {before['event']}"
+            assert ended <= told, (where, ended - told)
+            assert await _told_but_owed(store, result.trace) == [], where
+            tried += 1
+    assert tried >= 5
