@@ -129,15 +129,16 @@ class MemoryStore:
             raise _checks.not_open()
         if owner is None or owner != self._owner:  # ``_checks.fence``, inlined: every commit
             _checks.fence(session, self._owner, owner)
-        _checks.check_boundary(session, boundary)
         if (
             boundary.create is None
             and boundary.envelope is None
             and not (boundary.rows or boundary.delete or boundary.cut_states)
         ):  # receipts only, the most frequent boundary: nothing to check against the store
+            _checks.check_receipts(session, boundary.operations)
             for record in boundary.operations:
                 self._operations[record.op_id] = record
             return _NOTHING
+        _checks.check_boundary(session, boundary)
         deleted = self._apply(session, boundary)
         return Committed(deleted=deleted) if deleted else _NOTHING
 

@@ -13,24 +13,17 @@ event of every kind (not only ``persisted``) on the in-memory store.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import anyio
-import pytest
 
-from agent_session.harness import load_scenario
-from agent_session.harness.runner import RunResult, run_scenario
-from agent_session.harness.scenario import ActionSpec, Scenario
+from agent_session.harness.runner import run_scenario
 from persistence import MemoryStore, SqliteStore, Store
+from tests.scenarios.sweep_kit import FULL, library, loaded, run_guarded, with_action
 
-LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
-FULL = os.environ.get("TURNKEEPER_FUZZ") == "full"
-#: Real seconds one run may take before it counts as a hang (a run takes milliseconds).
-GUARD_S = 20.0
 #: SQLite runs in ``make test``: the scenarios whose crash lands while a tool runs.
 SQLITE_SAMPLE = ("crash-during-tool", "tool-deadline-timed-out", "user-stop-during-tool")
 
@@ -43,17 +36,6 @@ class Point:
     op: str
     event: str
     nth: int
-
-
-def library() -> list[Path]:
-    paths = sorted(LIBRARY.glob("*.toml"))
-    assert len(paths) >= 15, f"the scenario library is missing from {LIBRARY}"
-    return paths
-
-
-@cache
-def loaded(name: str) -> Scenario:
-    return load_scenario(LIBRARY / f"{name}.toml")
 
 
 @cache
@@ -77,23 +59,9 @@ def points(*, every_event: bool) -> list[Point]:
 OPS = ("crash", "restart")
 
 
-def with_action(scenario: Scenario, point: Point) -> Scenario:
-    action = ActionSpec.model_validate(
-        {"at": {"event": point.event, "nth": point.nth}, "do": {"op": point.op}}
-    )
-    return scenario.model_copy(update={"actions": [*scenario.actions, action]})
-
-
-async def run_guarded(scenario: Scenario, store: Store) -> RunResult:
-    """The run, or a failure naming the hang: an ended run is all this sweep asks for."""
-    with anyio.move_on_after(GUARD_S) as guard:
-        return await run_scenario(scenario, store)
-    assert not guard.cancelled_caught
-    pytest.fail(f"no end within {GUARD_S} real seconds: a hang")
-
-
 def trial(point: Point, store: Store) -> int:
-    result = anyio.run(run_guarded, with_action(loaded(point.scenario), point), store)
+    faulted = with_action(loaded(point.scenario), point.event, point.nth, {"op": point.op})
+    result = anyio.run(run_guarded, faulted, store)
     assert result.exit_code in (0, 1, 3), point
     if result.exit_code == 3:  # an error says what failed, in one line
         assert result.error, point

@@ -19,41 +19,28 @@ faulted run legitimately takes another path. ``make test`` runs a fixed sample o
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from agent_session.harness.loader import load_scenario
-from agent_session.harness.runner import RunResult, run_scenario
+from agent_session.harness.runner import RunResult
 from agent_session.harness.scenario import Scenario
 from persistence import CutState, MemoryStore
+from tests.scenarios.sweep_kit import FULL, library, run_guarded, with_action
 
-LIBRARY = sorted((Path(__file__).parents[2] / "docs" / "scenarios").glob("*.toml"))
-FULL = os.environ.get("TURNKEEPER_FUZZ") == "full"
 #: In ``make test``: every n-th placement of each scenario (all of them when FULL).
 SAMPLE_EVERY = 1 if FULL else 7
-HANG_GUARD_S = 30
 #: Errors a faulted run may end with: its own script or actions assumed the unfaulted path, or
 #: the host's own ``open_session`` raised (its session's create commit failed: the host was
 #: told, as a typed error, and the harness cannot go on without that session).
 PATH_ERRORS = ("ran out of scripted steps", "no queued entry", "(create))")
 
 
-async def _run(scenario: Scenario, store: MemoryStore) -> RunResult:
-    with anyio.fail_after(HANG_GUARD_S):  # a hang guard, never a synchronisation
-        return await run_scenario(scenario, store)
-
-
 def _faulted(scenario: Scenario, event: str, nth: int) -> Scenario:
-    action_type = type(scenario.actions[0])
-    fault = action_type.model_validate(
-        {"at": {"event": event, "nth": nth}, "do": {"op": "fail_next", "what": "store_write"}}
-    )
-    return scenario.model_copy(update={"actions": [*scenario.actions, fault]})
+    return with_action(scenario, event, nth, {"op": "fail_next", "what": "store_write"})
 
 
 def _placements(trace: list[dict[str, Any]]) -> list[tuple[str, int]]:
@@ -137,16 +124,16 @@ def _outcome(result: RunResult) -> str:
     return "ended idle, every expectation still met"
 
 
-@pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
+@pytest.mark.parametrize("path", library(), ids=[p.stem for p in library()])
 async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Path) -> None:
     scenario = load_scenario(path)
-    baseline = await _run(scenario, MemoryStore())
+    baseline = await run_guarded(scenario, MemoryStore())
     assert baseline.exit_code == 0, baseline.failures or baseline.error
     placements = _placements(baseline.trace)[::SAMPLE_EVERY]
     problems: list[str] = []
     for event, nth in placements:
         store = MemoryStore()
-        result = await _run(_faulted(scenario, event, nth), store)
+        result = await run_guarded(_faulted(scenario, event, nth), store)
         where = f"fail_next store_write at {event} #{nth}"
         OUTCOMES[_outcome(result)] += 1
         if result.error is not None and not any(p in result.error for p in PATH_ERRORS):
@@ -172,6 +159,10 @@ def test_zz_print_the_outcomes() -> None:
             print(f"  {count:4d}  {outcome}")
 
 
+def _ended_cuts(trace: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(e["session"], e["cut"]) for e in trace if e["event"] == "continuation-ended"}
+
+
 async def test_a_cut_records_end_whose_write_failed_is_written_and_told_later() -> None:
     """PS-6: a withdrawal, forfeit or void whose write fails stands, and is written later.
 
@@ -182,9 +173,9 @@ async def test_a_cut_records_end_whose_write_failed_is_written_and_told_later() 
     that had ended.
     """
     tried = 0
-    for path in LIBRARY:
+    for path in library():
         scenario = load_scenario(path)
-        baseline = await _run(scenario, MemoryStore())
+        baseline = await run_guarded(scenario, MemoryStore())
         seen: Counter[str] = Counter()
         for before, line in zip(baseline.trace, baseline.trace[1:], strict=False):
             seen[before["event"]] += 1
@@ -193,15 +184,9 @@ async def test_a_cut_records_end_whose_write_failed_is_written_and_told_later() 
             if any(e["event"] == "crash" for e in baseline.trace[: line["seq"]]):
                 continue  # a dead engine's pending change dies with it; recovery re-plans
             store = MemoryStore()
-            result = await _run(_faulted(scenario, before["event"], seen[before["event"]]), store)
-            ended = {
-                (e["session"], e["cut"])
-                for e in baseline.trace
-                if e["event"] == "continuation-ended"
-            }
-            told = {
-                (e["session"], e["cut"]) for e in result.trace if e["event"] == "continuation-ended"
-            }
+            faulted = _faulted(scenario, before["event"], seen[before["event"]])
+            result = await run_guarded(faulted, store)
+            ended, told = _ended_cuts(baseline.trace), _ended_cuts(result.trace)
             where = f"{path.stem}: cut-void write failed after {before['event']}"
             assert ended <= told, (where, ended - told)
             assert await _told_but_owed(store, result.trace) == [], where
