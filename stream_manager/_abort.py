@@ -11,13 +11,5 @@ from __future__ import annotations
 from message_queue import OneShot
 from stream_manager._events import AbortReason
 
-
-class AbortSignal(OneShot[AbortReason]):
-    """A one-shot abort with its typed reason; the first ``fire`` wins, listeners run inside it.
-
-    A class of its own rather than the alias ``OneShot[AbortReason]``: calling a subscripted
-    generic goes through ``typing`` on every launch (and fails, silently, to set
-    ``__orig_class__`` on a slotted instance).
-    """
-
-    __slots__ = ()
+#: A one-shot abort with its typed reason; the first ``fire`` wins, listeners run inside it.
+AbortSignal = OneShot[AbortReason]
