@@ -31,6 +31,7 @@ from stream_manager._events import (
     ReceiptWritten,
     StartCause,
     StepCompleted,
+    StepUsage,
     StreamAborted,
     StreamEnded,
     StreamEvent,
@@ -54,6 +55,7 @@ from stream_manager._parts import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    Usage,
 )
 from stream_manager._request import (
     Aborted,
@@ -101,6 +103,12 @@ from stream_manager.scripted import (
     ScriptStep,
     ScriptToolCall,
 )
+from stream_manager.tools import (
+    ArgumentsCheck,
+    FunctionTool,
+    ToolDefinition,
+    definition_of,
+)
 
 __all__ = [
     "REDACTED",
@@ -108,6 +116,7 @@ __all__ = [
     "AbortReason",
     "AbortSignal",
     "Aborted",
+    "ArgumentsCheck",
     "CallBehaviours",
     "CancelWhy",
     "Capability",
@@ -123,6 +132,7 @@ __all__ = [
     "Finish",
     "FinishReason",
     "FunctionModel",
+    "FunctionTool",
     "Hop",
     "LaunchRefused",
     "LoopStopped",
@@ -157,6 +167,7 @@ __all__ = [
     "Started",
     "StepBudget",
     "StepCompleted",
+    "StepUsage",
     "StopDecision",
     "StopWhy",
     "StreamAborted",
@@ -178,13 +189,16 @@ __all__ = [
     "ToolCallPart",
     "ToolCallStarted",
     "ToolContext",
+    "ToolDefinition",
     "ToolKind",
     "ToolResultPart",
     "UnknownModel",
+    "Usage",
     "VirtualClock",
     "Withdrawn",
     "WriteFailed",
     "decide_stop",
+    "definition_of",
     "initial_budget",
     "is_success",
     "operation_id",

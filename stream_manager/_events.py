@@ -75,6 +75,17 @@ class StepCompleted(_Event, frozen=True, kw_only=True, tag="step"):
     model: str
 
 
+class StepUsage(_Event, frozen=True, kw_only=True, tag="usage"):
+    """What a finished step used, when its model reported it (right after its ``step``)."""
+
+    stream: str
+    n: int
+    #: The model that ran the step (a fallback's usage is its own, R59).
+    model: str
+    input_tokens: int
+    output_tokens: int
+
+
 class FellBack(_Event, frozen=True, kw_only=True, tag="fallback"):
     """A refusal hopped to the next model of the chain."""
 
@@ -200,6 +211,7 @@ class Persisted(_Event, frozen=True, kw_only=True, tag="persisted"):
 StreamEvent = (
     StreamStarted
     | StepCompleted
+    | StepUsage
     | FellBack
     | LoopStopped
     | StreamEnded

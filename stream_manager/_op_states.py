@@ -46,6 +46,8 @@ class OutcomeCode(StrEnum):
     CAPABILITY_ERROR = "capability_error"
     #: The tool's transport or controller failed (a lost connection, an unknown tool).
     TRANSPORT_ERROR = "transport_error"
+    #: Not run: the model's arguments failed the tool's declared schema.
+    INVALID_ARGUMENTS = "invalid_arguments"
     #: The deadline passed (timed out, or indeterminate when unacknowledged).
     TIMEOUT = "timeout"
     #: Stopped by a user Stop, a hard stop or disposal.

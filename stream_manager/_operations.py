@@ -84,6 +84,7 @@ from stream_manager._op_states import (
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import TerminationUnconfirmed, WriteFailed
 from stream_manager.ports import Capability, Clock, Tool, ToolContext, ToolKind
+from stream_manager.tools import ArgumentsCheck
 
 log = logging.getLogger("turnkeeper.operations")
 
@@ -103,8 +104,11 @@ class OperationRunner:
         owner: Callable[[], str | None] | None = None,
         salt: str = "turnkeeper",
         policy: OverlapPolicy = OverlapPolicy.BLOCK,
+        arguments: ArgumentsCheck | None = None,
     ) -> None:
         self._tools = tools
+        #: The declared schemas a call's arguments must pass before it runs.
+        self._arguments = arguments
         self._clock = clock
         self._deadline_s = default_deadline_s
         self._grace_s = grace_s
@@ -411,6 +415,19 @@ class OperationRunner:
             await self._receipts.write(op.record)
             self._receipts.receipt_event(op.record, op.call.name)
             return failed_result(op.call, f"unknown tool {op.call.name!r}")
+        problems = self._arguments.problems(op.call) if self._arguments is not None else None
+        if problems:  # the model sent arguments its schema refuses: nothing runs
+            op.record = advance(
+                op.record,
+                OpState.FAILED,
+                now=now,
+                outcome=OutcomeCode.INVALID_ARGUMENTS,
+                acknowledged=True,
+                explanation="not run: its arguments failed the tool's schema",
+            )
+            await self._receipts.write(op.record)
+            self._receipts.receipt_event(op.record, op.call.name)
+            return failed_result(op.call, "invalid_arguments", problems=problems)
         if op.record.state is OpState.REQUESTED:  # it waited behind a sibling
             op.record = advance(op.record, OpState.RUNNING, now=now)
             await self._receipts.write(op.record)

@@ -60,10 +60,19 @@ class ToolResultPart(
     provider_executed: bool = False
 
 
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What one model step used, as its provider reported it."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
 class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish", tag_field="type"):
     """The step's terminal part: the step is complete (a ``finish-step``)."""
 
     reason: FinishReason
+    #: The step's token usage, when the model reports it (a ``usage`` event follows ``step``).
+    usage: Usage | None = None
 
 
 Part = TextPart | ReasoningPart | ToolCallPart | ToolResultPart | Finish

@@ -31,6 +31,7 @@ from stream_manager._events import (
     FellBack,
     LoopStopped,
     StepCompleted,
+    StepUsage,
     StreamAborted,
     StreamFailed,
     ToolCallEnded,
@@ -69,6 +70,7 @@ from stream_manager._validate import malformed
 from stream_manager.errors import ErrorType, ModelError, WriteFailed, is_retryable
 from stream_manager.ports import Model, ModelRequest
 from stream_manager.redaction import redact
+from stream_manager.tools import ToolDefinition
 
 log = logging.getLogger("turnkeeper.stream")
 
@@ -116,11 +118,14 @@ class StreamProcessor:
         operations: OperationRunner,
         events: Emitter,
         completion_tools: tuple[str, ...],
+        tool_definitions: tuple[ToolDefinition, ...] = (),
     ) -> None:
         self._models = dict(models)
         self._ops = operations
         self._events = events
         self._completion_tools = completion_tools
+        #: What every model request offers (``ModelRequest.tools``).
+        self._tool_definitions = tool_definitions
         #: Stream id -> the stream's own group for tool tasks (when no engine group is bound).
         self._groups: dict[str, anyio.abc.TaskGroup] = {}
 
@@ -201,6 +206,7 @@ class StreamProcessor:
                 correlation=request.correlation,
                 extra_system_context=request.extra_system_context,
                 thinking_level=host.thinking_for_step(),  # a mid-turn change applies here
+                tools=self._tool_definitions,
             )
             step = await self._step(stream, self._models[stream.model], model_request, required)
             if step.soft_stopped:
@@ -324,6 +330,17 @@ class StreamProcessor:
                         model=stream.model,
                     )
                 )
+                if part.usage is not None:
+                    self._events.emit(
+                        StepUsage(
+                            session=stream.session,
+                            stream=stream.id,
+                            n=stream.budget.spent,
+                            model=stream.model,
+                            input_tokens=part.usage.input_tokens,
+                            output_tokens=part.usage.output_tokens,
+                        )
+                    )
             return True
         if isinstance(part, ToolCallPart):
             calls[part.call_id] = part

@@ -48,6 +48,7 @@ from persistence import TurnkeeperError, UsageError
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import TerminationUnconfirmed
 from stream_manager.ports import ToolContext, ToolKind
+from stream_manager.tools import ToolDefinition
 
 try:
     import mcp_types
@@ -165,7 +166,7 @@ class McpTool:
     acknowledged and when it raises ``TerminationUnconfirmed``).
     """
 
-    __slots__ = ("_confirm_timeout_s", "_kind", "_name", "_remote_name", "_session")
+    __slots__ = ("_confirm_timeout_s", "_definition", "_kind", "_name", "_remote_name", "_session")
 
     def __init__(
         self,
@@ -175,6 +176,7 @@ class McpTool:
         remote_name: str | None = None,
         kind: ToolKind = ToolKind.CLIENT,
         confirm_timeout_s: float = 5.0,
+        definition: ToolDefinition | None = None,
     ) -> None:
         """Adapt the server tool ``remote_name`` (default ``name``) of an initialized session.
 
@@ -186,6 +188,9 @@ class McpTool:
             kind: How the engine runs the tool.
             confirm_timeout_s: How long (real seconds) a cancelled call may take to confirm
                 that it ended before the adapter reports it unconfirmed.
+            definition: What the model is told of the tool (:func:`stdio_tools` fills it from
+                the server's ``tools/list``: description and input schema); ``None``: an
+                open schema.
 
         Raises:
             UsageError: ``confirm_timeout_s`` is not positive.
@@ -197,6 +202,7 @@ class McpTool:
         self._remote_name = remote_name if remote_name is not None else name
         self._kind = kind
         self._confirm_timeout_s = confirm_timeout_s
+        self._definition = definition
 
     @property
     def name(self) -> str:
@@ -207,6 +213,11 @@ class McpTool:
     def kind(self) -> ToolKind:
         """How the engine runs the tool."""
         return self._kind
+
+    @property
+    def definition(self) -> ToolDefinition | None:
+        """Its description and parameters' schema, as the server listed them."""
+        return self._definition
 
     @property
     def session(self) -> ClientSession:
@@ -399,8 +410,14 @@ async def stdio_tools(
                 failure = error
             else:
                 yield {
-                    name: McpTool(session, name, kind=kind, confirm_timeout_s=confirm_timeout_s)
-                    for name in tools
+                    name: McpTool(
+                        session,
+                        name,
+                        kind=kind,
+                        confirm_timeout_s=confirm_timeout_s,
+                        definition=_definition(name, listed),
+                    )
+                    for name, listed in tools.items()
                 }
     if failure is not None:
         raise failure
@@ -408,21 +425,30 @@ async def stdio_tools(
 
 async def _connect(
     session: ClientSession, command: str, names: Sequence[str] | None, timeout_s: float
-) -> list[str]:
-    """Initialize ``session``; the names of the tools to adapt (checked against its list)."""
+) -> dict[str, mcp_types.Tool]:
+    """Initialize ``session``; the tools to adapt by name (checked against its list)."""
     listed = await _initialize(session, command, timeout_s)
-    wanted = list(names) if names is not None else listed
+    wanted = list(names) if names is not None else list(listed)
     missing = sorted(set(wanted) - set(listed))
     if missing:
         raise UsageError(
             f"MCP server {command!r} does not list the tool(s) {missing}; it lists {sorted(listed)}"
         )
-    return wanted
+    return {name: listed[name] for name in wanted}
 
 
-async def _initialize(session: ClientSession, command: str, timeout_s: float) -> list[str]:
-    """Initialize ``session`` and list every tool name (all pages)."""
-    names: list[str] = []
+def _definition(name: str, tool: mcp_types.Tool) -> ToolDefinition:
+    """The server's listing of ``tool`` as a definition: its description and input schema."""
+    return ToolDefinition(
+        name=name, description=tool.description or "", parameters=dict(tool.input_schema)
+    )
+
+
+async def _initialize(
+    session: ClientSession, command: str, timeout_s: float
+) -> dict[str, mcp_types.Tool]:
+    """Initialize ``session`` and list every tool (all pages)."""
+    names: dict[str, mcp_types.Tool] = {}
     try:
         with anyio.fail_after(timeout_s):
             await session.initialize()
@@ -431,7 +457,7 @@ async def _initialize(session: ClientSession, command: str, timeout_s: float) ->
                 page = await session.list_tools(
                     params=mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
                 )
-                names.extend(tool.name for tool in page.tools)
+                names.update((tool.name, tool) for tool in page.tools)
                 cursor = page.next_cursor
                 if cursor is None:
                     return names

@@ -20,6 +20,7 @@ from persistence.records import Capability as Capability
 from persistence.records import ToolKind as ToolKind
 from stream_manager._parts import ChatMessage, Part, ToolCallPart, ToolResultPart
 from stream_manager.clock import Timer
+from stream_manager.tools import ToolDefinition
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,6 +36,8 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     correlation: Correlation | None = None
     extra_system_context: str | None = None
     thinking_level: str | None = None
+    #: The tools the session offers, in the engine's order (``stream_manager.tools``).
+    tools: tuple[ToolDefinition, ...] = ()
 
 
 class Model(Protocol):

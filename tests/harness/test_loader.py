@@ -419,5 +419,6 @@ def test_a_trigger_built_in_code_keeps_its_match() -> None:
 
 
 def test_trace_events_cover_the_contract() -> None:
-    assert len(TRACE_EVENTS) == 30
-    assert {"stream-start", "owed", "continuation-ended", "tool-call-end"} <= TRACE_EVENTS
+    # The contract's 30, and ``usage`` (a real model's per-step token counts; docs/trace.md).
+    assert len(TRACE_EVENTS) == 31
+    assert {"stream-start", "owed", "continuation-ended", "tool-call-end", "usage"} <= TRACE_EVENTS

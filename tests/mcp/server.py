@@ -87,7 +87,7 @@ def _schema(**properties: str) -> dict[str, Any]:
 
 
 TOOLS = [
-    types.Tool(name="echo", input_schema=_schema(text="string")),
+    types.Tool(name="echo", description="Say the text back.", input_schema=_schema(text="string")),
     types.Tool(name="structured", input_schema=_schema(value="integer")),
     types.Tool(name="broken", input_schema=_schema()),
     types.Tool(name="hang", input_schema=_schema()),

@@ -132,6 +132,13 @@ async def test_mcp_tool_round_trip_returns_text_or_structured_output() -> None:
             echo = tools["echo"]
             assert (echo.name, echo.remote_name, echo.kind) == ("echo", "echo", ToolKind.CLIENT)
 
+            # The definition is the server's tools/list entry: its description and input schema.
+            assert echo.definition is not None
+            assert echo.definition.description == "Say the text back."
+            assert echo.definition.parameters["properties"] == {"text": {"type": "string"}}
+            assert tools["pid"].definition is not None
+            assert tools["pid"].definition.description == ""
+
             result = await echo.execute(tool_call("echo", text="hello"), CONTEXT)
             assert result == ToolResultPart(call_id="call-echo", name="echo", output="hello")
 

@@ -1,0 +1,191 @@
+"""What a model is told about a tool, and the check its arguments pass before the tool runs.
+
+A tool declares a :class:`ToolDefinition` (a description and a JSON schema of its parameters)
+through an optional ``definition`` property; :func:`definition_of` reads it, and gives a tool
+that declares none a definition with an open schema (any JSON object), so every tool of an
+engine is offered to the model (``ModelRequest.tools``). :class:`FunctionTool` builds a tool
+from a typed async function, its parameters' schema from the signature (pydantic), and
+:meth:`ToolDefinition.from_model` builds a definition from a pydantic model.
+
+Before a client call runs, its arguments are checked against the declared schema
+(:class:`ArgumentsCheck`, JSON Schema through ``jsonschema``): arguments that fail become a
+structured tool error the model sees (``{"error": "invalid_arguments", "problems": [...]}``),
+with a ``failed`` receipt; the tool never runs and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, get_type_hints
+
+import msgspec
+import pydantic
+from jsonschema import Draft202012Validator, SchemaError
+
+from persistence import ToolKind, UsageError
+from stream_manager._parts import ToolCallPart, ToolResultPart
+
+#: The schema of a tool that declares none: any JSON object.
+OPEN_PARAMETERS: Mapping[str, object] = {"type": "object"}
+
+#: How many schema problems a failed check reports to the model (the first ones, by path).
+MAX_PROBLEMS = 5
+
+
+class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool as a model sees it: its name, what it does, and its parameters' JSON schema."""
+
+    name: str
+    description: str = ""
+    #: A JSON schema (an ``object`` schema) of the call's arguments.
+    parameters: Mapping[str, object] = msgspec.field(default_factory=lambda: dict(OPEN_PARAMETERS))
+    #: How the tool runs: a ``provider`` tool is executed by the model's provider.
+    kind: ToolKind = ToolKind.CLIENT
+
+    @classmethod
+    def from_model(
+        cls,
+        name: str,
+        model: type[pydantic.BaseModel],
+        *,
+        description: str | None = None,
+        kind: ToolKind = ToolKind.CLIENT,
+    ) -> ToolDefinition:
+        """A definition whose parameters are the fields of a pydantic model.
+
+        The description defaults to the model's docstring.
+        """
+        text = description if description is not None else inspect.getdoc(model) or ""
+        return cls(name=name, description=text, parameters=model.model_json_schema(), kind=kind)
+
+
+def definition_of(name: str, tool: object) -> ToolDefinition:
+    """``tool``'s declared definition under ``name``, or an open one (any object) if none.
+
+    Raises:
+        UsageError: The declared definition is not a :class:`ToolDefinition`, names another
+            tool, or its schema is not a valid JSON schema.
+    """
+    declared = getattr(tool, "definition", None)
+    kind = ToolKind(getattr(tool, "kind", ToolKind.CLIENT))
+    if declared is None:
+        return ToolDefinition(name=name, kind=kind)
+    if not isinstance(declared, ToolDefinition):
+        raise UsageError(
+            f"tool {name!r}: definition must be a ToolDefinition, not {type(declared).__name__}"
+        )
+    if declared.name != name:
+        raise UsageError(f"tool {name!r}: its definition is named {declared.name!r}")
+    try:
+        Draft202012Validator.check_schema(dict(declared.parameters))
+    except SchemaError as error:
+        problem = f"tool {name!r}: its parameters are not a JSON schema: {error.message}"
+        raise UsageError(problem) from None
+    return declared if declared.kind is kind else msgspec.structs.replace(declared, kind=kind)
+
+
+class ArgumentsCheck:
+    """The arguments check of every tool that declares a schema (validators built once)."""
+
+    __slots__ = ("_validators",)
+
+    def __init__(self, definitions: Mapping[str, ToolDefinition], declared: set[str]) -> None:
+        self._validators = {
+            name: Draft202012Validator(dict(definitions[name].parameters)) for name in declared
+        }
+
+    def problems(self, call: ToolCallPart) -> list[str]:
+        """What is wrong with ``call``'s arguments (empty: they pass, or nothing is declared)."""
+        validator = self._validators.get(call.name)
+        if validator is None:
+            return []
+        found = sorted(validator.iter_errors(dict(call.args)), key=lambda e: list(e.path))
+        return [_problem(error) for error in found[:MAX_PROBLEMS]]
+
+
+def _problem(error: Any) -> str:
+    where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.path)
+    return f"{where}: {error.message}"
+
+
+#: What a :class:`FunctionTool`'s function returns: the call's output (any JSON value).
+ToolFunction = Callable[..., Awaitable[object]]
+
+
+class FunctionTool:
+    """A client tool from a typed async function: its schema from the signature.
+
+    The description is the function's docstring unless given. The model's arguments are
+    checked against the schema before the call (by the engine), then validated by pydantic
+    into the annotated types (a value the schema allowed but the types refuse is a failed
+    result naming the field). What the function returns is the output; what it raises is a
+    failed result (``tool_error``).
+    """
+
+    __slots__ = ("_adapter", "_definition", "_function", "_kind")
+
+    def __init__(
+        self,
+        function: ToolFunction,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        kind: ToolKind = ToolKind.CLIENT,
+    ) -> None:
+        """Build the tool; ``name`` defaults to the function's name.
+
+        Raises:
+            UsageError: The function is not async, or a parameter has no annotation.
+        """
+        if not inspect.iscoroutinefunction(function):
+            raise UsageError(f"FunctionTool needs an async function, not {function!r}")
+        self._function = function
+        self._kind = kind
+        tool_name = name or function.__name__
+        fields: dict[str, Any] = {}
+        hints = get_type_hints(function)
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.name not in hints:
+                raise UsageError(f"tool {tool_name!r}: parameter {parameter.name!r} has no type")
+            default = ... if parameter.default is inspect.Parameter.empty else parameter.default
+            fields[parameter.name] = (hints[parameter.name], default)
+        model = pydantic.create_model(f"{tool_name}_arguments", **fields)
+        self._adapter: type[pydantic.BaseModel] = model
+        text = description if description is not None else inspect.getdoc(function) or ""
+        self._definition = ToolDefinition(
+            name=tool_name, description=text, parameters=model.model_json_schema(), kind=kind
+        )
+
+    @property
+    def name(self) -> str:
+        """The name the model calls it by."""
+        return self._definition.name
+
+    @property
+    def kind(self) -> ToolKind:
+        """How it runs."""
+        return self._kind
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """Its description and parameters' schema."""
+        return self._definition
+
+    async def execute(self, call: ToolCallPart, context: object) -> ToolResultPart:
+        """Validate the arguments into the function's types, call it, return its output."""
+        try:
+            arguments = self._adapter.model_validate(dict(call.args))
+        except pydantic.ValidationError as error:
+            problems = [
+                f"$.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
+            ]
+            return ToolResultPart(
+                call_id=call.call_id,
+                name=call.name,
+                output={"error": "invalid_arguments", "problems": problems[:MAX_PROBLEMS]},
+                is_error=True,
+            )
+        values = {field: getattr(arguments, field) for field in type(arguments).model_fields}
+        output = await self._function(**values)
+        return ToolResultPart(call_id=call.call_id, name=call.name, output=output)
