@@ -28,8 +28,11 @@ class ErrorType(StrEnum):
     STREAM_TRUNCATED = "stream_truncated"
     EMPTY_OUTPUT = "empty_output"
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
-    #: A provider failure worth retrying (a scripted ``error = "retryable"``).
+    #: A provider failure worth retrying (a scripted ``error = "retryable"``; a real model's
+    #: overload, 5xx or lost connection).
     PROVIDER_ERROR = "provider_error"
+    #: The provider's rate limit (HTTP 429): retryable, after the provider's wait.
+    RATE_LIMITED = "rate_limited"
     #: A provider failure not worth retrying (a scripted ``error = "terminal"``).
     PROVIDER_REJECTED = "provider_rejected"
     #: A durable write the stream depends on failed (a receipt, its start, its final row).

@@ -123,7 +123,7 @@ class FunctionTool:
     failed result (``tool_error``).
     """
 
-    __slots__ = ("_adapter", "_definition", "_function", "_kind")
+    __slots__ = ("_adapter", "_deadline_s", "_definition", "_function", "_kind")
 
     def __init__(
         self,
@@ -132,16 +132,24 @@ class FunctionTool:
         name: str | None = None,
         description: str | None = None,
         kind: ToolKind = ToolKind.CLIENT,
+        deadline_s: float | None = None,
     ) -> None:
         """Build the tool; ``name`` defaults to the function's name.
 
+        ``deadline_s`` is each call's deadline (default: the engine's ``tool_deadline_s``);
+        at the deadline the call is cancelled and its receipt says so (OP-2).
+
         Raises:
-            UsageError: The function is not async, or a parameter has no annotation.
+            UsageError: The function is not async, a parameter has no annotation, or the
+                deadline is not positive.
         """
         if not inspect.iscoroutinefunction(function):
             raise UsageError(f"FunctionTool needs an async function, not {function!r}")
+        if deadline_s is not None and not deadline_s > 0:
+            raise UsageError(f"deadline_s must be positive, not {deadline_s!r}")
         self._function = function
         self._kind = kind
+        self._deadline_s = deadline_s
         tool_name = name or function.__name__
         fields: dict[str, Any] = {}
         hints = get_type_hints(function)
@@ -171,6 +179,10 @@ class FunctionTool:
     def definition(self) -> ToolDefinition:
         """Its description and parameters' schema."""
         return self._definition
+
+    def deadline_for(self, call: ToolCallPart) -> float | None:
+        """Each call's deadline in seconds (``None``: the engine's default)."""
+        return self._deadline_s
 
     async def execute(self, call: ToolCallPart, context: object) -> ToolResultPart:
         """Validate the arguments into the function's types, call it, return its output."""

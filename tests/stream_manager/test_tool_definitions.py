@@ -261,3 +261,20 @@ async def test_a_model_that_reports_no_usage_gets_no_usage_event() -> None:
     manager, recorder = _manager(model)
     await _run(manager, model.id)
     assert "usage" not in recorder.names()
+
+
+async def test_a_function_tools_deadline_is_its_calls_deadline() -> None:
+    from stream_manager import OperationStarted
+
+    async def slow(seconds: float) -> str:
+        """Wait."""
+        return "done"
+
+    model = _steps(
+        ScriptStep(tool_calls=(ScriptToolCall(tool="slow", args={"seconds": 1}),)),
+        ScriptStep(text="ok"),
+    )
+    manager, recorder = _manager(model, FunctionTool(slow, deadline_s=2.5))
+    await _run(manager, model.id)
+    [started] = recorder.of(OperationStarted)
+    assert started.deadline == 2500  # the virtual clock starts at 0; the default is 60 s
