@@ -79,7 +79,7 @@ class ModelUnavailable(UsageError):
 class PydanticAIModel:
     """A pydantic-ai model as a turnkeeper model (one streamed request per step)."""
 
-    __slots__ = ("_id", "_model", "_on_text_delta", "_settings")
+    __slots__ = ("_client", "_id", "_model", "_on_text_delta", "_settings")
 
     def __init__(
         self,
@@ -109,7 +109,11 @@ class PydanticAIModel:
             ModelUnavailable: The extra is not installed, the name is unknown, a provider
                 extra or a key is missing.
         """
-        self._model = _resolve(model, base_url, api_key)
+        self._client: Any = None
+        if base_url is not None and isinstance(model, str) and model:
+            self._model, self._client = _compatible(model, base_url, api_key)
+        else:
+            self._model = _resolve(model, api_key)
         self._id = model_id or (model if isinstance(model, str) else self._model.model_name)
         self._settings = settings
         self._on_text_delta = on_text_delta
@@ -124,6 +128,17 @@ class PydanticAIModel:
         """The pydantic-ai model requests go to."""
         return self._model
 
+    async def aclose(self) -> None:
+        """Close the HTTP client built for ``base_url`` (a model given built is the host's)."""
+        if self._client is not None:
+            await self._client.close()
+
+    async def __aenter__(self) -> PydanticAIModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     async def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
         """Run one step: stream ``request`` to the model and yield its parts as they end."""
         step = _Step()
@@ -133,7 +148,7 @@ class PydanticAIModel:
         except ModelError:
             raise
         except Exception as error:
-            mapped = map_error(error, self._id, started=step.yielded)
+            mapped = map_error(error, self._id, started=step.started)
             if mapped is None:  # a content filter or refusal: the fallback chain's to take over
                 yield Finish(reason=FinishReason.REFUSAL)
                 return
@@ -153,6 +168,7 @@ class PydanticAIModel:
             instrument=False,
         ) as response:
             async for event in response:
+                step.started = True
                 if isinstance(event, PartDeltaEvent):
                     if self._on_text_delta is not None and isinstance(event.delta, TextPartDelta):
                         self._on_text_delta(event.delta.content_delta)
@@ -184,17 +200,17 @@ class PydanticAIModel:
 class _Step:
     """What one step streamed so far."""
 
-    __slots__ = ("calls", "reason", "usage", "yielded")
+    __slots__ = ("calls", "reason", "started", "usage")
 
     def __init__(self) -> None:
         self.calls = 0
-        self.yielded = False
+        #: The response had begun streaming (a lost connection truncates it).
+        self.started = False
         self.reason: str | None = None
         self.usage: Usage | None = None
 
     def book(self, parts: list[Part]) -> list[Part]:
         for part in parts:
-            self.yielded = True
             if isinstance(part, ToolCallPart) and not part.provider_executed:
                 self.calls += 1
         return parts
@@ -203,7 +219,7 @@ class _Step:
 # ---------------------------------------------------------------- building the model
 
 
-def _resolve(model: str | PaiModel, base_url: str | None, api_key: str | None) -> PaiModel:
+def _resolve(model: str | PaiModel, api_key: str | None) -> PaiModel:
     try:
         from pydantic_ai.exceptions import UserError
         from pydantic_ai.models import Model as PaiModelClass
@@ -216,8 +232,6 @@ def _resolve(model: str | PaiModel, base_url: str | None, api_key: str | None) -
         return model
     if not model:
         raise ModelUnavailable(f"a model is a pydantic-ai model name or Model, not {model!r}")
-    if base_url is not None:
-        return _compatible(model, base_url, api_key)
     try:
         if model.startswith("openai:") and api_key is None:
             _require_env(model, "OPENAI_API_KEY")
@@ -232,14 +246,18 @@ def _resolve(model: str | PaiModel, base_url: str | None, api_key: str | None) -
         raise ModelUnavailable(f"model {model!r} could not be built: {_line(error)}") from None
 
 
-def _compatible(model: str, base_url: str, api_key: str | None) -> PaiModel:
-    from openai import AsyncOpenAI
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-
+def _compatible(model: str, base_url: str, api_key: str | None) -> tuple[PaiModel, Any]:
+    try:
+        from openai import AsyncOpenAI
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+    except ImportError as error:
+        raise ModelUnavailable(
+            f"real models need pydantic-ai, which is not installed ({INSTALL_HINT}): {error}"
+        ) from None
     key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
     client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
-    return OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+    return OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), client
 
 
 def _require_env(model: str, variable: str) -> None:
@@ -435,7 +453,7 @@ def _jsonable(value: Any) -> object:
 def map_error(error: BaseException, model: str, *, started: bool) -> ModelError | None:
     """A pydantic-ai or client failure as a typed model error; ``None``: a refusal finish.
 
-    ``started``: the step had yielded parts (a lost connection is then a truncated stream).
+    ``started``: the response had begun streaming (a lost connection then truncates it).
     """
     from pydantic_ai import exceptions as x
 
