@@ -157,7 +157,8 @@ class PydanticAIModel:
 
     async def _parts(self, request: ModelRequest, step: _Step) -> AsyncIterator[Part]:
         from pydantic_ai.direct import model_request_stream
-        from pydantic_ai.messages import PartDeltaEvent, PartEndEvent, TextPartDelta
+        from pydantic_ai.messages import PartDeltaEvent, PartEndEvent, PartStartEvent, TextPartDelta
+        from pydantic_ai.messages import TextPart as PaiTextPart
 
         ended: set[int] = set()
         async with model_request_stream(
@@ -172,6 +173,9 @@ class PydanticAIModel:
                 if isinstance(event, PartDeltaEvent):
                     if self._on_text_delta is not None and isinstance(event.delta, TextPartDelta):
                         self._on_text_delta(event.delta.content_delta)
+                elif isinstance(event, PartStartEvent):  # a part's first text comes with it
+                    if self._on_text_delta is not None and isinstance(event.part, PaiTextPart):
+                        self._on_text_delta(event.part.content)
                 elif isinstance(event, PartEndEvent):
                     ended.add(event.index)
                     for part in step.book(from_pydantic_part(event.part)):

@@ -48,6 +48,7 @@ async def shell(command: str) -> str:
 
 
 def build_model() -> PydanticAIModel:
+    """The model: ``TURNKEEPER_MODEL`` (a pydantic-ai name), at ``TURNKEEPER_BASE_URL`` if set."""
     name = os.environ.get("TURNKEEPER_MODEL", "openai:gpt-4.1-mini")
     base_url = os.environ.get("TURNKEEPER_BASE_URL")
     printing = lambda text: print(text, end="", flush=True)  # noqa: E731
@@ -64,6 +65,7 @@ class Host:
         self.session: AgentSession | None = None
 
     def __call__(self, event: EngineEvent) -> None:
+        """React to the engine's events, synchronously (an engine observer)."""
         self.recovered = self.recovered or isinstance(event, Recovered)
         session = self.session
         if session is None:
@@ -74,15 +76,20 @@ class Host:
             if "test" in self.task:
                 session.stop()  # the user stops a long test run: the call is cancelled
             else:  # the build tool reports back when the call ends: the turn is cut there
-                session.enqueue("build watcher: done", kind=EntryKind.WAKE, entry="build",
-                                mode=DispatchMode.TOOL_END)
-        elif isinstance(event, ContinuationOwed) and self.crash:
+                session.enqueue(
+                    "build watcher: done",
+                    kind=EntryKind.WAKE,
+                    entry="build",
+                    mode=DispatchMode.TOOL_END,
+                )
+        elif isinstance(event, ContinuationOwed) and self.crash and "Build" in self.task:
             print(f"\n[host] turn {event.cut} cut with {event.remaining} steps owed; crashing")
             os._exit(3)  # the process dies: the cut is already durable
         elif isinstance(event, ResumeAttempted):
             print(f"\n[host] recovered turn {event.cut}: {event.outcome}")
 
     async def turn(self, text: str) -> None:
+        """Send ``text`` and wait until the session is idle again."""
         assert self.session is not None
         self.task = text
         print(f"\n> {text}")
@@ -91,6 +98,7 @@ class Host:
 
 
 async def main(db: str, crash: bool) -> None:
+    """Run the three turns on ``db``, or, after a crash, let the restart recover the cut one."""
     host = Host(crash)
     engine = Engine(
         store=SqliteStore(db),
