@@ -108,7 +108,7 @@ class OperationRunner:
     ) -> None:
         self._tools = tools
         #: The declared schemas a call's arguments must pass before it runs.
-        self._arguments = arguments
+        self._arguments = arguments if arguments is not None else ArgumentsCheck(())
         self._clock = clock
         self._deadline_s = default_deadline_s
         self._grace_s = grace_s
@@ -401,32 +401,28 @@ class OperationRunner:
 
     # ------------------------------------------------------------ one call
 
+    async def _not_run(self, op: Op, now: float, outcome: OutcomeCode, explanation: str) -> None:
+        """The call ends ``failed`` before it ran: its receipt, written and told."""
+        op.record = advance(
+            op.record,
+            OpState.FAILED,
+            now=now,
+            outcome=outcome,
+            acknowledged=True,
+            explanation=explanation,
+        )
+        await self._receipts.write(op.record)
+        self._receipts.receipt_event(op.record, op.call.name)
+
     async def _run(self, op: Op, spawn: Spawn) -> ToolResultPart:
         now = self._clock.now()
         if op.tool is None:  # OP-12: nothing ran; the controller could not reach a tool
-            op.record = advance(
-                op.record,
-                OpState.FAILED,
-                now=now,
-                outcome=OutcomeCode.TRANSPORT_ERROR,
-                acknowledged=True,
-                explanation="no such tool; nothing ran",
-            )
-            await self._receipts.write(op.record)
-            self._receipts.receipt_event(op.record, op.call.name)
+            await self._not_run(op, now, OutcomeCode.TRANSPORT_ERROR, "no such tool; nothing ran")
             return failed_result(op.call, f"unknown tool {op.call.name!r}")
-        problems = self._arguments.problems(op.call) if self._arguments is not None else None
+        problems = self._arguments.problems(op.call)
         if problems:  # the model sent arguments its schema refuses: nothing runs
-            op.record = advance(
-                op.record,
-                OpState.FAILED,
-                now=now,
-                outcome=OutcomeCode.INVALID_ARGUMENTS,
-                acknowledged=True,
-                explanation="not run: its arguments failed the tool's schema",
-            )
-            await self._receipts.write(op.record)
-            self._receipts.receipt_event(op.record, op.call.name)
+            explanation = "not run: its arguments failed the tool's schema"
+            await self._not_run(op, now, OutcomeCode.INVALID_ARGUMENTS, explanation)
             return failed_result(op.call, "invalid_arguments", problems=problems)
         if op.record.state is OpState.REQUESTED:  # it waited behind a sibling
             op.record = advance(op.record, OpState.RUNNING, now=now)

@@ -110,10 +110,14 @@ class PydanticAIModel:
                 extra or a key is missing.
         """
         self._client: Any = None
-        if base_url is not None and isinstance(model, str) and model:
+        if base_url is None:
+            self._model = _resolve(model, api_key)
+        elif isinstance(model, str) and model:
             self._model, self._client = _compatible(model, base_url, api_key)
         else:
-            self._model = _resolve(model, api_key)
+            raise ModelUnavailable(
+                f"base_url goes with a model name the server knows, not {model!r}"
+            )
         self._id = model_id or (model if isinstance(model, str) else self._model.model_name)
         self._settings = settings
         self._on_text_delta = on_text_delta
@@ -464,7 +468,7 @@ def map_error(error: BaseException, model: str, *, started: bool) -> ModelError 
     where = f"model {model!r}"
     if isinstance(error, x.ContentFilterError):
         return None
-    for kind, error_type in _BY_CLASS(x):
+    for kind, error_type in _by_class(x):
         if isinstance(error, kind):
             if error_type is ErrorType.PROVIDER_ERROR and started:
                 error_type = ErrorType.STREAM_TRUNCATED
@@ -478,7 +482,7 @@ def map_error(error: BaseException, model: str, *, started: bool) -> ModelError 
     return ModelError(ErrorType.UNKNOWN, f"{where}: {_line(error)}")
 
 
-def _BY_CLASS(x: Any) -> list[tuple[type[BaseException], ErrorType]]:
+def _by_class(x: Any) -> list[tuple[type[BaseException], ErrorType]]:
     """Most specific first: pydantic-ai's categorized failures and their types."""
     return [
         (x.ModelContextWindowExceededError, ErrorType.CONTEXT_EXCEEDED),

@@ -16,7 +16,7 @@ with a ``failed`` receipt; the tool never runs and the loop goes on.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, get_type_hints
 
 import msgspec
@@ -67,10 +67,21 @@ def definition_of(name: str, tool: object) -> ToolDefinition:
         UsageError: The declared definition is not a :class:`ToolDefinition`, names another
             tool, or its schema is not a valid JSON schema.
     """
-    declared = getattr(tool, "definition", None)
-    kind = ToolKind(getattr(tool, "kind", ToolKind.CLIENT))
+    declared = declared_definition(name, tool)
     if declared is None:
-        return ToolDefinition(name=name, kind=kind)
+        return ToolDefinition(name=name, kind=ToolKind(getattr(tool, "kind", ToolKind.CLIENT)))
+    return declared
+
+
+def declared_definition(name: str, tool: object) -> ToolDefinition | None:
+    """The definition ``tool`` declares (checked), or ``None`` when it declares none.
+
+    Raises:
+        UsageError: As :func:`definition_of`.
+    """
+    declared = getattr(tool, "definition", None)
+    if declared is None:
+        return None
     if not isinstance(declared, ToolDefinition):
         raise UsageError(
             f"tool {name!r}: definition must be a ToolDefinition, not {type(declared).__name__}"
@@ -82,7 +93,22 @@ def definition_of(name: str, tool: object) -> ToolDefinition:
     except SchemaError as error:
         problem = f"tool {name!r}: its parameters are not a JSON schema: {error.message}"
         raise UsageError(problem) from None
+    kind = ToolKind(getattr(tool, "kind", ToolKind.CLIENT))
     return declared if declared.kind is kind else msgspec.structs.replace(declared, kind=kind)
+
+
+def offered(tools: Mapping[str, object]) -> tuple[tuple[ToolDefinition, ...], ArgumentsCheck]:
+    """What every request offers of ``tools`` (in order), and the check of declared schemas.
+
+    Raises:
+        UsageError: A tool declares a bad definition (:func:`definition_of`).
+    """
+    declared = {name: declared_definition(name, tool) for name, tool in tools.items()}
+    definitions = tuple(
+        found if found is not None else definition_of(name, tools[name])
+        for name, found in declared.items()
+    )
+    return definitions, ArgumentsCheck(d for d in declared.values() if d is not None)
 
 
 class ArgumentsCheck:
@@ -90,10 +116,8 @@ class ArgumentsCheck:
 
     __slots__ = ("_validators",)
 
-    def __init__(self, definitions: Mapping[str, ToolDefinition], declared: set[str]) -> None:
-        self._validators = {
-            name: Draft202012Validator(dict(definitions[name].parameters)) for name in declared
-        }
+    def __init__(self, declared: Iterable[ToolDefinition]) -> None:
+        self._validators = {d.name: Draft202012Validator(dict(d.parameters)) for d in declared}
 
     def problems(self, call: ToolCallPart) -> list[str]:
         """What is wrong with ``call``'s arguments (empty: they pass, or nothing is declared)."""

@@ -224,3 +224,11 @@ def test_a_model_that_cannot_be_built_is_one_clear_line_before_the_engine_starts
         PydanticAIModel(name)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_a_base_url_needs_a_model_name() -> None:
+    async def stream(messages: list[pm.ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        yield "x"
+
+    with pytest.raises(ModelUnavailable, match="base_url goes with a model name"):
+        PydanticAIModel(FunctionModel(stream_function=stream), base_url="http://127.0.0.1:9/v1")

@@ -13,19 +13,21 @@ from typing import Literal
 import pydantic
 import pytest
 
-from persistence import UsageError
+from persistence import MemoryStore, UsageError
 from stream_manager import (
     Ended,
     Finish,
     FinishReason,
     FunctionModel,
     FunctionTool,
+    OperationStarted,
     ReceiptWritten,
     ScriptStep,
     ScriptToolCall,
     StepCompleted,
     StepUsage,
     StreamManager,
+    StreamRequest,
     TextPart,
     Tool,
     ToolCallPart,
@@ -76,8 +78,6 @@ def _manager(model: FunctionModel, *tools: Tool) -> tuple[StreamManager, Recorde
 
 
 async def _run(manager: StreamManager, model: str) -> Ended:
-    from stream_manager import StreamRequest
-
     outcome = await manager.start_stream(
         StreamRequest(session="s9", model=model, messages=user_messages("look"))
     )
@@ -153,8 +153,6 @@ async def test_valid_arguments_run_the_declared_tool() -> None:
 
 
 async def test_an_invalid_arguments_receipt_names_its_outcome() -> None:
-    from persistence import MemoryStore
-
     store = MemoryStore.opened()
     model = _steps(
         ScriptStep(tool_calls=(ScriptToolCall(tool="read_file", args={}),)),
@@ -264,8 +262,6 @@ async def test_a_model_that_reports_no_usage_gets_no_usage_event() -> None:
 
 
 async def test_a_function_tools_deadline_is_its_calls_deadline() -> None:
-    from stream_manager import OperationStarted
-
     async def slow(seconds: float) -> str:
         """Wait."""
         return "done"
