@@ -100,14 +100,15 @@ class Host:
 async def main(db: str, crash: bool) -> None:
     """Run the three turns on ``db``, or, after a crash, let the restart recover the cut one."""
     host = Host(crash)
+    model = build_model()
     engine = Engine(
         store=SqliteStore(db),
-        models={"agent": build_model()},
+        models={"agent": model},
         tools={"read_file": FunctionTool(read_file), "shell": FunctionTool(shell, deadline_s=30)},
         config=EngineConfig(max_stream_steps=12),
         observers=[host],
     )
-    async with engine:  # recovery runs here: an owed turn of a crashed run resumes now
+    async with model, engine:  # recovery runs here: an owed turn of a crashed run resumes now
         host.session = await engine.open_session("dev", model="agent")
         await engine.wait_idle()
         if host.recovered:  # the restart after a crash: the cut turn was resumed and answered

@@ -7,10 +7,7 @@ table is read from the document, so a row without a case (or a case without a ro
 
 from __future__ import annotations
 
-import gc
 import re
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,20 +93,6 @@ CASES: dict[str, Case] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _collect_client_transports() -> Iterator[None]:
-    """Collect each case's garbage inside the case.
-
-    Known leftover: after a case, one client socket transport of the HTTP stack is left to the
-    garbage collector (found by collecting after each case; not yet traced to its owner). It
-    is collected here, so its ResourceWarning cannot land in a later, unrelated test.
-    """
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
 def table_rows() -> list[tuple[str, str, str]]:
     """(case, type, kind) of each row of the failure table in docs/models.md."""
     text = DOC.read_text(encoding="utf-8")
@@ -140,12 +123,16 @@ async def test_failure_table_row(case: str, documented_type: str, documented_kin
             "gpt-main", model_id="main", base_url=server.base_url, api_key=SECRET
         )
         backup = PydanticAIModel("gpt-backup", model_id="backup", base_url=server.base_url)
-        async with Engine(
-            store=MemoryStore(),
-            models={"main": main, "backup": backup},
-            fallbacks={"main": ["backup"]},
-            tools={"shell": FunctionTool(shell)},
-        ) as engine:
+        async with (
+            main,
+            backup,
+            Engine(
+                store=MemoryStore(),
+                models={"main": main, "backup": backup},
+                fallbacks={"main": ["backup"]},
+                tools={"shell": FunctionTool(shell)},
+            ) as engine,
+        ):
             engine.add_observer(events.append)
             session = await engine.open_session("s", model="main")
             session.send("build it")
