@@ -288,12 +288,16 @@ def to_pydantic_messages(request: ModelRequest) -> list[pai_messages.ModelMessag
     pending: list[m.ModelRequestPart] = []
     if request.extra_system_context:
         pending.append(m.SystemPromptPart(content=request.extra_system_context))
-    for message in request.messages:
+    messages = request.messages
+    for index, message in enumerate(messages):
         if message.role is Role.ASSISTANT:
             if pending:
                 out.append(m.ModelRequest(parts=pending))
                 pending = []
-            out.append(_response(message))
+            after = messages[index + 1] if index + 1 < len(messages) else None
+            # A provider-executed call's result belongs to the response that made the call.
+            provided = after.tool_results if after is not None and after.role is Role.TOOL else ()
+            out.append(_response(message, provided))
         else:
             pending.extend(_request_parts(message))
     if pending:
@@ -319,7 +323,9 @@ def _content(result: ToolResultPart) -> Any:
     return result.output if result.output is not None else ""
 
 
-def _response(message: ChatMessage) -> pai_messages.ModelResponse:
+def _response(
+    message: ChatMessage, provided: Sequence[ToolResultPart]
+) -> pai_messages.ModelResponse:
     from pydantic_ai import messages as m
 
     parts: list[m.ModelResponsePart] = []
@@ -338,7 +344,7 @@ def _response(message: ChatMessage) -> pai_messages.ModelResponse:
             )
     parts.extend(
         m.NativeToolReturnPart(tool_name=r.name, content=_content(r), tool_call_id=r.call_id)
-        for r in message.tool_results
+        for r in provided
         if r.provider_executed
     )
     return m.ModelResponse(parts=parts)

@@ -16,7 +16,7 @@ from pydantic_ai.models.function import AgentInfo, DeltaThinkingPart, DeltaToolC
 
 from agent_session import Engine, EngineConfig, EngineEvent
 from message_queue import DispatchMode, EntryKind
-from persistence import MemoryStore
+from persistence import MemoryStore, ToolKind
 from stream_manager import (
     FunctionTool,
     OperationStarted,
@@ -26,6 +26,9 @@ from stream_manager import (
     StreamFailed,
     StreamStarted,
     ToolCallEnded,
+    ToolCallPart,
+    ToolContext,
+    ToolResultPart,
 )
 from stream_manager.models import ModelUnavailable, PydanticAIModel
 
@@ -232,3 +235,52 @@ def test_a_base_url_needs_a_model_name() -> None:
 
     with pytest.raises(ModelUnavailable, match="base_url goes with a model name"):
         PydanticAIModel(FunctionModel(stream_function=stream), base_url="http://127.0.0.1:9/v1")
+
+
+class WebSearch:
+    """A provider tool: the provider runs it; the engine only keeps its receipt (OP-7)."""
+
+    name = "web_search"
+    kind = ToolKind.PROVIDER
+
+    async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
+        raise AssertionError("a provider-executed tool never runs here")
+
+
+async def test_a_provider_tool_is_a_native_tool_and_its_call_gets_a_receipt() -> None:
+    requests: list[tuple[list[pm.ModelMessage], AgentInfo]] = []
+
+    async def stream(messages: list[pm.ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        requests.append((list(messages), info))
+        if len(requests) == 1:
+            search = pm.NativeToolCallPart(
+                tool_name="web_search", args={"query": "anyio"}, tool_call_id="ws1"
+            )
+            found = pm.NativeToolReturnPart(
+                tool_name="web_search", content={"results": ["anyio docs"]}, tool_call_id="ws1"
+            )
+            yield {0: search}
+            yield {1: found}
+        yield "anyio is an async library."
+
+    recorder = Recorder()
+    model = PydanticAIModel(FunctionModel(stream_function=stream), model_id="m5")
+    async with Engine(
+        store=MemoryStore(), models={"m5": model}, tools={"web_search": WebSearch()}
+    ) as engine:
+        engine.add_observer(recorder)
+        session = await engine.open_session("s", model="m5")
+        session.send("what is anyio?")
+        await session.wait_idle()
+        session.send("thanks")
+        await session.wait_idle()
+    [native] = requests[0][1].model_request_parameters.native_tools
+    assert native.kind == "web_search"
+    assert requests[0][1].function_tools == []
+    [receipt] = recorder.of(ReceiptWritten)
+    assert (receipt.op, receipt.tool, receipt.state) == ("s/1/1/p0", "web_search", "completed")
+    # The next turn's history carries the provider's call and result back as native parts.
+    response = requests[1][0][1]
+    assert isinstance(response, pm.ModelResponse)
+    kinds = [type(p).__name__ for p in response.parts]
+    assert kinds == ["TextPart", "NativeToolCallPart", "NativeToolReturnPart"]
