@@ -21,6 +21,7 @@ BENCHMARKS = (
     "many_sessions",
     "recovery",
     "memory",
+    "models",
 )
 
 
