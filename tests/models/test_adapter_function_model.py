@@ -247,7 +247,7 @@ class WebSearch:
         raise AssertionError("a provider-executed tool never runs here")
 
 
-async def test_a_provider_tool_is_a_native_tool_and_its_call_gets_a_receipt() -> None:
+async def test_op7_a_provider_tool_is_a_native_tool_and_its_call_gets_a_receipt() -> None:
     requests: list[tuple[list[pm.ModelMessage], AgentInfo]] = []
 
     async def stream(messages: list[pm.ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:

@@ -1,17 +1,25 @@
-"""``docs/models.md``'s failure table, one case per row, over HTTP through the real clients.
+"""``docs/models.md``'s failure table, one case per row, over HTTP and through FunctionModel.
 
-Each row's reply is served by the scripted OpenAI-compatible server; the adapter talks to it
-through pydantic-ai's OpenAI chat model and the ``openai`` client, inside a real engine. The
-table is read from the document, so a row without a case (or a case without a row) fails.
+Over HTTP, each row's reply is served by the scripted OpenAI-compatible server; the adapter
+talks to it through pydantic-ai's OpenAI chat model and the ``openai`` client, inside a real
+engine with a fallback chain. The same rows then run through pydantic-ai's ``FunctionModel``,
+raising what pydantic-ai raises for that failure. The table is read from the document, so a
+row without a case (or a case without a row) fails. A planted key must reach no event and no
+log line.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic_ai import exceptions as x
+from pydantic_ai import messages as pm
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 from agent_session import Engine, EngineEvent
 from agent_session.harness.openai_fixture import (
@@ -37,6 +45,8 @@ from stream_manager import (
     ToolCallEnded,
 )
 from stream_manager.models import PydanticAIModel
+
+StreamFunction = Callable[[list[pm.ModelMessage], AgentInfo], AsyncIterator[Any]]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 SECRET = "sk-proj-Zq8vLmN4tR7wX2yB5cD9eF3gH6jK1pQs"
@@ -114,45 +124,136 @@ async def shell(command: str) -> str:
     return "ran"
 
 
-@pytest.mark.parametrize(("case", "documented_type", "documented_kind"), table_rows())
-async def test_failure_table_row(case: str, documented_type: str, documented_kind: str) -> None:
-    spec = CASES[case]
+async def run_case(main: PydanticAIModel, backup: PydanticAIModel) -> list[EngineEvent]:
+    """One turn on ``main`` (falling back to ``backup``); every event the engine told."""
     events: list[EngineEvent] = []
-    async with FixtureServer(spec.replies) as server:
-        main = PydanticAIModel(
-            "gpt-main", model_id="main", base_url=server.base_url, api_key=SECRET
-        )
-        backup = PydanticAIModel("gpt-backup", model_id="backup", base_url=server.base_url)
-        async with (
-            main,
-            backup,
-            Engine(
-                store=MemoryStore(),
-                models={"main": main, "backup": backup},
-                fallbacks={"main": ["backup"]},
-                tools={"shell": FunctionTool(shell)},
-            ) as engine,
-        ):
-            engine.add_observer(events.append)
-            session = await engine.open_session("s", model="main")
-            session.send("build it")
-            await session.wait_idle()
-        assert server.pending == 0
-        assert server.exhausted == 0
+    async with (
+        main,
+        backup,
+        Engine(
+            store=MemoryStore(),
+            models={"main": main, "backup": backup},
+            fallbacks={"main": ["backup"]},
+            tools={"shell": FunctionTool(shell)},
+        ) as engine,
+    ):
+        engine.add_observer(events.append)
+        session = await engine.open_session("s", model="main")
+        session.send("build it")
+        await session.wait_idle()
+    return events
+
+
+def check_row(
+    case: str,
+    events: list[EngineEvent],
+    documented: tuple[str, str],
+    logs: pytest.LogCaptureFixture,
+) -> None:
+    """The row's outcome, as the table says it; the key in no event and no log line."""
+    expected = CASES[case].error
     failures = [e for e in events if isinstance(e, StreamFailed)]
-    if spec.error is not None:
+    assert all(SECRET not in repr(e) for e in events)
+    assert SECRET not in logs.text
+    if expected is not None:
         [failed] = failures
-        assert (failed.type, failed.kind.value) == spec.error
-        assert (documented_type, documented_kind) == spec.error
-        assert SECRET not in failed.message  # the key never reaches an event
+        assert (failed.type, failed.kind.value) == expected
+        assert documented == expected
         return
     assert not failures
     if case == "content-filter":
         [hop] = [e for e in events if isinstance(e, FellBack)]
         assert (hop.from_, hop.to) == ("main", "backup")
-        assert documented_type == "refusal finish"
+        assert documented[0] == "refusal finish"
     else:
         [ended] = [e for e in events if isinstance(e, ToolCallEnded)]
         assert (ended.tool, ended.is_error) == ("deploy", True)
-        assert documented_type == "tool error result"
+        assert documented[0] == "tool error result"
     assert [e.finish.value for e in events if isinstance(e, StreamEnded)] == ["stop"]
+
+
+@pytest.mark.parametrize(("case", "documented_type", "documented_kind"), table_rows())
+async def test_failure_table_row_over_http(
+    case: str, documented_type: str, documented_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FixtureServer(CASES[case].replies) as server:
+        main = PydanticAIModel(
+            "gpt-main", model_id="main", base_url=server.base_url, api_key=SECRET
+        )
+        backup = PydanticAIModel("gpt-backup", model_id="backup", base_url=server.base_url)
+        events = await run_case(main, backup)
+        assert server.pending == 0
+        assert server.exhausted == 0
+    assert all(h["authorization"] == f"Bearer {SECRET}" for h in server.headers[:1])
+    check_row(case, events, (documented_type, documented_kind), caplog)
+
+
+def _raises(error: Exception) -> StreamFunction:
+    async def stream(messages: list[pm.ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        nothing: tuple[str, ...] = ()
+        for part in nothing:  # an async generator that fails before its first part
+            yield part
+        raise error
+
+    return stream
+
+
+def _drops(messages: list[pm.ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+    async def stream() -> AsyncIterator[Any]:
+        yield "The build "
+        raise x.ModelConnectionError("gpt-main", "connection lost", phase="read")
+
+    return stream()
+
+
+def _calls(name: str, arguments: str) -> StreamFunction:
+    async def stream(messages: list[pm.ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        if isinstance(messages[-1], pm.ModelRequest) and any(
+            isinstance(p, pm.ToolReturnPart) for p in messages[-1].parts
+        ):
+            yield "There is no deploy tool."
+            return
+        yield {0: DeltaToolCall(name=name, json_args=arguments, tool_call_id="c1")}
+
+    return stream
+
+
+def _answers(text: str) -> StreamFunction:
+    async def stream(messages: list[pm.ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        yield text
+
+    return stream
+
+
+#: The same rows through pydantic-ai's ``FunctionModel``: what the provider's failure becomes
+#: inside pydantic-ai (its categorized exceptions), no HTTP.
+FUNCTION_CASES: dict[str, StreamFunction] = {
+    "rate-limit": _raises(x.ModelRateLimitError("gpt-main", "Rate limit reached")),
+    "quota": _raises(x.ModelQuotaExceededError("gpt-main", "You exceeded your current quota.")),
+    "server-error": _raises(x.ModelServerError("gpt-main", "Internal server error")),
+    "overloaded": _raises(x.ModelOverloadedError("gpt-main", "The engine is overloaded.")),
+    "context-length": _raises(
+        x.ModelContextWindowExceededError("gpt-main", "maximum context length exceeded")
+    ),
+    "auth": _raises(x.ModelAuthenticationError("gpt-main", f"Incorrect API key: {SECRET}")),
+    "model-not-found": _raises(x.ModelNotFoundError("gpt-main", "no model gpt-main")),
+    "bad-request": _raises(x.ModelRequestRejectedError("gpt-main", "Invalid role.")),
+    "dropped": _drops,
+    "content-filter": _raises(x.ContentFilterError("content filter triggered")),
+    "bad-arguments": _calls("shell", '{"command": '),
+    "unknown-tool": _calls("deploy", "{}"),
+}
+
+
+def test_every_row_runs_through_the_function_model_too() -> None:
+    assert list(FUNCTION_CASES) == list(CASES)
+
+
+@pytest.mark.parametrize(("case", "documented_type", "documented_kind"), table_rows())
+async def test_failure_table_row_through_function_model(
+    case: str, documented_type: str, documented_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    main = PydanticAIModel(FunctionModel(stream_function=FUNCTION_CASES[case]), model_id="main")
+    backup = PydanticAIModel(FunctionModel(stream_function=_answers("Done.")), model_id="backup")
+    events = await run_case(main, backup)
+    check_row(case, events, (documented_type, documented_kind), caplog)
