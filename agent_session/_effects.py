@@ -9,7 +9,8 @@ test can read what the machine decided without an event loop, a store or a strea
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 import msgspec
 
@@ -112,3 +113,24 @@ Effect = (
     | StartResume
     | CancelRemoved
 )
+
+
+#: The work a task leaves to run after it (see :data:`Work`).
+Successors = list["Work"]
+
+#: What a session task runs. It is given its *successors*: work that the task's last effects
+#: start (the next queued send, the sweep) goes there and runs after it, in the same task
+#: (``AgentSession._task``), in the order a task of its own would have started it.
+Work = Callable[[Successors], Coroutine[Any, Any, None]]
+
+
+class Perform(Protocol):
+    """The shell's effect performer: ``effects`` in order.
+
+    Given ``then`` (the running task's successors, at the task's end only), what the effects
+    start is left there instead of in a task of its own.
+    """
+
+    def __call__(self, effects: list[Effect], then: Successors | None = None, /) -> Awaitable[None]:
+        """Perform ``effects``."""
+        ...

@@ -29,7 +29,7 @@ from stream_manager import ErrorKind, Persisted, StreamFailed
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from agent_session._effects import Effect
+    from agent_session._effects import Perform, Successors
     from agent_session._events import EngineEvent
     from agent_session._machine import TurnMachine
     from agent_session._session_store import SessionStore
@@ -54,7 +54,7 @@ class SendPipeline:
         store: SessionStore,
         gate: PreStreamGate,
         emit: Callable[[EngineEvent], None],
-        perform: Callable[[list[Effect]], Awaitable[None]],
+        perform: Perform,
         launch: Callable[[StreamContext], Awaitable[StreamOutcome]],
     ) -> None:
         self._machine = machine
@@ -64,16 +64,20 @@ class SendPipeline:
         self._perform = perform
         self._launch = launch
 
-    async def run(self, turn: TurnInput) -> PipelineResult:
-        """AS-13: whatever goes wrong in one send, the session goes on (IDLE, drain again)."""
+    async def run(self, turn: TurnInput, then: Successors) -> PipelineResult:
+        """AS-13: whatever goes wrong in one send, the session goes on (IDLE, drain again).
+
+        ``then`` is the running task's successors: what the turn's outcome starts (the next
+        queued send, the sweep) runs after the send, in the same task.
+        """
         try:
-            return await self._pipeline(turn)
+            return await self._pipeline(turn, then)
         except Exception as error:  # an unexpected failure must not kill the session's drain
             log.exception("send of %s failed", turn.entry_id or "a direct message")
             failure = SendFailure(type="unknown", message=f"{type(error).__name__}: {error}")
             return SendRefused(failure)
 
-    async def _pipeline(self, turn: TurnInput) -> PipelineResult:
+    async def _pipeline(self, turn: TurnInput, then: Successors) -> PipelineResult:
         machine = self._machine
         if turn.canceled():  # AS-3: checked before anything, and after every await below
             return self._cancel_before_acceptance(turn)
@@ -97,13 +101,13 @@ class SendPipeline:
         if self._disposed():
             return _DISPOSED
         if turn.canceled():
-            return await self._rollback(turn, row)
+            return await self._rollback(turn, row, then)
         # AS-8: the point of no return. A row that does not continue the cut turn supersedes it.
         await self._perform(machine.supersede(turn, "superseded by a send (R35)"))
         refused = await self._accept(turn)
         if refused is not None:
             return refused
-        return await self._launch_accepted(machine.turn_context(turn))
+        return await self._launch_accepted(machine.turn_context(turn), then)
 
     def _disposed(self) -> bool:
         """Whether the session was disposed (it can become so across any await)."""
@@ -120,7 +124,7 @@ class SendPipeline:
         await self._perform(self._machine.accepted(turn))
         return None
 
-    async def _launch_accepted(self, context: StreamContext) -> PipelineResult:
+    async def _launch_accepted(self, context: StreamContext, then: Successors) -> PipelineResult:
         """AS-10, AS-22: launch an accepted turn; a failure before its stream is reported.
 
         The outcome's path (its rows, the drain) runs after the launch, outside this guard:
@@ -141,7 +145,7 @@ class SendPipeline:
                 )
             )
             return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
-        await self._perform(self._machine.outcome(outcome, context))
+        await self._perform(self._machine.outcome(outcome, context), then)
         return Accepted()
 
     async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
@@ -190,7 +194,7 @@ class SendPipeline:
                 log.warning("on_canceled of %s failed: %r", turn.entry_id, error)
         return CanceledBeforeAcceptance(reason)
 
-    async def _rollback(self, turn: TurnInput, row: HistoryRow) -> PipelineResult:
+    async def _rollback(self, turn: TurnInput, row: HistoryRow, then: Successors) -> PipelineResult:
         """AS-3: delete exactly this send's rows; if that fails and the row stays, accept."""
         try:
             deleted = (await self._store.commit(Boundary(delete=(row.row_id,)))).deleted
@@ -200,14 +204,14 @@ class SendPipeline:
             remaining = {r.row_id for r in await self._store.rows()}
             if row.row_id in remaining:
                 log.warning("rollback of %s failed; accepting the entry", row.row_id)
-                return await self._accept_anyway(turn)
+                return await self._accept_anyway(turn, then)
         return self._cancel_before_acceptance(turn)
 
-    async def _accept_anyway(self, turn: TurnInput) -> PipelineResult:
+    async def _accept_anyway(self, turn: TurnInput, then: Successors) -> PipelineResult:
         refused = await self._accept(turn)
         if refused is not None:
             return refused
         context = StreamContext(
             model=self._machine.model, cause=turn.cause, correlation=turn.correlation
         )
-        return await self._launch_accepted(context)
+        return await self._launch_accepted(context, then)

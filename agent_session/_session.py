@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -43,6 +44,8 @@ from agent_session._effects import (
     ScheduleSweep,
     StartResume,
     StopStream,
+    Successors,
+    Work,
 )
 from agent_session._events import (
     EngineEvent,
@@ -256,8 +259,12 @@ class AgentSession:
                 self._act(effect)
         return None
 
-    async def _perform(self, effects: list[Effect]) -> None:
-        """Perform ``effects`` in order, awaiting each write where it stands (``Feed``: see _do)."""
+    async def _perform(self, effects: list[Effect], then: Successors | None = None) -> None:
+        """Perform ``effects`` in order, awaiting each write where it stands (``Feed``: see _do).
+
+        ``then`` is the running task's successors (``Perform``), given only where the effects
+        are the last thing the task does.
+        """
         queue, index = effects, 0
         while index < len(queue):
             effect = queue[index]
@@ -283,7 +290,7 @@ class AgentSession:
                     fed = effect.then(None)
                 queue, index = [*fed, *queue[index:]], 0
             else:
-                self._act(effect)
+                self._act(effect, then)
 
     def _tell(self, event: EngineEvent) -> None:
         """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase."""
@@ -296,10 +303,10 @@ class AgentSession:
                 self._idle = anyio.Event()
         self._emit(event)
 
-    def _act(self, effect: Effect) -> None:
+    def _act(self, effect: Effect, then: Successors | None = None) -> None:
         """Perform an effect that neither tells, writes nor feeds: it acts on something."""
         if type(effect) is ScheduleSweep:
-            self._run(self._sweep)
+            self._run(self._sweep, then)
         elif type(effect) is StopStream:
             self._manager.request_stop_nowait(self.id, soft=effect.soft, reason=effect.reason)
         elif type(effect) is AbortPrepared:
@@ -309,14 +316,14 @@ class AgentSession:
             if self._resume_abort is not None:  # its continuation ended: a system stop
                 self._resume_abort.fire(AbortReason.SYSTEM)
         elif type(effect) is Dispatch:
-            self._dispatch(effect.turn, effect.token)
+            self._dispatch(effect.turn, effect.token, then)
         elif type(effect) is StartResume:
-            self._run(self._armed(effect))
+            self._run(self._armed(effect), then)
         elif type(effect) is CancelRemoved:
             for entry_id, error in notify_all_canceled(list(effect.removed), effect.reason):
                 log.warning("cancellation callback of %s failed: %r", entry_id, error)
 
-    async def _flush_in_task(self) -> None:
+    async def _flush_in_task(self, then: Successors) -> None:
         await self._flush()  # a failure is the machine's input already; nothing waits on it
 
     async def _flush(self) -> str | None:
@@ -398,21 +405,53 @@ class AgentSession:
 
         return release
 
-    def _run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Start ``work`` in the engine's task group, counted for ``wait_idle``."""
+    def _run(self, work: Work, then: Successors | None = None) -> None:
+        """Start ``work``, counted for ``wait_idle``.
+
+        In a task of its own in the engine's task group; given the running task's successors
+        ``then``, after that task's work, in the same task (``_task``).
+        """
         self._tasks += 1
         self._busy()
+        if then is not None:
+            then.append(work)
+        else:
+            self._spawn(partial(self._task, work))
 
-        async def counted() -> None:
+    async def _task(self, work: Work) -> None:
+        """Run ``work``, then the first work it left to run after it, and so on, in this task.
+
+        A task whose last effects start another (a turn's outcome dispatching the next queued
+        send, a withdrawn send scheduling the sweep) goes on as that one: it starts when a task
+        of its own would have (once this work is done), without a new task's cost (two fewer
+        on the resume path: ``bench/README.md``, table 7). Any further successors get tasks of
+        their own. A loop, not recursion: a queue of a thousand sends is a thousand laps.
+        """
+        while True:
+            then: Successors = []
             try:
-                await work()
+                await work(then)
             except Exception:  # a bug here must not take the engine's other sessions down
                 log.exception("session %s: a task failed: %s", self.id, self.describe())
+            except BaseException:  # cancelled (the engine is closing): the successors never run
+                self._tasks -= len(then)
+                raise
             finally:
                 self._tasks -= 1
                 self._check_idle()
-
-        self._spawn(counted)
+            if not then:
+                return
+            work = then[0]
+            for other in then[1:]:
+                self._spawn(partial(self._task, other))
+            # What is ready already (a host's task started from an observer) goes first, as it
+            # would before a task of its own; a checkpoint costs a fraction of a new task.
+            try:
+                await anyio.lowlevel.checkpoint()
+            except BaseException:  # cancelled: the successor never runs
+                self._tasks -= 1
+                self._check_idle()
+                raise
 
     async def wait_idle(self) -> None:
         """Return once the session is idle with nothing running or scheduled."""
@@ -444,32 +483,36 @@ class AgentSession:
 
     # ------------------------------------------------------------ turns
 
-    def _dispatch(self, turn: TurnInput, token: CancelToken | None) -> None:
+    def _dispatch(
+        self, turn: TurnInput, token: CancelToken | None, then: Successors | None = None
+    ) -> None:
         """AS-13: the dequeued entry goes through the pipeline; the session goes on after."""
 
-        async def dispatch() -> None:
+        async def dispatch(after: Successors) -> None:
             try:
-                result = await self._pipeline().run(turn)
+                result = await self._pipeline().run(turn, after)
             finally:
                 self._machine.dispatched(token)  # accepted, cancelled or failed: past AS-3
             if isinstance(result, SendRefused) and turn.callbacks is not None:
                 callback = turn.callbacks.on_accepted_pre_stream_failure
                 if callback is not None:
-                    callback(result.failure)
+                    try:
+                        callback(result.failure)
+                    except Exception as error:  # the host's bug must not strand the session
+                        log.warning(
+                            "on_accepted_pre_stream_failure of %s failed: %r", turn.entry_id, error
+                        )
             if not isinstance(result, Accepted):
-                await self._perform(self._machine.send_went_nowhere(turn))
+                await self._perform(self._machine.send_went_nowhere(turn), after)
 
-        self._run(dispatch)
+        self._run(dispatch, then)
 
     async def _launch_turn(self, context: StreamContext) -> StreamOutcome:
         """AS-10, AS-22: an accepted turn's stream under a new abort signal; its outcome."""
         self._prepared_abort = abort = AbortSignal()
         return await self._launcher().launch(context, abort)
 
-    async def _on_outcome(self, outcome: StreamOutcome, context: StreamContext) -> None:
-        await self._perform(self._machine.outcome(outcome, context))
-
-    async def _sweep(self) -> None:
+    async def _sweep(self, then: Successors) -> None:
         """AS-2: the scheduled sweep, in a task; a resume it starts runs on in this task.
 
         Record changes whose write failed are written again first (told once durable).
@@ -478,13 +521,13 @@ class AgentSession:
             await self._flush()
         start = self._do(self._machine.sweep_due(), hold_resume=True)
         if start is not None:
-            await self._armed(start)()
+            await self._armed(start)(then)
 
-    def _armed(self, start: StartResume) -> Callable[[], Coroutine[Any, Any, None]]:
+    def _armed(self, start: StartResume) -> Work:
         """The resume ``start`` asks for, under a new abort signal (armed now, run later)."""
         abort = self._resume_abort = AbortSignal()
         marker, attempt = start.marker, start.attempt
-        return lambda: self._resume(marker, attempt, abort)
+        return lambda then: self._resume(marker, attempt, abort, then)
 
     def sweep_now(self) -> bool:
         """Run the idle sweep at once; return whether it started a resume.
@@ -503,7 +546,9 @@ class AgentSession:
         """
         self._machine.adopt_owed(marker, row_id)
 
-    async def _resume(self, marker: Marker, attempt: int, abort: AbortSignal) -> None:
+    async def _resume(
+        self, marker: Marker, attempt: int, abort: AbortSignal, then: Successors
+    ) -> None:
         """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""
         log.info(
             "Resuming turn stranded by a withdrawn queued message: cut=%s model=%s budget=%d "
@@ -529,16 +574,16 @@ class AgentSession:
                 marker.cut,
                 error,
             )
-            await self._perform(machine.resume_unreadable(marker, attempt))
+            await self._perform(machine.resume_unreadable(marker, attempt), then)
             return
         except (PreStreamFailure, TurnkeeperError, OSError) as error:
             log.info("resume of %s failed before its stream started: %s", marker.cut, error)
-            await self._perform(machine.resume_failed(marker, attempt))
+            await self._perform(machine.resume_failed(marker, attempt), then)
             return
         if isinstance(outcome, Refused | Withdrawn):
-            await self._perform([*machine.not_started(outcome, context), Flush()])
+            await self._perform([*machine.not_started(outcome, context), Flush()], then)
         else:
-            await self._on_outcome(outcome, context)
+            await self._perform(machine.outcome(outcome, context), then)
 
     # ------------------------------------------------------------ the queue
 
@@ -697,10 +742,10 @@ class AgentSession:
         machine.direct_send()  # R3: the sweep yields until this send claims or fails
         turn = TurnInput(text=text, entry_id=entry, options=options)
 
-        async def direct() -> None:
-            result = await self._pipeline().run(turn)
+        async def direct(then: Successors) -> None:
+            result = await self._pipeline().run(turn, then)
             if not isinstance(result, Accepted):
-                await self._perform(machine.send_went_nowhere(turn))
+                await self._perform(machine.send_went_nowhere(turn), then)
 
         self._run(direct)
 
@@ -793,7 +838,7 @@ class AgentSession:
             raise UsageError(f"session {self.id}: history can be discarded only while idle")
         self._do(self._machine.discard())
 
-        async def discard() -> None:
+        async def discard(then: Successors) -> None:
             await self._flush()
             boundaries = self._store
             try:

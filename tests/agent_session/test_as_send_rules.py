@@ -13,7 +13,7 @@ The helpers here (callback recorder, hookable store and gates, ``put``) are shar
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 import pytest
@@ -487,6 +487,23 @@ async def test_as4_a_refused_report_or_system_entry_only_fails(kind: EntryKind) 
         assert [e.entry for e in r.of(EntryDequeued)] == ["E", "u"]
         assert [(str(s.cause), s.handle) for s in r.of(StreamStarted)] == [("queue", None)]
         assert gate.checks == ["send", "send"]
+        assert session.phase is Phase.IDLE
+
+
+async def test_as13_a_raising_pre_stream_failure_callback_does_not_stop_the_drain() -> None:
+    # The host's callback raises when told its refused entry failed: the refusal still ends
+    # the send (PREPARING released), and the user's message queued behind it is drained.
+    def failed(failure: SendFailure) -> None:
+        raise RuntimeError(f"host callback broke on {failure.type}")
+
+    async with session_rig({"M": [X("for u")]}, gate=FailingGate(1, "send")) as r:
+        session = r.session()
+        entry = delegated(EntryKind.REPORT, "E", C2, Calls())
+        session.enqueue_message(replace(entry, on_accepted_pre_stream_failure=failed))
+        session.send("u", entry="u")
+        await r.settle()
+        assert await texts(r) == [(RowKind.USER, "u"), (RowKind.ASSISTANT, "for u")]
+        assert [e.entry for e in r.of(EntryDequeued)] == ["E", "u"]
         assert session.phase is Phase.IDLE
 
 
