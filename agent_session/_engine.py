@@ -103,7 +103,8 @@ class Engine:
         )
         self._sessions: dict[str, AgentSession] = {}
         #: Recovered sessions whose resume is starting, each with its outcome to wait for.
-        self._recovering: dict[str, anyio.Event] = {}
+        #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
+        self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
         #: The store's owner token, read once when the engine opened it: every commit of the
@@ -214,9 +215,9 @@ class Engine:
 
     def _emit(self, event: EngineEvent) -> None:
         if self._recovering and isinstance(event, ResumeAttempted):  # only while recovering
-            waiting = self._recovering.get(event.session or "")
-            if waiting is not None:
-                waiting.set()
+            free = self._recovering.get(event.session or "")
+            if free is not None:
+                free()
         for observer in self._observers:
             try:
                 observer(event)
@@ -314,19 +315,26 @@ class Engine:
         A slot is held from the sweep until that resume has an outcome (``resume`` event:
         started, failed, refused or withdrawn); a session the sweep does not resume (the host
         acted on it first) gives its slot back at once and is swept at its next idle moment.
+        The resumed turn runs on in the task that swept it (one task per session, not two).
         """
         slots = anyio.Semaphore(max(1, self.config.recovery_concurrency))
 
         async def start(session: AgentSession, release: Callable[[], None]) -> None:
-            outcome = anyio.Event()
-            self._recovering[session.id] = outcome
+            freed = False
+
+            def free() -> None:
+                nonlocal freed
+                if not freed:
+                    freed = True
+                    self._recovering.pop(session.id, None)
+                    slots.release()
+                    release()
+
+            self._recovering[session.id] = free
             try:
-                if session.sweep_now():
-                    await outcome.wait()
+                await session.sweep_here()
             finally:
-                self._recovering.pop(session.id, None)
-                slots.release()
-                release()
+                free()
 
         async with anyio.create_task_group() as group:
             for session, release in zip(sessions, held, strict=True):

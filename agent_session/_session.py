@@ -537,6 +537,21 @@ class AgentSession:
         self._do(self._machine.sweep())
         return self._machine.continuation.resume_in_flight
 
+    async def sweep_here(self) -> bool:
+        """Run the idle sweep in the caller's task; return whether it started a resume.
+
+        A resume it starts runs on in this task (counted for ``wait_idle`` like a task of the
+        session's own) until the resumed turn and the work it leaves are done; its outcome is
+        reported as its ``resume`` event meanwhile. Startup recovery sweeps this way.
+        """
+        start = self._do(self._machine.sweep(), hold_resume=True)
+        if start is None:
+            return False
+        self._tasks += 1
+        self._busy()
+        await self._task(self._armed(start))
+        return True
+
     def adopt_owed(self, marker: Marker, row_id: str) -> None:
         """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``.
 

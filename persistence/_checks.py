@@ -45,7 +45,8 @@ def check_boundary(session: str, boundary: Boundary) -> None:
             raise _foreign(f"rows[{index}] (history row {row.row_id})", row.session, session)
     if envelope is not None and envelope.session != session:
         raise _foreign(f"envelope (stream {envelope.stream})", envelope.session, session)
-    check_receipts(session, operations)
+    if operations:
+        check_receipts(session, operations)
     for change in boundary.cut_states:
         if type(change.state) is not CutState:
             cut_state(change.state)

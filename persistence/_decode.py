@@ -83,12 +83,36 @@ def _blob(table: str, key: str, path: str, value: object) -> CorruptRecord | Non
     return _mismatch(table, key, path, "bytes", value)
 
 
-def _columns(values: Sequence[Any]) -> tuple[str, RowKind]:
-    """Check a history row's own columns; its key and kind.
+_ROW_KINDS = {kind.value: kind for kind in RowKind}
+
+
+def _columns(values: Sequence[Any]) -> RowKind:
+    """Check a history row's own columns; its kind.
+
+    Sound columns pass one test (every history read runs this for each row); the first that
+    fails is named by :func:`_column_problem`.
 
     Raises:
         CorruptRecord: A column fails validation.
     """
+    session, seq, row_id, kind, stream, cut_state, _cut, body = values
+    if (
+        type(session) is str
+        and type(seq) is int
+        and type(row_id) is str
+        and type(body) is bytes
+        and (stream is None or type(stream) is str)
+        and (cut_state is None or cut_state in CUT_STATES)
+        and type(kind) is str
+    ):
+        row_kind = _ROW_KINDS.get(kind)
+        if row_kind is not None:
+            return row_kind
+    raise _column_problem(values)
+
+
+def _column_problem(values: Sequence[Any]) -> CorruptRecord:
+    """The first of a history row's columns that fails validation, named."""
     session, seq, row_id, kind, stream, cut_state, _cut, body = values
     key = _checks.row_key(str(session), str(row_id))
     for path, value, expected in (
@@ -98,25 +122,25 @@ def _columns(values: Sequence[Any]) -> tuple[str, RowKind]:
         (".body", body, bytes),
     ):
         if type(value) is not expected:
-            raise _mismatch("history_rows", key, path, expected.__name__, value)
+            return _mismatch("history_rows", key, path, expected.__name__, value)
     if stream is not None and type(stream) is not str:
-        raise _mismatch("history_rows", key, ".stream", "str | None", stream)
+        return _mismatch("history_rows", key, ".stream", "str | None", stream)
     if cut_state is not None and cut_state not in CUT_STATES:
-        raise CorruptRecord(
+        return CorruptRecord(
             "history_rows", key, f"$.cut_state: Invalid enum value {cut_state!r} (not a CutState)"
         )
-    try:
-        return key, RowKind(kind)
-    except (ValueError, TypeError):
-        raise CorruptRecord("history_rows", key, f"$.kind: Invalid enum value {kind!r}") from None
+    return CorruptRecord("history_rows", key, f"$.kind: Invalid enum value {kind!r}")
 
 
-def _cut(key: str, cut_state: object, cut_blob: object) -> CutRecord | None:
+def _cut(session: str, row_id: str, cut_state: object, cut_blob: object) -> CutRecord | None:
     """The row's cut record, agreeing with its ``cut_state`` column.
 
     Raises:
         CorruptRecord: The record fails validation or disagrees with the column.
     """
+    if cut_blob is None and cut_state is None:  # most rows: no cut record
+        return None
+    key = _checks.row_key(session, row_id)
     cut: CutRecord | None = None
     if cut_blob is not None:
         if not isinstance(cut_blob, bytes | str):
@@ -142,7 +166,7 @@ def decode_row(values: Sequence[Any]) -> HistoryRow:
         CorruptRecord: A column or the cut record fails validation.
     """
     session, seq, row_id, _kind, stream, cut_state, cut_blob, body = values
-    key, row_kind = _columns(values)
+    row_kind = _columns(values)
     return HistoryRow(
         session=session,
         seq=seq,
@@ -150,7 +174,7 @@ def decode_row(values: Sequence[Any]) -> HistoryRow:
         kind=row_kind,
         body=body,
         stream=stream,
-        cut=_cut(key, cut_state, cut_blob),
+        cut=_cut(session, row_id, cut_state, cut_blob),
     )
 
 
@@ -165,10 +189,10 @@ def decode_history_row(values: Sequence[Any]) -> tuple[HistoryRow, CorruptRecord
         CorruptRecord: A column fails validation, or the damaged record may be owed.
     """
     session, seq, row_id, _kind, stream, cut_state, cut_blob, body = values
-    key, row_kind = _columns(values)
+    row_kind = _columns(values)
     problem: CorruptRecord | None = None
     try:
-        cut = _cut(key, cut_state, cut_blob)
+        cut = _cut(session, row_id, cut_state, cut_blob)
     except CorruptRecord as error:
         if cut_state not in _SETTLED:
             raise

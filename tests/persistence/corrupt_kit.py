@@ -214,6 +214,11 @@ CASES: dict[str, Case] = {
         4,
         ("$.cut.state",),
     ),
+    "state-without-cut": Case(
+        sql(f"UPDATE history_rows SET cut = NULL {OWED}", checks=False),
+        4,
+        ("history_rows[dev/dev:r2]", "$.cut.state"),
+    ),
     "body-not-bytes": Case(
         sql("UPDATE history_rows SET body = 'text' WHERE seq = 1"), 4, ("$.body",)
     ),

@@ -429,11 +429,26 @@ async def test_a_refused_boundary_is_rolled_back(db_path: Path, calls: Calls) ->
         assert await envelopes(store) == []
 
 
-async def test_the_owner_is_checked_again_inside_the_transaction(db_path: Path) -> None:
+#: One boundary of each job shape the store runs (``_writes.commit``): the lone statements
+#: that skip the plan, a receipt alone, and a plan of several statements.
+_SHAPES = {
+    "row": Boundary(rows=(row(2, "r2"),)),
+    "envelope": Boundary(envelope=envelope("st2")),
+    "cut_state": Boundary(cut_states=(CutStateChange(row_id="r1", state=CutState.VOIDED),)),
+    "receipt": Boundary(operations=(receipt("op-9"),)),
+    "plan": Boundary(rows=(row(2, "r2"),), envelope=envelope("st2")),
+}
+
+
+@pytest.mark.parametrize("shape", list(_SHAPES))
+async def test_the_owner_is_checked_again_inside_the_transaction(db_path: Path, shape: str) -> None:
     # The fence runs on the connection's thread, in the transaction that would hold the
     # write: an owner that changed after the call was made is refused there, writing nothing.
     async with SqliteStore(db_path) as store:
-        await commit(store, "s1", create=session())
+        await commit(
+            store, "s1", create=session(), rows=[row(1, kind=RowKind.ASSISTANT, cut=cut())]
+        )
+        before = await _contents(store)
         token = owner(store)
         held = store._held
         assert held is not None
@@ -444,10 +459,14 @@ async def test_the_owner_is_checked_again_inside_the_transaction(db_path: Path) 
 
         await connection(store).set_trace_callback(new_owner_on_begin)
         with pytest.raises(StaleOwner):
-            await store.commit("s1", Boundary(rows=(row(1),)), owner=token)
+            await store.commit("s1", _SHAPES[shape], owner=token)
         await connection(store).set_trace_callback(lambda _: None)
         assert not connection(store).in_transaction
-        assert await history(store) == []
+        assert await _contents(store) == before
+
+
+async def _contents(store: SqliteStore) -> tuple[object, ...]:
+    return (await history(store), await envelopes(store), (await store.receipts()).records)
 
 
 async def test_a_boundary_cancelled_mid_transaction_still_commits_whole(

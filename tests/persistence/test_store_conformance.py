@@ -240,6 +240,36 @@ async def test_an_unknown_session_is_refused_and_nothing_is_written(
     assert (await store.receipts()).records == ()
 
 
+def _void(row_id: str) -> Boundary:
+    return Boundary(cut_states=(CutStateChange(row_id=row_id, state=CutState.VOIDED),))
+
+
+@pytest.mark.parametrize(
+    ("sid", "boundary", "named"),
+    [
+        ("s1", Boundary(rows=(row(2, "r1"),)), "history row s1/r1 already exists"),
+        ("s1", Boundary(rows=(row(1, "r5"),)), "seq 1 of session 's1' is already taken by .*s1/r1"),
+        ("s1", _void("r9"), "no history row s1/r9"),
+        ("s1", _void("r1"), "history row s1/r1 has no cut record"),
+        ("ghost", Boundary(rows=(row(1, sid="ghost"),)), "unknown session 'ghost'"),
+        ("ghost", Boundary(envelope=envelope(sid="ghost")), "unknown session 'ghost'"),
+        ("ghost", _void("r1"), "no history row ghost/r1"),
+    ],
+    ids=["row_id", "seq", "no_row", "no_cut", "row_ghost", "envelope_ghost", "cut_ghost"],
+)
+async def test_a_boundary_of_one_statement_is_refused_by_name(
+    store: Store, sid: str, boundary: Boundary, named: str
+) -> None:
+    # The most frequent boundaries hold one statement and run without a plan (SqliteStore):
+    # each refusal still names what it tripped over, and writes nothing.
+    await commit(store, "s1", create=session(), rows=[row(1, "r1")])
+    with pytest.raises(UsageError, match=named):
+        await store.commit(sid, boundary, owner=owner(store))
+    assert await history(store) == [row(1, "r1")]
+    assert await envelopes(store) == []
+    assert await store.load("ghost") is None
+
+
 async def test_a_boundary_is_all_or_nothing_whichever_part_is_refused(store: Store) -> None:
     await commit(store, "s1", create=session(), rows=[row(1), row(2, kind=RowKind.ASSISTANT)])
     with pytest.raises(UsageError, match="s1/r2 has no cut record"):
