@@ -61,11 +61,26 @@ def check_receipts(session: str, operations: Sequence[OperationRecord]) -> None:
         UsageError: A receipt of another session, or one whose capability a store cannot
             read back; nothing is written.
     """
+    for record in operations:  # two receipts boundaries per tool step: one test per receipt
+        capability = record.capability
+        if not (
+            record.session == session
+            and type(capability) is Capability
+            and type(capability.kind) is ToolKind
+            and type(capability.name) is str
+            and capability.name
+        ):
+            raise _receipt_problem(session, operations)
+
+
+def _receipt_problem(session: str, operations: Sequence[OperationRecord]) -> UsageError:
+    """The refusal of the first receipt ``check_receipts`` cannot take, named by its index."""
     for index, record in enumerate(operations):
         if record.session != session:
-            raise _foreign(f"operations[{index}] ({record.op_id})", record.session, session)
+            return _foreign(f"operations[{index}] ({record.op_id})", record.session, session)
         if not _sound_capability(record.capability):
-            raise _bad_capability(index, record)
+            return _bad_capability(index, record)
+    raise AssertionError("check_receipts refused a sound boundary")  # pragma: no cover
 
 
 def _foreign(field: str, belongs: str, session: str) -> UsageError:

@@ -475,8 +475,11 @@ class SqliteStore:
             UsageError: See ``Store.commit``; nothing of the boundary is written.
             CorruptRecord: A stored value the commit had to read fails validation.
         """
-        self._writer()
-        _checks.fence(session, self.owner, owner)
+        if self._db is None or self._readonly:
+            self._writer()  # raises: closed, or open read-only
+        held = self._held
+        if owner is None or held is None or owner != held.owner:  # ``fence``, inlined
+            _checks.fence(session, self.owner, owner)
         if (
             boundary.create is None
             and boundary.envelope is None

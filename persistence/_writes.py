@@ -74,9 +74,9 @@ def row_params(row: HistoryRow) -> tuple[object, ...]:
         row.session,
         row.seq,
         row.row_id,
-        row.kind.value,
+        row.kind._value_,
         row.stream,
-        None if cut is None else cut.state.value,
+        None if cut is None else cut.state._value_,
         None if cut is None else _ENCODE(cut),
         row.body,
     )
@@ -99,7 +99,7 @@ def operation_params(record: OperationRecord) -> tuple[object, ...]:
     return (
         record.op_id,
         record.session,
-        record.state.value,
+        record.state._value_,  # ``.value`` is a descriptor call: receipts are the hottest write
         capability,
         record.target,
         record.resolved_by,

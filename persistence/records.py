@@ -229,7 +229,7 @@ class Capability(msgspec.Struct, frozen=True, gc=False):
     @property
     def text(self) -> str:
         """The capability as a receipt stores and shows it: ``kind:name``."""
-        return f"{self.kind.value}:{self.name}"
+        return f"{self.kind._value_}:{self.name}"  # ``_value_``: ``.value`` is a slow descriptor
 
 
 class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
