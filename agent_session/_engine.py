@@ -102,7 +102,6 @@ class Engine:
             observers=[self._on_stream_event],
         )
         self._sessions: dict[str, AgentSession] = {}
-        #: Recovered sessions whose resume is starting, each with its outcome to wait for.
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
         self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None

@@ -529,14 +529,6 @@ class AgentSession:
         marker, attempt = start.marker, start.attempt
         return lambda then: self._resume(marker, attempt, abort, then)
 
-    def sweep_now(self) -> bool:
-        """Run the idle sweep at once; return whether it started a resume.
-
-        The resume's outcome is reported later, as its ``resume`` event.
-        """
-        self._do(self._machine.sweep())
-        return self._machine.continuation.resume_in_flight
-
     async def sweep_here(self) -> bool:
         """Run the idle sweep in the caller's task; return whether it started a resume.
 
@@ -557,7 +549,7 @@ class AgentSession:
 
         The record on that row then follows the marker as if this process had cut the turn
         (consumed when a stream starts, voided when the continuation is withdrawn or
-        forfeited). Nothing starts yet: :meth:`sweep_now` (or the next idle transition) does.
+        forfeited). Nothing starts yet: :meth:`sweep_here` (or the next idle transition) does.
         """
         self._machine.adopt_owed(marker, row_id)
 

@@ -158,7 +158,7 @@ def commit(
     envelope, rows, cuts = boundary.envelope, boundary.rows, boundary.cut_states
     if boundary.create is None and not boundary.delete and not boundary.operations:
         # The hottest boundaries are one statement (a row, an envelope, a record's state):
-        # their jobs skip the plan; what they run and refuse is ``_apply``'s, to the letter.
+        # their jobs skip the plan and run ``_apply``'s statements (``_insert``, ...) alone.
         if envelope is None and not cuts and len(rows) == 1:
             row = rows[0]
             return partial(_insert_row, store, owner, path, row, row_params(row))
@@ -197,10 +197,7 @@ def _insert_row(
     db: sqlite3.Connection,
 ) -> int:
     _checks.fence(row.session, store.owner, owner)
-    try:
-        db.execute(INSERT_ROW, params)
-    except sqlite3.IntegrityError as exc:
-        raise _row_refusal(db, row, exc, path) from None
+    _insert(db, row, params, path)
     return 0
 
 
@@ -220,10 +217,7 @@ def _put_envelope(
     db: sqlite3.Connection,
 ) -> int:
     _checks.fence(session, store.owner, owner)
-    try:
-        db.execute(PUT_ENVELOPE, params)
-    except sqlite3.IntegrityError:
-        raise _checks.unknown_session(session) from None
+    _envelope(db, session, params)
     return 0
 
 
@@ -288,22 +282,32 @@ def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
     if plan.doomed is not None:
         deleted = db.execute(DELETE_ROWS, (plan.session, plan.doomed)).rowcount
     for row, params in plan.rows:
-        try:
-            db.execute(INSERT_ROW, params)
-        except sqlite3.IntegrityError as exc:
-            raise _row_refusal(db, row, exc, plan.path) from None
+        _insert(db, row, params, plan.path)
     for row_id, value in plan.cuts:
         _set_cut_state(db, plan.session, row_id, value)
     if plan.envelope is not None:
-        try:
-            db.execute(PUT_ENVELOPE, plan.envelope)
-        except sqlite3.IntegrityError:
-            raise _checks.unknown_session(plan.session) from None
+        _envelope(db, plan.session, plan.envelope)
     if len(plan.operations) == 1:
         db.execute(PUT_OPERATION, plan.operations[0])
     elif plan.operations:
         db.executemany(PUT_OPERATION, plan.operations)
     return deleted
+
+
+def _insert(db: sqlite3.Connection, row: HistoryRow, params: tuple[object, ...], path: str) -> None:
+    """Insert a history row; a refusal names what it tripped over."""
+    try:
+        db.execute(INSERT_ROW, params)
+    except sqlite3.IntegrityError as exc:
+        raise _row_refusal(db, row, exc, path) from None
+
+
+def _envelope(db: sqlite3.Connection, session: str, params: tuple[str, str, bytes]) -> None:
+    """Upsert a turn envelope; one of a session the store does not hold is refused."""
+    try:
+        db.execute(PUT_ENVELOPE, params)
+    except sqlite3.IntegrityError:
+        raise _checks.unknown_session(session) from None
 
 
 def _create(db: sqlite3.Connection, record: SessionRecord, blob: bytes) -> None:
