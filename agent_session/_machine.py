@@ -294,8 +294,10 @@ class TurnMachine:
                 turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
             return [Dispatch(turn, token)]
 
-        dequeued = Emit(EntryDequeued(session=self.id, entry=entry.entry_id))
-        return [dequeued, Feed(lambda: [*self._move(Phase.PREPARING), Feed(dispatch)])]
+        # AS-13: PREPARING at once, told after the dequeue: an observer of either event that
+        # queues more input finds the session busy, so that input queues behind this entry.
+        moved = self._move(Phase.PREPARING)
+        return [Emit(EntryDequeued(session=self.id, entry=entry.entry_id)), *moved, Feed(dispatch)]
 
     def dispatched(self, token: CancelToken | None) -> None:
         """The dequeued entry was accepted, cancelled or failed: it is past AS-3."""
@@ -416,8 +418,21 @@ class TurnMachine:
         return []
 
     def sweep_due(self) -> list[Effect]:
-        """The scheduled sweep runs."""
+        """The scheduled sweep runs: an idle session with queued entries drains them first.
+
+        Every move to IDLE schedules this (AS-2), so whatever made the session idle (a Stop or
+        a hard stop landing while a message was queued behind it, a failed write, a refused
+        resume), an idle session never holds a queued entry: the drain sends a live one and
+        cancels a withdrawn one (AS-13), and an empty queue sweeps again (AS-14).
+        """
         self.sweep_scheduled = False
+        if (
+            not self.queue.is_empty
+            and not self.defer_drain
+            and self.phase is Phase.IDLE
+            and self.manual_preflight == 0
+        ):
+            return self.drain()
         return self.sweep()
 
     def resume_failed(self, marker: Marker, attempt: int) -> list[Effect]:

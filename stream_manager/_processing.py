@@ -209,8 +209,8 @@ class StreamProcessor:
                 tools=self._tool_definitions,
             )
             step = await self._step(stream, self._models[stream.model], model_request, required)
-            if step.soft_stopped:
-                return _STOPPED
+            if step.soft_stopped or (stream.hard_reason is not None and _fails(step)):
+                return _STOPPED  # a hard stop landed during a failing step: its abort wins
             restartable = stream.budget.remaining > 0 and not stream.stopping
             error = step.error
             if error is not None:
@@ -468,6 +468,8 @@ class StreamProcessor:
             )
         if self._events.observers:
             self._events.emit(LoopStopped(session=stream.session, stream=stream.id, why=why))
+            if stream.state is StreamState.STOPPING:
+                return _STOPPED  # a hard stop told inside that emission lands first
         host = request.host
         if report is not None:
             host.queued_stop(report)  # synchronously, before stream-end (SM-8, R1)
@@ -558,6 +560,12 @@ class StreamProcessor:
         return Aborted(
             stream=stream.id, reason=reason, metadata=metadata, parts=tuple(stream.parts)
         )
+
+
+def _fails(step: _Step) -> bool:
+    """Whether the step ends the stream in an error (raised, unfinished, or refused)."""
+    finish = step.finish
+    return step.error is not None or finish is None or finish.reason is FinishReason.REFUSAL
 
 
 def _cancel_why(stream: ActiveStream) -> CancelWhy:

@@ -113,8 +113,18 @@ async def all_blocked() -> None:
 
 
 def busy_sessions(engine: Engine) -> list[str]:
-    """The sessions of ``engine`` not idle, described; at quiescence a busy one is wedged."""
-    return [session.describe() for session in engine.sessions.values() if not session.idle]
+    """The sessions of ``engine`` not idle, described; at quiescence a busy one is wedged.
+
+    An idle session holding queued entries is listed too: nothing would ever send them
+    (AS-13: whatever made a session idle, the idle drain empties its queue).
+    """
+    found: list[str] = []
+    for session in engine.sessions.values():
+        if not session.idle:
+            found.append(session.describe())
+        elif len(session.queue) and not session.is_disposed():
+            found.append(f"{session.describe()} is idle holding queued entries")
+    return found
 
 
 def _never() -> bool:

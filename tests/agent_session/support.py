@@ -16,7 +16,16 @@ from typing import TypeVar
 
 import anyio
 
-from agent_session import AgentSession, Engine, EngineConfig, EngineEvent, PreStreamGate
+from agent_session import (
+    AgentSession,
+    Engine,
+    EngineConfig,
+    EngineEvent,
+    EntryDequeued,
+    Phase,
+    PhaseChanged,
+    PreStreamGate,
+)
 from agent_session.harness.fakes import Faults, FaultyStore
 from agent_session.harness.trace import event_name as tag
 from agent_session.harness.virtual_time import VirtualTime
@@ -26,6 +35,7 @@ from stream_manager import (
     ScriptedModel,
     ScriptStep,
     ScriptToolCall,
+    StreamAborted,
     ToolCallPart,
     ToolContext,
     ToolKind,
@@ -115,6 +125,20 @@ class Rig:
 
     async def kinds(self, session: str = "s1") -> list[RowKind]:
         return [row.kind for row in await self.history(session)]
+
+    def dequeued_only_once_idle(self) -> list[str]:
+        """The entries dequeued after the last stream abort, each only after the session went
+        IDLE: the abort path dispatched nothing itself, the idle drain sent them (AS-13)."""
+        aborted = max(i for i, e in enumerate(self.events) if isinstance(e, StreamAborted))
+        idle: int | None = None
+        dequeued: list[str] = []
+        for index, event in enumerate(self.events[aborted:], aborted):
+            if isinstance(event, PhaseChanged) and event.to is Phase.IDLE and idle is None:
+                idle = index
+            elif isinstance(event, EntryDequeued):
+                assert idle is not None, f"{event.entry} was dequeued before the abort went idle"
+                dequeued.append(event.entry)
+        return dequeued
 
 
 @asynccontextmanager

@@ -684,7 +684,10 @@ async def test_as18_send_now_without_a_user_entry_changes_nothing() -> None:
 
 
 async def test_as18_send_now_that_preempted_a_preparing_turn_leaves_later_aborts_alone() -> None:
-    """The send-now drain belongs to the interrupt it made; a later system abort goes IDLE."""
+    """The send-now drain belongs to the interrupt it made; a later system abort goes IDLE.
+
+    The entry queued behind it is then sent by the idle drain (AS-13: an idle session never
+    holds a live entry), not by the abort path as a leaked send-now drain would."""
     store = HookStore()
     hold = Hold()
 
@@ -708,8 +711,14 @@ async def test_as18_send_now_that_preempted_a_preparing_turn_leaves_later_aborts
         r.engine.manager.request_stop_nowait("s1", reason=AbortReason.SYSTEM)
         await r.settle()
         assert r.of(StreamAborted)[-1].reason == "system"
-        assert [e.entry for e in r.of(EntryDequeued)] == ["u"]
-        assert causes(r) == ["queue"]
+        assert [e.entry for e in r.of(EntryDequeued)] == ["u", "later"]
+        later = r.events.index(r.of(EntryDequeued)[-1])
+        since_abort = r.events[r.events.index(r.of(StreamAborted)[-1]) : later]
+        assert [e.to for e in since_abort if isinstance(e, PhaseChanged)] == [
+            Phase.COMPLETING,
+            Phase.IDLE,
+        ]
+        assert causes(r) == ["queue", "queue"]
 
 
 # ---------------------------------------------------------------- AS-19
@@ -832,7 +841,8 @@ async def test_as21_a_queued_message_abort_leaves_a_preparing_resume_alone() -> 
 
 
 async def test_as21_a_synthetic_abort_clears_a_pending_soft_stop() -> None:
-    """A system stop landing while the soft-stop abort is handled: no continuation, no drain."""
+    """A system stop landing while the soft-stop abort is handled: no continuation, and the
+    abort path drains nothing (the wake is sent by the idle drain once the session is idle)."""
     store = HookStore()
     hold = Hold()
     hold_partial_commit(store, hold)
@@ -846,8 +856,8 @@ async def test_as21_a_synthetic_abort_clears_a_pending_soft_stop() -> None:
         hold.release()
         await r.settle()
         assert r.of(ContinuationOwed) == []
-        assert r.of(EntryDequeued) == []
-        assert causes(r) == ["send"]
+        assert len(r.dequeued_only_once_idle()) == 1
+        assert causes(r) == ["send", "queue"]
 
 
 # ---------------------------------------------------------------- AS-22
@@ -939,7 +949,7 @@ async def test_as23_an_aborted_partial_is_recorded_under_the_effective_model() -
         assert decode_body(partial).model == "B"
 
 
-async def test_as23_a_hard_abort_goes_idle_without_dispatching_the_queue() -> None:
+async def test_as23_a_hard_abort_goes_idle_then_the_idle_drain_sends_the_queue() -> None:
     async with session_rig({"M": [ScriptStep(text="half", hang=True), X("never")]}) as r:
         session = r.session()
         session.send("go")
@@ -949,8 +959,9 @@ async def test_as23_a_hard_abort_goes_idle_without_dispatching_the_queue() -> No
         await r.settle()
         assert r.of(StreamAborted)[0].reason == "system"
         assert session.phase is Phase.IDLE
-        assert r.of(EntryDequeued) == []
-        assert causes(r) == ["send"]
+        assert r.dequeued_only_once_idle() == [r.of(EntryDequeued)[0].entry]
+        assert causes(r) == ["send", "queue"]
+        assert len(session.queue) == 0
 
 
 # ---------------------------------------------------------------- AS-24

@@ -322,7 +322,9 @@ async def test_r16_a_system_stop_landing_on_a_pending_soft_stop_owes_nothing() -
         assert not r.session().owes()
     assert [e.reason.value for e in r.of(StreamAborted)] == ["system"]
     assert r.of(ContinuationOwed) == []
-    assert starts(r) == [("send", 8)]
+    # the queued wake is a new turn with a full budget, sent once the session is idle (AS-13)
+    assert len(r.dequeued_only_once_idle()) == 1
+    assert starts(r) == [("send", 8), ("queue", 8)]
     assert outcomes(r) == []
 
 

@@ -660,6 +660,21 @@ def test_mq14_dequeue_returns_the_joined_head_with_authorship_and_callbacks() ->
         queue.dequeue_next()
 
 
+def test_mq14_an_entry_mixing_synthetic_and_agent_initiated_adds_is_neither() -> None:
+    """Authorship is "every add": one add that is only synthetic and one that is only
+    agent-initiated batch into one entry (neither is user-authored), which is neither."""
+    queue = MessageQueue()
+    system = EntryKind.SYSTEM
+    queued(queue, NewMessage(text="s", kind=system, synthetic=True, agent_initiated=False))
+    queued(queue, NewMessage(text="a", kind=system, synthetic=False, agent_initiated=True))
+    assert len(queue) == 1
+    mixed = queue.dequeue_next()
+    assert mixed.text == "s\na"
+    assert not mixed.synthetic
+    assert not mixed.agent_initiated
+    assert not mixed.user_authored
+
+
 def test_mq14_dequeued_options_carry_no_dispatch_mode() -> None:
     queue = MessageQueue()
     queued(queue, user("a", mode=DispatchMode.TURN_END, options=SendOptions(model="p:m")))

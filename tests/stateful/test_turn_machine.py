@@ -12,7 +12,8 @@ Checked at every step:
    ended state durably (or no row carrying the record was ever written); ``owed`` only once the
    row carrying its record is durable (R60, PS-6);
 2. nothing stranded: an idle session that owes a continuation, with an empty queue and no
-   manual send in preflight, has a resume in flight or a sweep scheduled (ST-7, AS-2);
+   manual send in preflight, has a resume in flight or a sweep scheduled (ST-7, AS-2); an
+   idle session holding queued entries has a sweep scheduled, which drains them (AS-13);
 3. at most one resume in flight; the sweep is idempotent, resumes exactly when nothing blocks
    it (ST-7, R3, R7) with consecutive attempt numbers, and forfeits exactly at the cap (R21);
 4. a continuation ends once: no cut is told ended twice, and none is resumed after it ended;
@@ -530,6 +531,13 @@ class TurnMachineTest(RuleBasedStateMachine):
             and not m.continuation.resume_in_flight
         ):
             assert m.sweep_scheduled, "an owed turn sits idle with no sweep scheduled"
+
+    @invariant()
+    def no_idle_session_holds_an_entry(self) -> None:
+        """AS-13, AS-2: whatever made the session idle, a drain is coming for its queue."""
+        m = self.machine
+        if m.phase is Phase.IDLE and not m.queue.is_empty and m.manual_preflight == 0:
+            assert m.sweep_scheduled, "an idle session holds queued entries and nothing drains"
 
     @invariant()
     def one_resume_in_flight(self) -> None:

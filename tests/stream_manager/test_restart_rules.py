@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stream_manager import (
+    AbortReason,
     Ended,
     ErrorKind,
     ErrorType,
@@ -176,6 +177,21 @@ async def test_sm17_a_second_empty_output_is_a_retryable_error() -> None:
     assert outcome.type is ErrorType.EMPTY_OUTPUT
     assert outcome.retryable
     assert r.models["M"].steps_left == 1
+
+
+async def test_sm17_an_empty_step_is_not_retried_while_a_soft_stop_is_pending() -> None:
+    """The soft stop asked for during the step has no boundary to land at: no restart."""
+
+    def empty_after_a_soft_stop(request: ModelRequest) -> ScriptStep:
+        r.manager.request_stop_nowait("s1", soft=True, reason=AbortReason.QUEUED_MESSAGE)
+        return EMPTY
+
+    model = FunctionModel("S", empty_after_a_soft_stop)
+    r = rig({}, extra_models={"S": model})
+    outcome = await r.manager.start_stream(r.request(model="S", step_budget=5))
+    assert isinstance(outcome, Failed)
+    assert outcome.type is ErrorType.EMPTY_OUTPUT
+    assert len(model.requests) == 1
 
 
 # ---------------------------------------------------------------- SM-18
