@@ -41,6 +41,7 @@ from persistence._decode import decode_load, decode_operation, decode_session, r
 from persistence._errors import (
     CorruptRecord,
     DamagedStore,
+    ForeignStore,
     MigrationRequired,
     NotATurnkeeperStore,
     StoreError,
@@ -91,6 +92,8 @@ INSERT_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 UPDATE_VERSION = "UPDATE schema_version SET version = ?"
 
 _NOTHING = Committed()
+#: The largest label (``PRAGMA user_version`` is a signed 32-bit integer).
+_MAX_LABEL = 2**31 - 1
 
 
 # -- migrations -------------------------------------------------------------------------------
@@ -194,6 +197,10 @@ class SqliteStore:
             writer returns before the commit holding its write did, so a crash loses nothing
             a caller was told is durable. Off: one transaction per write.
 
+        label: Read-write only: an integer (1 to 2**31 - 1) written into the file's header
+            (``PRAGMA user_version``, in the transaction that creates the store) when this
+            open creates the store; an existing store keeps its own. See :meth:`read_label`
+            and :meth:`remove`.
         precheck: Read-write only: before the read-write connection is made, and holding the
             file's lock, call ``precheck`` with the file opened read-only (through SQLite's
             ``immutable`` view when no ``-wal`` is beside it, exact since no other owner can
@@ -215,11 +222,15 @@ class SqliteStore:
         readonly: bool = False,
         group_commit: bool = True,
         precheck: Precheck | None = None,
+        label: int = 0,
     ) -> None:
         if synchronous not in _SYNCHRONOUS:
             raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
-        if readonly and precheck is not None:
-            raise UsageError("precheck is for a read-write open")
+        if readonly and (precheck is not None or label):
+            raise UsageError("precheck and label are for a read-write open")
+        if type(label) is not int or not 0 <= label <= _MAX_LABEL:
+            raise UsageError(f"label must be an integer from 0 to {_MAX_LABEL}, not {label!r}")
+        self._label = label
         self._path = os.fspath(path)
         self._synchronous = synchronous
         self._readonly = readonly
@@ -295,10 +306,20 @@ class SqliteStore:
             self._checkpointer.start()
             self._group.on_commit = self._checkpointer.committed
 
+    @classmethod
+    def _held_view(cls, path: str) -> SqliteStore:
+        """A read-only store of a file whose lock the caller holds.
+
+        It reads ``immutable`` when no ``-wal`` is beside the file: exact, since no other
+        owner can write meanwhile, and it makes no ``-wal`` or ``-shm`` file.
+        """
+        view = cls(path, readonly=True)
+        view._settled = True
+        return view
+
     async def _run_precheck(self, precheck: Precheck) -> None:
         """Run ``precheck`` on a read-only view of the file this open holds the lock of."""
-        view = SqliteStore(self._path, readonly=True)
-        view._settled = True
+        view = SqliteStore._held_view(self._path)
         try:
             await view.open()
         except MigrationRequired:
@@ -345,15 +366,23 @@ class SqliteStore:
         """
         return None if self._held is None else self._held.owner
 
+    async def read_label(self) -> int:
+        """The label the store's creator gave it (``label``); 0 when it has none."""
+        (value,) = (await self._read(_writes.select("PRAGMA user_version", ())))[0]
+        return int(value)
+
     @classmethod
-    async def remove(cls, path: str | os.PathLike[str]) -> bool:
+    async def remove(cls, path: str | os.PathLike[str], *, label: int | None = None) -> bool:
         """Delete the store at ``path`` (the file, its ``-wal``, ``-shm`` and holder file).
 
         It holds the file's lock while it checks and deletes, so a live owner's store is never
         removed from under it. Returns ``False`` when there is no file (nothing is deleted).
+        With ``label``, only a store carrying that label is deleted.
 
         Raises:
             StoreLocked: An owner holds the store; nothing is deleted.
+            ForeignStore: ``label`` was given and the store carries another; nothing is
+                deleted.
             NotATurnkeeperStore: The file is not a turnkeeper store; it is left as is (so are
                 ``UnsupportedSchemaVersion`` and ``MigrationRequired``, from the read-only
                 check of what the file is).
@@ -366,8 +395,11 @@ class SqliteStore:
             return False
         files: tuple[str, ...] = ()
         try:
-            async with cls(database, readonly=True):
-                pass  # raises for anything that is not a turnkeeper store, touching nothing
+            # Raises for anything that is not a turnkeeper store, touching nothing.
+            async with cls._held_view(database) as store:
+                found = await store.read_label()
+            if label is not None and found != label:
+                raise ForeignStore(database, found, label)
             files = (database, f"{database}-wal", f"{database}-shm", _lock.holder_path(database))
         finally:
             await _give_up(held, unlink=files)
@@ -499,6 +531,8 @@ class SqliteStore:
                     await db.execute(statement)
             if version == 0:
                 await db.execute(INSERT_VERSION, (schema_version(),))
+                if self._label:  # checked to be an int in range: the PRAGMA takes no parameter
+                    await db.execute(f"PRAGMA user_version = {self._label:d}")
             elif version < schema_version():
                 await db.execute(UPDATE_VERSION, (schema_version(),))
 
