@@ -15,6 +15,7 @@ layer; the packages above convert their domain objects to and from its records).
 from persistence._errors import (
     CorruptRecord,
     DamagedStore,
+    ForeignStore,
     MigrationRequired,
     NotATurnkeeperStore,
     StaleOwner,
@@ -72,6 +73,7 @@ __all__ = [
     "CutState",
     "CutStateChange",
     "DamagedStore",
+    "ForeignStore",
     "HistoryRow",
     "MemoryStore",
     "MigrationRequired",

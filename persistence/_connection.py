@@ -66,21 +66,22 @@ _DAMAGED = frozenset({"SQLITE_CORRUPT", "SQLITE_CORRUPT_INDEX", "SQLITE_CORRUPT_
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def file_facts(path: str) -> tuple[int | None, str]:
-    """The file's size (``None`` when it is missing or not a file) and its read-only URI."""
-    size = os.path.getsize(path) if os.path.isfile(path) else None
-    return size, Path(path).absolute().as_uri() + "?mode=ro"
+def readonly_uri(path: str) -> str:
+    """The file's read-only URI."""
+    return Path(path).absolute().as_uri() + "?mode=ro"
 
 
 def check_path(path: str, *, readonly: bool) -> int:
-    """What the path is, read without opening it in SQLite: the file's size (0: none yet).
+    """What the path is, from its metadata alone: the file's size (0: none yet, or empty).
 
-    Run before anything touches the path (a lock file, a connection), so a refusal leaves the
-    folder exactly as it was.
+    Run before anything opens the path, so a refusal leaves the folder exactly as it was and
+    opens no descriptor of the file (closing one would drop SQLite's locks of a live store of
+    this process, see ``persistence._lock``). Its first bytes are checked by
+    :func:`check_header`, read through the store's shared descriptor.
 
     Raises:
         NotATurnkeeperStore: A directory; a folder that does not exist; read-only, a missing
-            or empty file; a file that does not start with SQLite's header.
+            or empty file; not a regular file.
         StoreError: The path cannot be examined (permissions).
     """
     target = Path(path)
@@ -97,17 +98,25 @@ def check_path(path: str, *, readonly: bool) -> int:
         if not target.is_file():
             raise NotATurnkeeperStore(path, "it is not a regular file")
         size = target.stat().st_size
-        if size == 0:
-            if readonly:
-                raise NotATurnkeeperStore(path, "the file is empty")
-            return 0
-        with target.open("rb") as file:
-            header = file.read(len(SQLITE_HEADER))
     except OSError as exc:
         raise StoreError(f"{path}: cannot be examined ({exc.strerror or exc})") from None
+    if size == 0 and readonly:
+        raise NotATurnkeeperStore(path, "the file is empty")
+    return size
+
+
+def check_header(path: str, size: int, header: bytes, *, readonly: bool) -> None:
+    """Refuse a file whose first bytes are not SQLite's (an empty one too, read-only).
+
+    Raises:
+        NotATurnkeeperStore: They are not.
+    """
+    if size == 0:
+        if readonly:
+            raise NotATurnkeeperStore(path, "the file is empty")
+        return
     if header != SQLITE_HEADER:
         raise NotATurnkeeperStore(path, "not a SQLite database (its first bytes are not SQLite's)")
-    return size
 
 
 def probe_uri(path: str) -> str:
@@ -118,26 +127,8 @@ def probe_uri(path: str) -> str:
     folder stays as it was. With a ``-wal`` (a live owner, or one that died), a plain
     read-only open, which reads the WAL too.
     """
-    uri = Path(path).absolute().as_uri() + "?mode=ro"
+    uri = readonly_uri(path)
     return uri if os.path.exists(f"{path}-wal") else uri + "&immutable=1"
-
-
-def create_private(path: str) -> None:
-    """Create the database file ``0600`` when it is missing, before SQLite opens it.
-
-    SQLite gives the ``-wal`` and ``-shm`` files the main file's permission bits, so a store
-    created here keeps all three private to its user whatever the umask. An existing file is
-    never touched (its mode is its owner's choice); a path SQLite treats specially (``:memory:``,
-    a ``file:`` URI) is left to SQLite, and so is any error: the open that follows reports it.
-    Blocking file I/O: run it on a worker thread.
-    """
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    try:
-        os.close(os.open(path, flags, 0o600))
-    except OSError:
-        return  # it exists (kept as it is), or the open below explains what is wrong
 
 
 async def connect(database: str, *, uri: bool = False) -> aiosqlite.Connection:

@@ -134,6 +134,28 @@ class NotATurnkeeperStore(TurnkeeperError):
         self.reason = reason
 
 
+class ForeignStore(TurnkeeperError):
+    """A turnkeeper store whose label is not the one asked for; it was left exactly as it was.
+
+    A store's label is an integer its creator chose (``SqliteStore(label=...)``), kept in the
+    file's header (``PRAGMA user_version``); ``SqliteStore.remove(path, label=...)`` deletes
+    only a store carrying that label.
+
+    Attributes:
+        path: The path that was opened.
+        label: The label the store carries (0: none).
+        wanted: The label asked for.
+    """
+
+    def __init__(self, path: str, label: int, wanted: int) -> None:
+        super().__init__(
+            f"{path} is a turnkeeper store labelled {label}, not {wanted}; it was left as it was"
+        )
+        self.path = path
+        self.label = label
+        self.wanted = wanted
+
+
 class UnsupportedSchemaVersion(TurnkeeperError):
     """The store was written by a newer turnkeeper; it was left exactly as it was.
 

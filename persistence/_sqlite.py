@@ -15,6 +15,7 @@ one raises :class:`~persistence.CorruptRecord` and is left where it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -23,21 +24,24 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 import aiosqlite
 import anyio
 
-from persistence import _checks, _connection, _lock, _writes
+from persistence import _checks, _lock, _writes
 from persistence._checkpoint import Checkpointer
 from persistence._connection import (
+    SQLITE_HEADER,
     Translate,
+    check_header,
     check_path,
     connect,
-    file_facts,
     one,
     probe_uri,
+    readonly_uri,
     transaction,
 )
 from persistence._decode import decode_load, decode_operation, decode_session, recovery_scan
 from persistence._errors import (
     CorruptRecord,
     DamagedStore,
+    ForeignStore,
     MigrationRequired,
     NotATurnkeeperStore,
     StoreError,
@@ -58,9 +62,12 @@ from persistence.records import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-    from persistence._lock import HeldLock
+    from persistence._lock import HeldLock, Pin
+
+    Precheck = Callable[["SqliteStore"], Awaitable[None]]
 
 Synchronous = Literal["NORMAL", "FULL"]
 T = TypeVar("T")
@@ -85,6 +92,8 @@ INSERT_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 UPDATE_VERSION = "UPDATE schema_version SET version = ?"
 
 _NOTHING = Committed()
+#: The largest label (``PRAGMA user_version`` is a signed 32-bit integer).
+_MAX_LABEL = 2**31 - 1
 
 
 # -- migrations -------------------------------------------------------------------------------
@@ -120,21 +129,52 @@ def tables_at(version: int) -> frozenset[str]:
     )
 
 
-async def _take_lock(database: str) -> HeldLock:
-    """Take the store's lock on a worker thread; a cancellation waits for the outcome.
+async def _take_lock(database: str, *, create: bool = True) -> HeldLock | None:
+    """Take the file's lock on a worker thread; a cancellation waits for the outcome.
 
     The shield makes sure a lock that was taken reaches the caller, who releases it on the
     cancellation delivered at its next checkpoint.
     """
     with anyio.CancelScope(shield=True):
-        held = await anyio.to_thread.run_sync(_lock.acquire, database)
+        held = await anyio.to_thread.run_sync(lambda: _lock.acquire(database, create=create))
     return held
 
 
-async def _give_up(held: HeldLock, *, discard: bool = False) -> None:
-    """Release the lock (removing the lock file when ``discard``), even when cancelled."""
+async def _give_up(held: HeldLock | Pin, *, unlink: tuple[str, ...] = ()) -> None:
+    """Delete ``unlink`` (still holding), then release the lock or pin, even when cancelled."""
+
+    def release() -> None:
+        try:
+            for name in unlink:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
+        finally:
+            held.release()
+
     with anyio.CancelScope(shield=True):
-        await anyio.to_thread.run_sync(lambda: held.release(discard=discard))
+        await anyio.to_thread.run_sync(release)
+
+
+async def _checked_pin(path: str, pinned: Pin, *, readonly: bool) -> None:
+    """Refuse a file whose first bytes are not SQLite's, read through its shared descriptor."""
+    size, header = await anyio.to_thread.run_sync(pinned.facts, len(SQLITE_HEADER))
+    check_header(path, size, header, readonly=readonly)
+
+
+def _pin_readonly(path: str) -> Pin:
+    """Share the file's descriptor for a read-only open; it creates nothing."""
+    check_path(path, readonly=True)
+    try:
+        return _lock.pin(path, create=False)
+    except FileNotFoundError:
+        raise NotATurnkeeperStore(path, "no such file (read-only opens create nothing)") from None
+
+
+def _empty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) == 0
+    except OSError:
+        return False
 
 
 # -- the store --------------------------------------------------------------------------------
@@ -157,10 +197,20 @@ class SqliteStore:
             writer returns before the commit holding its write did, so a crash loses nothing
             a caller was told is durable. Off: one transaction per write.
 
-    One owner per file: a read-write open first takes an exclusive ``flock`` on
-    ``<path>.lock`` (``persistence._lock``) and holds it until :meth:`close`, so a second
-    read-write open of the file, from another process or this one, raises
-    :class:`~persistence.StoreLocked` instead of racing the owner. POSIX only: without
+        label: Read-write only: an integer (1 to 2**31 - 1) written into the file's header
+            (``PRAGMA user_version``, in the transaction that creates the store) when this
+            open creates the store; an existing store keeps its own. See :meth:`read_label`
+            and :meth:`remove`.
+        precheck: Read-write only: before the read-write connection is made, and holding the
+            file's lock, call ``precheck`` with the file opened read-only (through SQLite's
+            ``immutable`` view when no ``-wal`` is beside it, exact since no other owner can
+            write); what it raises refuses the open, leaving the folder exactly as it was.
+            Skipped for a store that needs a migration (the read-only view cannot read it).
+
+    One owner per file: a read-write open first takes an exclusive ``flock`` on the database
+    file itself (``persistence._lock``), whatever name it is opened by, and holds it until
+    :meth:`close`, so a second read-write open of the file, from another process or this one,
+    raises :class:`~persistence.StoreLocked` instead of racing the owner. POSIX only: without
     ``fcntl`` a read-write open raises :class:`~persistence.StoreError`.
     """
 
@@ -171,15 +221,27 @@ class SqliteStore:
         synchronous: Synchronous = "NORMAL",
         readonly: bool = False,
         group_commit: bool = True,
+        precheck: Precheck | None = None,
+        label: int = 0,
     ) -> None:
         if synchronous not in _SYNCHRONOUS:
             raise UsageError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+        if readonly and (precheck is not None or label):
+            raise UsageError("precheck and label are for a read-write open")
+        if type(label) is not int or not 0 <= label <= _MAX_LABEL:
+            raise UsageError(f"label must be an integer from 0 to {_MAX_LABEL}, not {label!r}")
+        self._label = label
         self._path = os.fspath(path)
         self._synchronous = synchronous
         self._readonly = readonly
+        self._precheck = precheck
+        #: A read-only view under an owner's lock (``precheck``): read ``immutable`` throughout.
+        self._settled = False
         self._db: aiosqlite.Connection | None = None
         self._checkpointer: Checkpointer | None = None
         self._held: HeldLock | None = None
+        #: A read-only store's share of the file's descriptor (``persistence._lock``).
+        self._pin: Pin | None = None
         self._lock = anyio.Lock(fast_acquire=True)
         self._errors = Translate(self._path)
         self._group = GroupCommit(connection=self._writer, lock=self._lock, batching=group_commit)
@@ -204,42 +266,82 @@ class SqliteStore:
             UnsupportedSchemaVersion: The store is newer than this code. It is left as is.
             MigrationRequired: Read-only, and the store is older than this code.
             StoreError: SQLite failed (I/O error, locked too long), or the lock could not be
-                taken (no ``fcntl`` on this platform, the lock file cannot be opened).
+                taken (no ``fcntl`` on this platform, the file cannot be opened).
             UsageError: The store is already open.
         """
         async with self._lock:
             if self._db is not None:
                 raise UsageError(f"{self._path} is already open")
             if self._readonly:
-                with self._errors:
-                    self._db = await self._open_readonly()
+                pinned = await anyio.to_thread.run_sync(_pin_readonly, self._path)
+                try:
+                    await _checked_pin(self._path, pinned, readonly=True)
+                    with self._errors:
+                        self._db = await self._open_readonly()
+                except BaseException:
+                    await _give_up(pinned)
+                    raise
+                self._pin = pinned
                 return
-            # What the path is, before the lock file is made beside it: a refusal leaves the
+            # What the path is, before the file is created or opened: a refusal leaves the
             # folder as it was.
             await anyio.to_thread.run_sync(lambda: check_path(self._path, readonly=False))
             held = await _take_lock(self._path)
+            if held is None:  # pragma: no cover - create=True makes a missing file
+                raise StoreError(f"{self._path}: it vanished while it was opened")
             try:
+                await _checked_pin(self._path, held.pin, readonly=False)
+                if self._precheck is not None:
+                    await self._run_precheck(self._precheck)
                 with self._errors:
                     db = await self._open_readwrite()
             except BaseException:
-                await _give_up(held, discard=held.created)
+                # An empty file this open created goes again: the folder is left as it was.
+                created = (self._path,) if held.created and _empty(self._path) else ()
+                await _give_up(held, unlink=created)
                 raise
+            await anyio.to_thread.run_sync(held.announce)
             self._db, self._held = db, held
             self._checkpointer = Checkpointer(self._path)
             self._checkpointer.start()
             self._group.on_commit = self._checkpointer.committed
 
+    @classmethod
+    def _held_view(cls, path: str) -> SqliteStore:
+        """A read-only store of a file whose lock the caller holds.
+
+        It reads ``immutable`` when no ``-wal`` is beside the file: exact, since no other
+        owner can write meanwhile, and it makes no ``-wal`` or ``-shm`` file.
+        """
+        view = cls(path, readonly=True)
+        view._settled = True
+        return view
+
+    async def _run_precheck(self, precheck: Precheck) -> None:
+        """Run ``precheck`` on a read-only view of the file this open holds the lock of."""
+        view = SqliteStore._held_view(self._path)
+        try:
+            await view.open()
+        except MigrationRequired:
+            return  # the read-write open migrates it; the caller checks again afterwards
+        try:
+            await precheck(view)
+        finally:
+            await view.close()
+
     async def close(self) -> None:
         """Close the store, even in a cancelled scope. Closing a closed store does nothing.
 
-        The file's lock is released last, once the connection (and its last checkpoint) is
-        closed, so the next owner never meets this one's writes.
+        The file's lock (or a read-only store's share of the file's descriptor) is released
+        last, once the connection (and its last checkpoint) is closed, so the next owner never
+        meets this one's writes and SQLite's own locks of the file stay whole.
         """
         with anyio.CancelScope(shield=True):
             async with self._lock:
                 db, self._db = self._db, None
                 checkpointer, self._checkpointer = self._checkpointer, None
-                held, self._held = self._held, None
+                held: HeldLock | Pin | None = self._held or self._pin
+                self._held = self._pin = None
                 self._group.on_commit = None
                 try:
                     if checkpointer is not None:
@@ -264,32 +366,44 @@ class SqliteStore:
         """
         return None if self._held is None else self._held.owner
 
+    async def read_label(self) -> int:
+        """The label the store's creator gave it (``label``); 0 when it has none."""
+        (value,) = (await self._read(_writes.select("PRAGMA user_version", ())))[0]
+        return int(value)
+
     @classmethod
-    async def remove(cls, path: str | os.PathLike[str]) -> bool:
-        """Delete the store at ``path`` (the file, its ``-wal``, ``-shm`` and lock file).
+    async def remove(cls, path: str | os.PathLike[str], *, label: int | None = None) -> bool:
+        """Delete the store at ``path`` (the file, its ``-wal``, ``-shm`` and holder file).
 
         It holds the file's lock while it checks and deletes, so a live owner's store is never
         removed from under it. Returns ``False`` when there is no file (nothing is deleted).
+        With ``label``, only a store carrying that label is deleted.
 
         Raises:
             StoreLocked: An owner holds the store; nothing is deleted.
+            ForeignStore: ``label`` was given and the store carries another; nothing is
+                deleted.
             NotATurnkeeperStore: The file is not a turnkeeper store; it is left as is (so are
                 ``UnsupportedSchemaVersion`` and ``MigrationRequired``, from the read-only
                 check of what the file is).
         """
         database = os.fspath(path)
-        held = await _take_lock(database)
-        removed = False
+        if await anyio.Path(database).is_dir():
+            raise NotATurnkeeperStore(database, "it is a directory")
+        held = await _take_lock(database, create=False)
+        if held is None:
+            return False
+        files: tuple[str, ...] = ()
         try:
-            if await anyio.Path(database).exists():
-                async with cls(database, readonly=True):
-                    pass  # raises for anything that is not a turnkeeper store, touching nothing
-                for suffix in ("", "-wal", "-shm"):
-                    await anyio.Path(f"{database}{suffix}").unlink(missing_ok=True)
-                removed = True
+            # Raises for anything that is not a turnkeeper store, touching nothing.
+            async with cls._held_view(database) as store:
+                found = await store.read_label()
+            if label is not None and found != label:
+                raise ForeignStore(database, found, label)
+            files = (database, f"{database}-wal", f"{database}-shm", _lock.holder_path(database))
         finally:
-            await _give_up(held, discard=removed or held.created)
-        return removed
+            await _give_up(held, unlink=files)
+        return True
 
     async def __aenter__(self) -> Self:
         """Open the store and return it."""
@@ -306,9 +420,7 @@ class SqliteStore:
         await self.close()
 
     async def _open_readwrite(self) -> aiosqlite.Connection:
-        await anyio.to_thread.run_sync(_connection.create_private, self._path)  # 0600, WAL too
-        size, _ = await anyio.to_thread.run_sync(file_facts, self._path)
-        fresh = not size
+        fresh = not await anyio.to_thread.run_sync(os.path.getsize, self._path)
         db = await connect(self._path)
         try:
             # Nothing up to the migration writes to the file: a refused file stays byte-identical.
@@ -336,16 +448,15 @@ class SqliteStore:
         The checks read the file ``immutable`` when no ``-wal`` is beside it
         (``_connection.probe_uri``), so a refused file gets no sidecar files either.
         """
-        await anyio.to_thread.run_sync(lambda: check_path(self._path, readonly=True))
-        _, uri = await anyio.to_thread.run_sync(file_facts, self._path)
-        probe = probe_uri(self._path)
+        uri = readonly_uri(self._path)
+        probe = await anyio.to_thread.run_sync(probe_uri, self._path)
         db = await connect(probe, uri=True)
         try:
             await db.execute("PRAGMA busy_timeout = 5000")
             version = await self._probe(db)
             if version < schema_version():
                 raise MigrationRequired(self._path, version, schema_version())
-            if probe != uri:  # checked through an immutable view: read through a real one
+            if probe != uri and not self._settled:  # checked immutable: read through a real one
                 await db.close()
                 db = await connect(uri, uri=True)
             await db.execute("PRAGMA busy_timeout = 5000")
@@ -420,6 +531,8 @@ class SqliteStore:
                     await db.execute(statement)
             if version == 0:
                 await db.execute(INSERT_VERSION, (schema_version(),))
+                if self._label:  # checked to be an int in range: the PRAGMA takes no parameter
+                    await db.execute(f"PRAGMA user_version = {self._label:d}")
             elif version < schema_version():
                 await db.execute(UPDATE_VERSION, (schema_version(),))
 

@@ -22,11 +22,12 @@ from agent_session.harness.loader import ScenarioError, load_scenario, shorten
 from agent_session.harness.runner import SUPPORTED_OPS, RunResult, run_scenario
 from agent_session.harness.scenario import Scenario
 from agent_session.harness.support import unsupported_features
+from agent_session.harness.targets import DEMO_LABEL, trace_conflict
 from agent_session.harness.timeline import Timeline, verdict
 from agent_session.harness.trace import encode_line
 from persistence import (
+    ForeignStore,
     MemoryStore,
-    NotATurnkeeperStore,
     SqliteStore,
     Store,
     StoreLocked,
@@ -119,6 +120,7 @@ async def run_command(
         [
             None if db is None else store_target(db),
             None if trace in (None, "-") else writable_target(trace, "--trace"),
+            None if trace in (None, "-") else trace_conflict(trace, db=db, inputs=paths),
         ],
     )
     if refused is not None:
@@ -215,25 +217,37 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     """``turnkeeper demo``: the built-in incident on a fresh SQLite file, with a timeline."""
     refused = _refuse(
         "demo",
-        [writable_target(db, "--db"), None if trace is None else writable_target(trace, "--trace")],
+        [
+            writable_target(db, "--db"),
+            None if trace is None else writable_target(trace, "--trace"),
+            None if trace is None else trace_conflict(trace, db=db, inputs=()),
+        ],
     )
     if refused is not None:
         return refused
     path = Path(db)
-    try:
-        await SqliteStore.remove(path)  # a previous demo store, never another file or a live one
-    except NotATurnkeeperStore as error:
-        print(f"turnkeeper demo: {redact(error)}; refusing to replace it", file=sys.stderr)
-        return 2
+    try:  # a store an earlier demo made (its label), never another file or a live one
+        await SqliteStore.remove(path, label=DEMO_LABEL)
     except StoreLocked as error:
         print(f"turnkeeper demo: {redact(error)}", file=sys.stderr)
+        return 2
+    except ForeignStore:
+        print(
+            f"turnkeeper demo: {redact(db)} is a turnkeeper store that turnkeeper demo did not "
+            "make; refusing to replace it (choose another --db, or remove it yourself)",
+            file=sys.stderr,
+        )
+        return 2
+    except TurnkeeperError as error:  # not a store, a damaged one, another version
+        print(f"turnkeeper demo: {redact(error)}; refusing to replace it", file=sys.stderr)
         return 2
     with as_file(files("agent_session.harness") / "incident.toml") as incident:
         scenario = load_scenario(incident, supported_ops=SUPPORTED_OPS)
     timeline = Timeline(plain=plain)
     timeline.header(scenario, path)
     try:
-        result = await _locked_or(run_scenario(scenario, SqliteStore(path), observers=(timeline,)))
+        store = SqliteStore(path, label=DEMO_LABEL)
+        result = await _locked_or(run_scenario(scenario, store, observers=(timeline,)))
     except TurnkeeperError as error:  # another process took it since the removal, ...
         print(f"turnkeeper demo: {shorten(redact(error), 300)}", file=sys.stderr)
         return 2

@@ -4,8 +4,8 @@
 migrate, repair, lock or write a store another process may be using. A file that is not a
 turnkeeper store is refused with a clear message (exit 2). Receipts hold no arguments or
 outputs by construction; as a second line of defence every printed value passes through
-:func:`redact`. ``resolve`` checks read-only too, and writes only once the operation is found
-resolvable.
+:func:`redact`. ``resolve`` holds the lock, checks read-only, and writes only once the operation
+is found resolvable.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from agent_session.harness.redaction import redact
 from persistence import (
     CorruptRecord,
     DamagedStore,
-    MigrationRequired,
     NotResolvable,
     OperationRecord,
     OpState,
@@ -160,8 +159,10 @@ async def resolve_command(
 ) -> int:
     """``turnkeeper resolve``: a person settles an indeterminate operation in a store.
 
-    Checked first on a read-only open, so a refusal leaves the file byte-identical; then
-    written on a read-write open (refused while another process owns the store). One line
+    The store's lock is taken first (refused while another process owns the store), then the
+    operation is checked on a read-only view (``SqliteStore(precheck=...)``), so a refusal
+    leaves the folder exactly as it was (no ``-wal``, ``-shm`` or ``.lock`` either); then it
+    is written on the read-write open. One line
     either way: on standard output when it was resolved, on standard error when not. The
     time recorded is ``clock``'s (the wall clock by default, epoch seconds like the engine's).
     """
@@ -170,13 +171,12 @@ async def resolve_command(
     except UsageError as error:
         print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
         return EXIT_REFUSED
-    refused = await _check_resolvable(db, op_id)
-    if refused is not None:
-        code, line = refused
-        print(f"turnkeeper resolve: {redact(line)}", file=sys.stderr)
-        return code
     now = (clock or SystemClock()).now()
-    store = SqliteStore(db)
+
+    async def resolvable(view: SqliteStore) -> None:
+        await _check_resolvable(view, db, op_id)
+
+    store = SqliteStore(db, precheck=resolvable)
     try:
         async with store:
             record = await resolve_operation(store, op_id, resolution, note=note, at=now)
@@ -186,7 +186,7 @@ async def resolve_command(
     except DamagedStore as error:
         print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
         return EXIT_DAMAGED
-    except TurnkeeperError as error:  # in use by another process, a failed write
+    except TurnkeeperError as error:  # in use by another process, not a store, a failed write
         print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
         return EXIT_REFUSED
     print(
@@ -196,32 +196,21 @@ async def resolve_command(
     return EXIT_OK
 
 
-async def _check_resolvable(db: str, op_id: str) -> tuple[int, str] | None:
-    """Why ``op_id`` cannot be resolved in ``db`` (the exit code and one line), read-only.
+async def _check_resolvable(view: SqliteStore, db: str, op_id: str) -> None:
+    """Refuse ``op_id`` unless it is indeterminate in ``view`` (the store read-only).
 
-    A store that needs a migration cannot be read read-only: the read-write open that follows
-    migrates it and checks again.
+    Raises:
+        NotResolvable: No such receipt, a damaged one, or one that is not indeterminate.
+        DamagedStore: The receipts cannot be read.
     """
-    store = SqliteStore(db, readonly=True)
     try:
-        await store.open()
-    except MigrationRequired:
-        return None
-    except DamagedStore as error:
-        return EXIT_DAMAGED, str(error)
-    except TurnkeeperError as error:  # not a store, a newer version, unreadable
-        return EXIT_REFUSED, str(error)
-    try:
-        record = found_receipt(await store.receipts(op_id=op_id), op_id)
-        if record.state is not OpState.INDETERMINATE:
-            raise NotResolvable(op_id, record.state)
-    except NotResolvable as error:
-        return (EXIT_DAMAGED if error.damaged else EXIT_REFUSED), str(error)
+        record = found_receipt(await view.receipts(op_id=op_id), op_id)
+    except DamagedStore:
+        raise
     except StoreError as error:
-        return EXIT_DAMAGED, str(error)
-    finally:
-        await store.close()
-    return None
+        raise DamagedStore(db, str(error)) from None
+    if record.state is not OpState.INDETERMINATE:
+        raise NotResolvable(op_id, record.state)
 
 
 async def inspect_command(db: str, session: str | None, as_json: bool) -> int:

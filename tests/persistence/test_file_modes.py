@@ -1,8 +1,8 @@
 """Files a store, a run or a demo creates are private to their user (``0600``), whatever the umask.
 
 SQLite gives ``-wal`` and ``-shm`` the main file's permission bits, so the store creates the
-main file ``0600`` itself before SQLite opens it; the lock sidecar and trace files are created
-``0600`` too. A file that already exists keeps its mode.
+main file ``0600`` itself before SQLite opens it (and locks it, ``persistence._lock``); the
+holder file and trace files are created ``0600`` too. A file that already exists keeps its mode.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agent_session.cli import main
-from persistence import SqliteStore
-from persistence._connection import create_private
+from persistence import NotATurnkeeperStore, SqliteStore
 from tests.store_kit import commit
 
 from .helpers import row, session
@@ -65,14 +64,14 @@ async def test_an_existing_store_file_keeps_its_mode(tmp_path: Path) -> None:
     assert mode(database) == 0o640
 
 
-def test_private_creation_never_touches_an_existing_file(tmp_path: Path) -> None:
+async def test_private_creation_never_touches_an_existing_file(tmp_path: Path) -> None:
     existing = tmp_path / "kept.db"
     existing.write_bytes(b"data")
     existing.chmod(0o644)
-    create_private(str(existing))
+    with pytest.raises(NotATurnkeeperStore):
+        await SqliteStore(existing).open()
     assert (existing.read_bytes(), mode(existing)) == (b"data", 0o644)
-    create_private(":memory:")  # SQLite's own names are left to SQLite
-    assert not (tmp_path / ":memory:").exists()
+    assert snapshot_names(tmp_path) == ["kept.db"]
 
 
 def test_run_trace_and_run_db_are_created_0600(
@@ -83,7 +82,7 @@ def test_run_trace_and_run_db_are_created_0600(
     capsys.readouterr()
     assert code == 0
     created = modes(tmp_path, "run.")
-    assert {"run.jsonl", "run.db", "run.db.lock"} <= set(created)
+    assert {"run.jsonl", "run.db"} <= set(created)
     assert created == dict.fromkeys(created, 0o600)
 
 
@@ -95,3 +94,7 @@ def test_demo_trace_and_demo_db_are_created_0600(
     capsys.readouterr()
     assert code == 0
     assert (mode(trace), mode(database)) == (0o600, 0o600)
+
+
+def snapshot_names(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir())

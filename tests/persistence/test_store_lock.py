@@ -20,6 +20,7 @@ import anyio
 import msgspec
 import pytest
 
+from agent_session import Engine
 from agent_session.cli import main
 from persistence import (
     Boundary,
@@ -32,6 +33,7 @@ from persistence import (
     TurnkeeperError,
     _lock,
 )
+from stream_manager import ScriptedModel
 from tests.store_kit import commit, history
 
 from .helpers import row, session, snapshot
@@ -240,7 +242,7 @@ async def test_a_second_store_in_this_process_is_refused_until_the_first_closes(
         assert await first.sessions() == [session()]
 
 
-async def test_the_lock_file_is_private_names_its_holder_and_is_emptied_on_close(
+async def test_the_holder_file_is_private_names_its_holder_and_goes_on_close(
     db: Path,
 ) -> None:
     lock = db.with_name(f"{db.name}.lock")
@@ -249,7 +251,7 @@ async def test_the_lock_file_is_private_names_its_holder_and_is_emptied_on_close
         holder_facts = msgspec.json.decode(lock.read_bytes())
         assert holder_facts["pid"] == os.getpid()
         assert isinstance(holder_facts["since"], str)
-    assert lock.read_bytes() == b""  # the file stays (it is the lock), saying nothing stale
+    assert not lock.exists()  # words only (the lock is the database file's), none stale
 
 
 async def test_a_readonly_open_takes_no_lock(tmp_path: Path, db: Path) -> None:
@@ -259,10 +261,10 @@ async def test_a_readonly_open_takes_no_lock(tmp_path: Path, db: Path) -> None:
             assert reader.owner is None
             assert await reader.sessions() == [session()]
         await commit(owner, "s1", rows=[row(2)])  # the reader held nothing the owner needs
-    lock = tmp_path / f"{db.name}.lock"
-    lock.unlink()
+    before = snapshot(tmp_path)
+    assert f"{db.name}.lock" not in before
     async with SqliteStore(db, readonly=True):
-        assert not lock.exists()
+        assert snapshot(tmp_path) == before
 
 
 async def test_a_child_process_never_inherits_the_lock(db: Path) -> None:
@@ -280,27 +282,28 @@ async def test_a_child_process_never_inherits_the_lock(db: Path) -> None:
         assert process.poll() is None  # the child was alive all along
 
 
-async def test_a_lock_file_replaced_before_it_was_locked_is_taken_again(
+async def test_a_database_file_replaced_before_it_was_locked_is_taken_again(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A taker opens the lock file, then its holder removes it (a failed open that created it)
-    # and someone creates a new one: locking the old, unlinked file would make two owners.
-    real_lock = _lock._lock
-    calls: list[int] = []
+    # A taker opens the database file, then its holder removes it (SqliteStore.remove) and
+    # someone creates a new one: locking the old, unlinked file would make two owners.
+    real_pin = _lock.pin
+    pins: list[int] = []
 
-    def replaced_first(database: str, fd: int) -> bool:
-        if not calls:
-            path = _lock.lock_path(database)
-            os.unlink(path)
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        calls.append(fd)
-        return real_lock(database, fd)
+    def replaced_first(database: str, *, create: bool) -> _lock.Pin:
+        taken = real_pin(database, create=create)
+        if not pins:
+            os.unlink(database)
+            os.close(os.open(database, os.O_CREAT | os.O_WRONLY, 0o600))
+        pins.append(os.fstat(taken.file.fd).st_ino)
+        return taken
 
-    monkeypatch.setattr(_lock, "_lock", replaced_first)
+    monkeypatch.setattr(_lock, "pin", replaced_first)
     async with SqliteStore(db) as store:
-        assert len(calls) == 2  # started over on the file the path names now
+        assert len(pins) == 2  # started over on the file the path names now
+        assert pins[1] == os.stat(db).st_ino != pins[0]
         assert store.owner is not None
-        monkeypatch.setattr(_lock, "_lock", real_lock)
+        monkeypatch.setattr(_lock, "pin", real_pin)
         with pytest.raises(StoreLocked):
             await SqliteStore(db).open()
 
@@ -363,3 +366,96 @@ async def test_remove_deletes_a_store_but_never_a_live_one_or_another_file(
     with pytest.raises(NotATurnkeeperStore):
         await SqliteStore.remove(db)
     assert snapshot(tmp_path) == {db.name: b"precious"}
+
+
+# -- one owner per database file, whatever the name ---------------------------------------------
+
+
+async def test_a_hard_link_to_a_store_owned_elsewhere_is_refused(tmp_path: Path, db: Path) -> None:
+    # The lock is the database file's own (its inode): a second name for it is the same file.
+    await make_store_file(db)
+    link = tmp_path / "second-name.db"
+    os.link(db, link)
+    with holder(db) as owner:
+        before = snapshot(tmp_path)
+        with pytest.raises(StoreLocked) as caught:
+            await SqliteStore(link).open()
+        assert (caught.value.path, caught.value.this_process) == (str(link), False)
+        engine = Engine(store=SqliteStore(link), models={"M": ScriptedModel("M", [])})
+        with pytest.raises(StoreLocked):
+            async with engine:
+                pytest.fail("an engine opened a store another process owns")
+        assert snapshot(tmp_path) == before
+        owner.close()
+    async with SqliteStore(link) as store:  # free once its owner closed it
+        assert await store.sessions() == [session()]
+
+
+async def test_a_hard_link_to_a_store_owned_in_this_process_is_refused(
+    tmp_path: Path, db: Path
+) -> None:
+    link = tmp_path / "alias.db"
+    async with SqliteStore(db) as first:
+        os.link(db, link)
+        with pytest.raises(StoreLocked, match="another store in this process"):
+            await SqliteStore(link).open()
+        with pytest.raises(StoreLocked):
+            await SqliteStore.remove(link)
+        await commit(first, "s1", create=session(), rows=[row(1)])  # the owner goes on
+    async with SqliteStore(link) as second:
+        assert [r.row_id for r in await history(second)] == ["r1"]
+
+
+async def test_a_deleted_lock_sidecar_gives_no_second_owner(tmp_path: Path, db: Path) -> None:
+    await make_store_file(db)
+    sidecar = db.with_name(f"{db.name}.lock")
+    with holder(db) as owner:
+        sidecar.unlink()
+        with pytest.raises(StoreLocked) as caught:
+            await SqliteStore(db).open()
+        assert caught.value.pid is None  # nothing says who, but the kernel says someone
+        assert not sidecar.exists()  # a refused open writes nothing, not even the sidecar
+        owner.close()
+    sidecar.write_bytes(b"stale words of a holder long gone")
+    async with SqliteStore(db) as store:  # a sidecar decides nothing either way
+        assert await store.sessions() == [session()]
+
+
+def sqlite_locks(db: Path) -> list[str]:
+    """The POSIX (``fcntl``) locks this process holds on ``db``'s inode, as the kernel lists them.
+
+    SQLite's shared lock on the database file is one of them; the kernel drops every one the
+    moment any descriptor of the file in this process is closed.
+    """
+    inode = f":{db.stat().st_ino} "
+    with open("/proc/locks", encoding="ascii") as table:
+        return [
+            line.split(":", 1)[1].strip()  # without the kernel's running index
+            for line in table
+            if " POSIX " in line and f" {os.getpid()} " in line and inode in line
+        ]
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks")
+async def test_no_refused_or_readonly_open_drops_a_live_stores_sqlite_locks(
+    tmp_path: Path, db: Path
+) -> None:
+    # Opening and closing any descriptor of the database file would drop SQLite's fcntl locks
+    # of the live store in this process: no path may open the file but through the store's one.
+    link = tmp_path / "alias.db"
+    async with SqliteStore(db) as owner:
+        await commit(owner, "s1", create=session(), rows=[row(1)])
+        os.link(db, link)
+        held = sqlite_locks(db)
+        assert held, "SQLite holds a shared lock on the database file of an open WAL store"
+        for name in (db, link):
+            with pytest.raises(StoreLocked):
+                await SqliteStore(name).open()
+            assert sqlite_locks(db) == held, name
+            with pytest.raises(StoreLocked):
+                await SqliteStore.remove(name)
+            assert sqlite_locks(db) == held, name
+        async with SqliteStore(db, readonly=True) as reader:
+            assert await reader.sessions() == [session()]
+        assert sqlite_locks(db) == held
+        await commit(owner, "s1", rows=[row(2)])

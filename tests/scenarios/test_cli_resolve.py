@@ -9,6 +9,7 @@ file byte-identical.
 from __future__ import annotations
 
 import json
+import shutil
 from typing import TYPE_CHECKING
 
 import anyio
@@ -20,6 +21,7 @@ from agent_session.harness.inspection import resolve_command
 from persistence import OperationRecord, OpState, SqliteStore, _sqlite
 from stream_manager import VirtualClock
 from tests.persistence.helpers import client, plain_sqlite, snapshot
+from tests.persistence.test_store_lock import holder
 from tests.store_kit import put_receipts
 
 if TYPE_CHECKING:
@@ -133,12 +135,46 @@ def test_resolve_refuses_in_one_line_exit_2_and_leaves_the_file_byte_identical(
     assert main(["resolve", *args, "--db", str(db)]) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", f"turnkeeper resolve: {line}\n")
+    assert snapshot(tmp_path) == before  # no new file either: no -wal, -shm or .lock
+
+
+def test_a_refused_resolve_of_a_store_an_owner_left_a_wal_of_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "t.db"
+    make_store(db, STUCK, DONE)
+    with plain_sqlite(db) as conn:  # an owner that died: its WAL beside the file, unmerged
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("UPDATE operations SET state = state")
+        conn.commit()
+        shutil.copyfile(f"{db}-wal", tmp_path / "kept-wal")
+        shutil.copyfile(f"{db}-shm", tmp_path / "kept-shm")
+    (tmp_path / "kept-wal").rename(f"{db}-wal")
+    (tmp_path / "kept-shm").rename(f"{db}-shm")
+    before = snapshot(tmp_path)
+    assert before[f"{db.name}-wal"] != b""
+    assert main(["resolve", DONE.op_id, "--db", str(db), "--as", "failed", "--note", NOTE]) == 2
+    assert "it is completed" in capsys.readouterr().err
     after = snapshot(tmp_path)
-    # The file is untouched; a read-only check may leave SQLite's empty -wal and its -shm
-    # index beside it, as any WAL reader does (docs/cli.md), never a written page.
-    assert after[db.name] == before[db.name]
-    assert after.get(f"{db.name}-wal", b"") == b""
-    assert {name: after[name] for name in before} == before
+    assert after.keys() == before.keys()
+    # Every reader of a WAL store writes its read marks into the -shm index (shared memory,
+    # never stored data); the database and the unmerged WAL are untouched.
+    del after[f"{db.name}-shm"], before[f"{db.name}-shm"]
+    assert after == before
+
+
+def test_resolve_refused_by_an_owner_elsewhere_leaves_the_folder_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "t.db"
+    make_store(db, STUCK)
+    with holder(db) as owner:
+        before = snapshot(tmp_path)
+        assert main(["resolve", OP, "--db", str(db), "--as", "completed", "--note", NOTE]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"turnkeeper resolve: {db} is in use by another process")
+        assert snapshot(tmp_path) == before
+        owner.close()
 
 
 def test_resolve_refuses_what_is_not_a_store(
@@ -148,7 +184,7 @@ def test_resolve_refuses_what_is_not_a_store(
     notes.write_bytes(b"just notes")
     assert main(["resolve", OP, "--db", str(notes), "--as", "completed", "--note", NOTE]) == 2
     assert "not a SQLite database" in capsys.readouterr().err
-    assert notes.read_bytes() == b"just notes"
+    assert snapshot(tmp_path) == {notes.name: b"just notes"}
     missing = tmp_path / "missing.db"
     assert main(["resolve", OP, "--db", str(missing), "--as", "completed", "--note", NOTE]) == 2
     assert len(capsys.readouterr().err.splitlines()) == 1
