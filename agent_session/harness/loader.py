@@ -50,7 +50,7 @@ from agent_session.harness.scenario import (
 )
 from agent_session.harness.trace import Crash
 from persistence import UsageError
-from stream_manager import ScriptStep, ScriptToolCall
+from stream_manager import ScriptStep, ScriptToolCall, redact
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -119,15 +119,20 @@ ECHO_LIMIT: Final = 80
 
 
 def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
-    """``text`` as an error message echoes it: whole, or its start and its length.
+    """``text`` as an error message echoes it: redacted, then whole or its start and length.
+
+    Redacted before it is cut: a credential cut short no longer has its shape, and its first
+    part would be shown.
 
     Args:
         text: The value to echo.
         limit: How many characters are shown of a longer one.
 
     Returns:
-        ``text`` when it is short enough, else its first ``limit`` characters and its length.
+        ``text`` redacted when it is short enough, else its first ``limit`` characters and its
+        length.
     """
+    text = redact(text)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text)} chars)"
@@ -234,7 +239,9 @@ def script_steps(scenario: Scenario, model_id: str) -> list[ScriptStep]:
         UsageError: The scenario declares no such model.
     """
     if model_id not in {model.id for model in scenario.models}:
-        raise UsageError(f"scenario {scenario.name!r} declares no model {model_id!r}")
+        raise UsageError(
+            f"scenario {shorten(scenario.name)!r} declares no model {shorten(model_id)!r}"
+        )
     script = scenario.scripts.get(model_id)
     if script is None:
         return []
@@ -488,6 +495,7 @@ def _describe(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     if isinstance(value, str):
+        value = redact(value)  # before the cut: see shorten
         return repr(value if len(value) <= 40 else value[:37] + "...")
     return shorten(str(value))
 
