@@ -49,10 +49,10 @@ def load_all(paths: list[str]) -> tuple[list[Scenario], list[str]]:
         try:
             scenario = load_scenario(path, supported_ops=SUPPORTED_OPS)
         except ScenarioError as error:
-            problems.extend(error.problems)
+            problems.extend(map(redact, error.problems))
             continue
         unsupported = unsupported_features(scenario)
-        problems.extend(f"{path}: {line}" for line in unsupported)
+        problems.extend(redact(f"{path}: {line}") for line in unsupported)
         scenarios.append(scenario)
     return scenarios, problems
 
@@ -99,7 +99,7 @@ def store_target(path: str) -> str | None:
 def _refuse(command: str, problems: list[str | None]) -> int | None:
     found = [line for line in problems if line is not None]
     for line in found:
-        print(f"turnkeeper {command}: {line}", file=sys.stderr)
+        print(redact(f"turnkeeper {command}: {line}"), file=sys.stderr)
     return 2 if found else None
 
 
@@ -145,7 +145,7 @@ async def run_command(
         try:
             await anyio.to_thread.run_sync(write_private, trace, b"".join(traced))
         except OSError as error:
-            print(f"turnkeeper run: --trace {trace}: {error.strerror or error}", file=sys.stderr)
+            say(f"turnkeeper run: --trace {trace}: {error.strerror or error}")
             return 2
     return worst
 
@@ -155,6 +155,11 @@ def write_private(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with open(fd, "wb") as out:
         out.write(data)
+
+
+def say(line: str) -> None:
+    """Print a line to stderr, redacted (every line ``run`` and ``demo`` print is)."""
+    print(redact(line), file=sys.stderr)
 
 
 def _severity(code: int) -> int:
@@ -193,8 +198,8 @@ async def _locked_or(run: Awaitable[RunResult]) -> RunResult:
 def _report(path: str, result: RunResult, as_json: bool, out: IO[str]) -> None:
     if as_json:
         summary = {
-            "scenario": path,
-            "name": result.name,
+            "scenario": redact(path),
+            "name": redact(result.name),
             "exit": result.exit_code,
             "passed": result.exit_code == 0,
             "failures": [redact(failure) for failure in result.failures],
@@ -205,12 +210,12 @@ def _report(path: str, result: RunResult, as_json: bool, out: IO[str]) -> None:
         out.write(_encoder.encode(summary).decode() + "\n")
         return
     if result.error is not None:
-        out.write(f"ERROR {path}: {redact(result.error)}\n")
+        out.write(redact(f"ERROR {path}: {result.error}") + "\n")
     elif result.failures:
-        out.write(f"FAIL  {path}: {result.name}\n")
+        out.write(redact(f"FAIL  {path}: {result.name}") + "\n")
         out.writelines(f"      {redact(failure)}\n" for failure in result.failures)
     else:
-        out.write(f"PASS  {path}: {result.name} ({len(result.trace)} events)\n")
+        out.write(redact(f"PASS  {path}: {result.name} ({len(result.trace)} events)") + "\n")
 
 
 async def demo_command(db: str, trace: str | None, plain: bool) -> int:
@@ -256,7 +261,7 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
         try:
             await anyio.to_thread.run_sync(write_private, trace, trace_bytes)
         except OSError as error:
-            print(f"turnkeeper demo: --trace {trace}: {error.strerror or error}", file=sys.stderr)
+            say(f"turnkeeper demo: --trace {trace}: {error.strerror or error}")
             return 2
     ok, sentence = verdict(result)
     timeline.footer(ok, sentence)

@@ -19,6 +19,7 @@ gathered ``match`` fields are shown where the file put them, beside ``event``.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import msgspec
 from pydantic import ValidationError
 
 from agent_session._events import EngineEvent
+from agent_session.harness import prescan
 from agent_session.harness.scenario import (
     Action,
     DelegateAction,
@@ -48,7 +50,7 @@ from agent_session.harness.scenario import (
 )
 from agent_session.harness.trace import Crash
 from persistence import UsageError
-from stream_manager import ScriptStep, ScriptToolCall
+from stream_manager import ScriptStep, ScriptToolCall, redact
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -91,12 +93,8 @@ MAX_DEPTH: Final = 64
 #: The integers a scenario file may hold (TOML's own range: 64-bit signed).
 _INT_RANGE: Final = (-(1 << 63), (1 << 63) - 1)
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
-#: What the depth scan of the raw text skips (strings, comments) or counts (brackets).
-_JSON_TOKENS: Final = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
-_TOML_TOKENS: Final = re.compile(
-    r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}]',
-    re.DOTALL,
-)
+#: How many problems a refusal lists; the rest are counted (``... and N more problems``).
+MAX_PROBLEMS: Final = 20
 
 Loc = tuple[str | int, ...]
 Problem = tuple[Loc, str]
@@ -121,15 +119,20 @@ ECHO_LIMIT: Final = 80
 
 
 def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
-    """``text`` as an error message echoes it: whole, or its start and its length.
+    """``text`` as an error message echoes it: redacted, then whole or its start and length.
+
+    Redacted before it is cut: a credential cut short no longer has its shape, and its first
+    part would be shown.
 
     Args:
         text: The value to echo.
         limit: How many characters are shown of a longer one.
 
     Returns:
-        ``text`` when it is short enough, else its first ``limit`` characters and its length.
+        ``text`` redacted when it is short enough, else its first ``limit`` characters and its
+        length.
     """
+    text = redact(text)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text)} chars)"
@@ -168,8 +171,8 @@ def load_scenario(path: str | Path, *, supported_ops: frozenset[str] | None = No
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        problems = (_from_pydantic(error) for error in exc.errors(include_url=False))
-        raise ScenarioError(_lines(shown, problems)) from None
+        problems = (_from_pydantic(error, data) for error in _pydantic_errors(exc))
+        raise ScenarioError(_lines(shown, problems, exc.error_count())) from None
     found = list(reference_problems(scenario, supported_ops=supported_ops))
     if found:
         raise ScenarioError(_lines(shown, found))
@@ -236,7 +239,9 @@ def script_steps(scenario: Scenario, model_id: str) -> list[ScriptStep]:
         UsageError: The scenario declares no such model.
     """
     if model_id not in {model.id for model in scenario.models}:
-        raise UsageError(f"scenario {scenario.name!r} declares no model {model_id!r}")
+        raise UsageError(
+            f"scenario {shorten(scenario.name)!r} declares no model {shorten(model_id)!r}"
+        )
     script = scenario.scripts.get(model_id)
     if script is None:
         return []
@@ -283,9 +288,12 @@ def _read(path: Path, shown: str) -> object:
     except UnicodeDecodeError as exc:
         where = f"byte {exc.start}"
         raise ScenarioError([f"{shown}: $: not UTF-8 text: {exc.reason} at {where}"]) from None
-    tokens = _TOML_TOKENS if suffix == ".toml" else _JSON_TOKENS
-    if _bracket_depth(text, tokens) > MAX_DEPTH:
-        raise ScenarioError([f"{shown}: $: nested deeper than {MAX_DEPTH} tables or arrays"])
+    text = text.removeprefix("\ufeff")  # a byte order mark is not part of the document
+    try:
+        (prescan.check_toml if suffix == ".toml" else prescan.check_json)(text, MAX_DEPTH)
+    except prescan.TooDeep as deep:
+        reason = f"{deep.where}nested deeper than {MAX_DEPTH} tables or arrays"
+        raise ScenarioError([f"{shown}: $: {reason}"]) from None
     try:
         data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -353,61 +361,103 @@ def _file_kind(mode: int) -> str | None:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def _bracket_depth(text: str, tokens: re.Pattern[str]) -> int:
-    """How deeply the raw text nests ``[`` and ``{`` outside strings and comments.
-
-    Checked before parsing: the parsers recurse once per level, and a few thousand levels
-    would overflow Python's stack.
-    """
-    depth = deepest = 0
-    for match in tokens.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token in "]}":
-            depth = max(0, depth - 1)
-    return deepest
-
-
 def _value_problems(data: object) -> Iterator[Problem]:
     """What the parsed document holds that no scenario may: walked without recursion.
 
-    Nesting deeper than ``MAX_DEPTH`` (TOML's dotted keys nest without brackets), a key or
-    string with a lone surrogate (a JSON escape of half a pair: not Unicode text), an integer
-    outside 64 bits.
+    Nesting deeper than ``MAX_DEPTH`` (a last check: the raw text's scan refuses it first), a
+    key or string with a lone surrogate (a JSON escape of half a pair: not Unicode text), an
+    integer outside 64 bits. The walk holds one iterator per level, never a table's or an
+    array's every child at once, so its memory is bounded by the depth, not the size.
     """
-    stack: list[tuple[Loc, object]] = [((), data)]
-    while stack:
-        loc, value = stack.pop()
-        if len(loc) > MAX_DEPTH:
-            yield loc[:MAX_DEPTH], f"nested deeper than {MAX_DEPTH} tables or arrays"
+    yield from _leaf_problems((), data)
+    levels: list[tuple[Loc, Iterator[tuple[str | int, object]]]] = []
+    if isinstance(data, dict | list):
+        levels.append(((), _children(data)))
+    while levels:
+        loc, children = levels[-1]
+        child = next(children, None)
+        if child is None:
+            levels.pop()
             continue
-        if isinstance(value, dict):
-            for key, item in reversed(value.items()):
-                if _SURROGATE.search(key):
-                    yield (*loc, key), "key is not valid Unicode (a lone surrogate)"
-                    continue
-                stack.append(((*loc, key), item))
-        elif isinstance(value, list):
-            stack.extend(((*loc, index), item) for index, item in reversed(list(enumerate(value))))
-        elif isinstance(value, str) and _SURROGATE.search(value):
-            yield loc, f"not valid Unicode: a lone surrogate in {_describe(value)}"
-        elif isinstance(value, int) and not isinstance(value, bool):
-            low, high = _INT_RANGE
-            if not low <= value <= high:
-                yield loc, f"integer out of range ({low} to {high})"
+        key, value = child
+        here = (*loc, key)
+        if isinstance(key, str) and _SURROGATE.search(key):
+            yield here, "key is not valid Unicode (a lone surrogate)"
+        elif len(here) > MAX_DEPTH:
+            yield here[:MAX_DEPTH], f"nested deeper than {MAX_DEPTH} tables or arrays"
+        elif isinstance(value, dict | list):
+            levels.append((here, _children(value)))
+        else:
+            yield from _leaf_problems(here, value)
 
 
-def _lines(shown: str, problems: Iterable[Problem]) -> list[str]:
-    return [f"{shown}: {format_path(_short_loc(loc))}: {reason}" for loc, reason in problems]
+def _children(value: dict[str, object] | list[object]) -> Iterator[tuple[str | int, object]]:
+    return iter(value.items()) if isinstance(value, dict) else enumerate(value)
+
+
+def _leaf_problems(loc: Loc, value: object) -> Iterator[Problem]:
+    if isinstance(value, str) and _SURROGATE.search(value):
+        yield loc, f"not valid Unicode: a lone surrogate in {_describe(value)}"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        low, high = _INT_RANGE
+        if not low <= value <= high:
+            yield loc, f"integer out of range ({low} to {high})"
+
+
+def _lines(shown: str, problems: Iterable[Problem], total: int | None = None) -> list[str]:
+    """The first ``MAX_PROBLEMS`` problems as lines, then how many more there are.
+
+    Args:
+        shown: The file as the lines name it.
+        problems: The problems, in order; read no further than needed when ``total`` is given.
+        total: How many problems there are in all, when it is known without reading them.
+    """
+    found = iter(problems)
+    first = list(itertools.islice(found, MAX_PROBLEMS))
+    lines = [f"{shown}: {format_path(_short_loc(loc))}: {reason}" for loc, reason in first]
+    rest = sum(1 for _ in found) if total is None else total - len(first)
+    if rest > 0:
+        lines.append(f"{shown}: $: ... and {rest:,} more problems")
+    return lines
 
 
 def _short_loc(loc: Loc) -> Loc:
     return tuple(shorten(part) if isinstance(part, str) else part for part in loc)
 
 
-def _from_pydantic(error: ErrorDetails) -> Problem:
+def _pydantic_errors(exc: ValidationError) -> Iterator[ErrorDetails]:
+    """The validation errors, in order, decoded one at a time as they are read.
+
+    ``exc.errors()`` builds every error as Python objects at once (half a million of them,
+    from a 1 MiB file of ``[1,1,...]`` actions, take seconds and half a gigabyte); their JSON
+    text is a single string, decoded here no further than the refusal reads. Their inputs
+    are left out (the input is found in the document, :func:`_input_at`).
+    """
+    text = exc.json(include_url=False, include_input=False)
+    decoder = json.JSONDecoder()
+    at = 1  # past the array's "["
+    while text[at] not in "]":
+        error, at = decoder.raw_decode(text, at)
+        yield error
+        at += text[at] == ","
+
+
+def _input_at(data: object, loc: Loc) -> object:
+    """The value at ``loc`` (a path in the file) in the document.
+
+    A part of the path that is not a key or a position there (an unnamed union's member) is
+    passed over.
+    """
+    value = data
+    for part in loc:
+        in_table = isinstance(value, dict) and part in value
+        in_array = isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value)
+        if in_table or in_array:
+            value = value[part]  # type: ignore[index]
+    return value
+
+
+def _from_pydantic(error: ErrorDetails, data: object) -> Problem:
     kind, loc = error["type"], tuple(error["loc"])
     is_key = "[key]" in loc
     loc = tuple(part for part in loc if part != "[key]")
@@ -430,7 +480,8 @@ def _from_pydantic(error: ErrorDetails) -> Problem:
     for pattern, replacement in _WORDING:
         reason = pattern.sub(replacement, reason)
     if reason.startswith("should be"):
-        reason = f"{'key ' if is_key else ''}{reason}, got {_describe(error['input'])}"
+        got = _describe(loc[-1] if is_key else _input_at(data, loc))
+        reason = f"{'key ' if is_key else ''}{reason}, got {got}"
     return loc, reason[:1].lower() + reason[1:]
 
 
@@ -444,6 +495,7 @@ def _describe(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     if isinstance(value, str):
+        value = redact(value)  # before the cut: see shorten
         return repr(value if len(value) <= 40 else value[:37] + "...")
     return shorten(str(value))
 

@@ -57,8 +57,8 @@ class Timeline:
 
     def header(self, scenario: Scenario, db: Path) -> None:
         """Print what is about to run."""
-        self._print(Text(f"turnkeeper demo: {scenario.name}", style="bold"))
-        self._print(Text(f"store: {db} (SQLite, WAL)", style="dim"))
+        self._print(Text(redact(f"turnkeeper demo: {scenario.name}"), style="bold"))
+        self._print(Text(redact(f"store: {db} (SQLite, WAL)"), style="dim"))
 
     def __call__(self, event: EngineEvent) -> None:
         """Print one event."""

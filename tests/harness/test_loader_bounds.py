@@ -15,7 +15,13 @@ import anyio
 import pytest
 
 from agent_session.harness import ScenarioError, load_scenario
-from agent_session.harness.loader import EVENT_FIELDS, MAX_DEPTH, MAX_FILE_BYTES, shorten
+from agent_session.harness.loader import (
+    EVENT_FIELDS,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_PROBLEMS,
+    shorten,
+)
 from agent_session.harness.runner import run_scenario
 from persistence import MemoryStore
 
@@ -83,7 +89,7 @@ def test_deep_brackets_are_refused_before_the_parser_recurses(tmp_path: Path, su
     sep = ": " if suffix == ".json" else " = "
     body = f'"name"{sep}' + "[" * 5000 + "]" * 5000
     path.write_text("{" + body + "}" if suffix == ".json" else body.replace('"name"', "name"))
-    assert problems(path) == [f"{path}: $: nested deeper than {MAX_DEPTH} tables or arrays"]
+    assert problems(path) == [f"{path}: $: line 1: nested deeper than {MAX_DEPTH} tables or arrays"]
 
 
 def test_brackets_inside_strings_and_comments_are_not_nesting(tmp_path: Path) -> None:
@@ -95,12 +101,25 @@ def test_brackets_inside_strings_and_comments_are_not_nesting(tmp_path: Path) ->
     assert load_scenario(path).name == deep
 
 
-def test_deep_tool_args_are_refused_naming_the_path(tmp_path: Path) -> None:
+def test_deep_dotted_tool_args_are_refused_naming_the_line(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
     dotted = ".".join(["a"] * 3000)
     path.write_text(
         'name = "n"\n[[models]]\nid = "m"\n[[tools]]\nname = "t"\n'
         f'[[scripts.m.steps]]\n[[scripts.m.steps.tool_calls]]\ntool = "t"\nargs.{dotted} = 1\n'
+    )
+    assert problems(path) == [f"{path}: $: line 9: nested deeper than {MAX_DEPTH} tables or arrays"]
+
+
+def test_a_document_nested_too_deep_is_refused_naming_the_path(tmp_path: Path) -> None:
+    # 40 levels of header and dotted key, then 30 of inline tables: each scan bound holds
+    # (the scan counts a table's brackets, not its keys), the parsed document is too deep.
+    path = tmp_path / "s.toml"
+    inline = "{ b = " * 30 + "1" + " }" * 30
+    dotted = ".".join(["a"] * 33)
+    path.write_text(
+        'name = "n"\n[[models]]\nid = "m"\n[[tools]]\nname = "t"\n[[scripts.m.steps]]\n'
+        f'[[scripts.m.steps.tool_calls]]\ntool = "t"\nargs.{dotted} = {inline}\n'
     )
     (line,) = problems(path)
     assert line.startswith(f"{path}: $.scripts.m.steps[0].tool_calls[0].args.a.a.")
@@ -110,9 +129,9 @@ def test_deep_tool_args_are_refused_naming_the_path(tmp_path: Path) -> None:
 def test_lone_surrogates_are_refused_naming_the_field(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text('{"name": "x\\ud800y", "se\\udc00": 1}')
-    assert problems(path) == [
-        f'{path}: $["se\\udc00"]: key is not valid Unicode (a lone surrogate)',
+    assert problems(path) == [  # in file order
         f"{path}: $.name: not valid Unicode: a lone surrogate in 'x\\ud800y'",
+        f'{path}: $["se\\udc00"]: key is not valid Unicode (a lone surrogate)',
     ]
 
 
@@ -188,3 +207,39 @@ def test_a_restart_waiting_past_the_virtual_time_limit_exits_3(tmp_path: Path) -
         return result.exit_code
 
     assert anyio.run(run) == 3
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_a_byte_order_mark_is_accepted(tmp_path: Path, suffix: str) -> None:
+    plain, marked = tmp_path / f"plain{suffix}", tmp_path / f"marked{suffix}"
+    data = minimal(description="with a BOM")
+    if suffix == ".json":
+        text = json.dumps(data)
+    else:
+        text = (LIBRARY / "withdrawn-wake.toml").read_text(encoding="utf-8")
+    plain.write_text(text, encoding="utf-8")
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_scenario(marked) == load_scenario(plain)
+
+
+def test_a_refusal_lists_the_first_problems_and_counts_the_rest(tmp_path: Path) -> None:
+    path = write_json(tmp_path, minimal(**{f"colour{i}": i for i in range(20_000)}))
+    found = problems(path)
+    assert found[:2] == [
+        f"{path}: $.colour0: unknown key 'colour0'",
+        f"{path}: $.colour1: unknown key 'colour1'",
+    ]
+    assert len(found) == MAX_PROBLEMS + 1
+    assert found[-1] == f"{path}: $: ... and {20_000 - MAX_PROBLEMS:,} more problems"
+
+
+def test_every_kind_of_problem_is_capped(tmp_path: Path) -> None:
+    sessions = [{"id": f"s{i}", "model": "ghost"} for i in range(30)]  # dangling references
+    path = write_json(tmp_path, minimal(sessions=sessions))
+    found = problems(path)
+    assert found[0] == f"{path}: $.sessions[0].model: unknown model 'ghost'"
+    assert found[MAX_PROBLEMS:] == [f"{path}: $: ... and {30 - MAX_PROBLEMS} more problems"]
+    path.write_text(json.dumps({"name": "n", "x": ["\\ud800"] * 25}).replace("\\\\", "\\"))
+    found = problems(path)  # lone surrogates, found before the schema is checked
+    assert found[0].startswith(f"{path}: $.x[0]: not valid Unicode")
+    assert found[MAX_PROBLEMS:] == [f"{path}: $: ... and {25 - MAX_PROBLEMS} more problems"]
