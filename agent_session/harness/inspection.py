@@ -17,7 +17,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from agent_session._recovery import unreadable
+from agent_session._recovery import damaged_cut, unreadable
 from agent_session.harness.console import PipeConsole
 from agent_session.harness.redaction import redact
 from persistence import (
@@ -283,6 +283,10 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
     for sid, detail in scan.corrupt:
         if session in (None, sid):
             found.add(f"skipped corrupt cut of session {redact(sid)}", detail)
+    for cut in scan.cuts:
+        damage = damaged_cut(cut)
+        if damage is not None and session in (None, cut.session.id):
+            found.add(f"skipped corrupt cut of session {redact(cut.session.id)}", str(damage))
     try:
         query = await store.receipts(session)
     except StoreError as error:
