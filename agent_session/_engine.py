@@ -260,7 +260,7 @@ class Engine:
                 continue  # already open here: its own bookkeeping stands
             plan = plan_recovery(found, self._known_models, self.config.max_stream_steps)
             if isinstance(plan, Abandon):
-                log.warning("recovery of session %s abandoned: %s", sid, plan.why)
+                log.warning("recovery of session %s abandoned: %s", clip(sid), clip(plan.why, 2000))
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
                 voids.extend(
                     (sid, rid, plan.state if rid == found.row.row_id else CutState.VOIDED)
@@ -300,7 +300,9 @@ class Engine:
                 boundary = Boundary(cut_states=tuple(changes))
                 await self.store.commit(sid, boundary, owner=self._owner)
             except (TurnkeeperError, OSError) as error:
-                log.error("recovery of session %s: its records were not written: %s", sid, error)
+                log.error(
+                    "recovery of session %s: its records were not written: %s", clip(sid), error
+                )
                 unwritten.add(sid)
                 continue
             for change in changes:

@@ -330,7 +330,7 @@ def recovery_scan(
     for name in decoded["owed"]:
         if name not in records and name not in corrupt:
             corrupt[name] = str(
-                CorruptRecord("sessions", name, "$: no session row for its owed cut")
+                CorruptRecord("sessions", clip(name), "$: no session row for its owed cut")
             )
     stream_ids: dict[str, list[str]] = {}
     for name, stream in streams:

@@ -37,6 +37,7 @@ from persistence import (
     UsageError,
     as_resolution,
     checked_note,
+    clip,
     found_receipt,
     resolve_operation,
 )
@@ -77,7 +78,7 @@ class _Findings:
     def add(self, where: str, detail: str) -> None:
         where, detail = redact(where), redact(detail)
         self.items.append((where, detail))
-        print(f"turnkeeper {self.command}: {where}: {detail}", file=sys.stderr)
+        print(f"turnkeeper {self.command}: {clip(where)}: {clip(detail, 1000)}", file=sys.stderr)
 
     def json(self) -> list[dict[str, str]]:
         return [{"at": where, "detail": detail} for where, detail in self.items]
@@ -118,6 +119,14 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
     return EXIT_DAMAGED if found.items else EXIT_OK
 
 
+def _shown(value: str) -> str:
+    """A value as text output shows it: redacted, then cut to a bounded length, its size said.
+
+    Redacted first, so a cut never leaves the head of a credential it would have matched.
+    """
+    return clip(redact(value))
+
+
 def _console() -> Console:
     """Rich output; a pipe or a log gets full rows instead of a guessed 80 columns."""
     return PipeConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -133,24 +142,24 @@ def _print_receipts(records: list[OperationRecord]) -> None:
         table.add_column(column)
     for record in records:
         table.add_row(
-            redact(record.op_id),
-            redact(record.capability.text),
+            _shown(record.op_id),
+            _shown(record.capability.text),
             record.state.value,
             "yes" if record.termination_acknowledged else "no",
-            redact(record.outcome_code or ""),
-            redact(record.cancel_reason or ""),
+            _shown(record.outcome_code or ""),
+            _shown(record.cancel_reason or ""),
             f"{record.started_at:.3f}",
             "" if record.ended_at is None else f"{record.ended_at:.3f}",
         )
     console.print(table)
     for record in records:
         if record.explanation:
-            console.print(f"{redact(record.op_id)}: {redact(record.explanation)}")
+            console.print(f"{_shown(record.op_id)}: {_shown(record.explanation)}", markup=False)
         if record.resolved_by is not None:
             when = "" if record.resolved_at is None else f" at {record.resolved_at:.3f}"
             console.print(
-                f"{redact(record.op_id)}: resolved by {redact(record.resolved_by)}{when}: "
-                f"{redact(record.note or '')}",
+                f"{_shown(record.op_id)}: resolved by {_shown(record.resolved_by)}{when}: "
+                f"{_shown(record.note or '')}",
                 markup=False,  # a person's words, not rich markup ("[redacted]" included)
             )
 
@@ -246,16 +255,18 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         print(_encoder.encode(report).decode())
         return EXIT_DAMAGED if found.items else EXIT_OK
     console = _console()
-    console.print(f"store: {redact(db)}")
+    console.print(f"store: {_shown(db)}", markup=False)
     problems = report["integrity"]["problems"]
     verdict = "ok" if not problems else f"{len(problems)} problems, the store is damaged"
     console.print(f"integrity (SQLite quick_check): {verdict}")
-    console.print(f"sessions: {', '.join(s['id'] for s in report['sessions']) or 'none'}")
+    names = ", ".join(clip(s["id"]) for s in report["sessions"])
+    console.print(f"sessions: {names or 'none'}", markup=False)
     if report["owed"]:
         for item in report["owed"]:
             console.print(
-                f"owed continuation: {item['session']} cut {item['cut']} "
-                f"({item['remaining']} steps left on {item['model']})"
+                f"owed continuation: {clip(item['session'])} cut {clip(item['cut'])} "
+                f"({item['remaining']} steps left on {clip(item['model'])})",
+                markup=False,
             )
     else:
         console.print("owed continuations: none")
