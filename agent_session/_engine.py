@@ -31,6 +31,7 @@ from persistence import (
     Store,
     TurnkeeperError,
     UsageError,
+    clip,
 )
 from stream_manager import (
     Clock,
@@ -248,7 +249,7 @@ class Engine:
         """
         scan = await self.store.scan_recoverable()
         for session_id, problem in scan.corrupt:
-            log.error("recovery of session %s abandoned: %s", session_id, problem)
+            log.error("recovery of session %s abandoned: %s", clip(session_id), clip(problem, 2000))
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
         resumed: list[AgentSession] = []
         voids: list[tuple[str, str, CutState]] = []
@@ -257,9 +258,9 @@ class Engine:
             sid = found.session.id
             if sid in self._sessions:
                 continue  # already open here: its own bookkeeping stands
-            plan = plan_recovery(found, self._known_models)
+            plan = plan_recovery(found, self._known_models, self.config.max_stream_steps)
             if isinstance(plan, Abandon):
-                log.warning("recovery of session %s abandoned: %s", sid, plan.why)
+                log.warning("recovery of session %s abandoned: %s", clip(sid), clip(plan.why, 2000))
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
                 voids.extend(
                     (sid, rid, plan.state if rid == found.row.row_id else CutState.VOIDED)
@@ -299,7 +300,9 @@ class Engine:
                 boundary = Boundary(cut_states=tuple(changes))
                 await self.store.commit(sid, boundary, owner=self._owner)
             except (TurnkeeperError, OSError) as error:
-                log.error("recovery of session %s: its records were not written: %s", sid, error)
+                log.error(
+                    "recovery of session %s: its records were not written: %s", clip(sid), error
+                )
                 unwritten.add(sid)
                 continue
             for change in changes:

@@ -17,12 +17,16 @@ session, decides here:
   budget, the row being the request's last word; any other row superseded the cut: the record
   is withdrawn (``recovered`` ``abandon``) and answering that row is the startup retry's
   (PS-4, not built);
-* the cut's model is not one this engine runs: nothing can resume it here; the record stays
-  owed, untouched, for an engine that can (``recovered`` ``abandon``).
+* the cut's model is not one this engine runs, or it says more steps remain than one turn
+  has here (``max_stream_steps``): nothing can resume it here; the record stays owed,
+  untouched, for an engine that can (``recovered`` ``abandon``).
 
 Older rows of the same session still marked owed are voided (only the latest cut can be owed).
 A record that fails validation never reaches this module: the store reports it as corrupt and
 the engine abandons that session's recovery with the store's message (R61), writing nothing.
+What the store cannot know is checked here (:func:`damaged_cut`): the owed row's stream must be
+one of its session's (``{session}/{n}``), else the row is damaged, reported the same way and
+left owed.
 A damaged history row is found where the resume reads the history (recovery itself stays one
 scan): that resume is given up at once, logged with the row named and nothing written, so the
 record stays owed for a person to repair, instead of a resume that fails on every attempt and
@@ -38,7 +42,15 @@ from dataclasses import dataclass
 from agent_session._continuation import Marker
 from agent_session._rows import decode_body
 from message_queue import Correlation, EntryKind, SendOptions
-from persistence import CorruptRecord, CutRecord, CutState, HistoryRow, RecoverableCut, RowKind
+from persistence import (
+    CorruptRecord,
+    CutRecord,
+    CutState,
+    HistoryRow,
+    RecoverableCut,
+    RowKind,
+    clip,
+)
 from stream_manager import ModelFallbackProgress
 
 #: Rows that may follow the owed row while the cut is still at the tail (PS-6).
@@ -93,46 +105,79 @@ def marker_from(cut: CutRecord, stream: str) -> Marker:
     )
 
 
-def plan_recovery(found: RecoverableCut, models: frozenset[str]) -> RecoveryPlan:
+def own_stream(session: str, stream: str) -> bool:
+    """Whether ``stream`` is a stream id of ``session``: ``{session}/{n}``, ``n`` a number."""
+    head, _, number = stream.rpartition("/")
+    return head == session and number.isascii() and number.isdigit()
+
+
+def damaged_cut(found: RecoverableCut) -> CorruptRecord | None:
+    """What is wrong with a session's owed rows that only this layer can tell (R61), or ``None``.
+
+    Each owed row's stream must be one of its session's: a number the next stream is counted
+    from, and the stream the record's continuation belongs to.
+    """
+    for row in found.owed:
+        if row.stream is not None and not own_stream(row.session, row.stream):
+            key = f"{clip(row.session)}/{clip(row.row_id)}"
+            detail = f"$.stream: {clip(repr(row.stream))} is not a stream of this session"
+            return CorruptRecord("history_rows", key, detail)
+    return None
+
+
+def plan_recovery(
+    found: RecoverableCut, models: frozenset[str], ceiling: int | None = None
+) -> RecoveryPlan:
     """What startup recovery does with one session's latest owed cut.
 
     The store hands over rows only (``Store.scan_recoverable``); this is the one place that
     reads them: the last owed row is the live cut, the earlier owed ones are stale, and the
     first row after it that is neither a sentinel nor a system row is what moved the
-    conversation on, if anything did.
+    conversation on, if anything did. ``ceiling`` is one turn's step ceiling here
+    (``max_stream_steps``): a cut that says more remain is left owed.
     """
     row, cut = found.row, found.row.cut
     assert cut is not None  # the scan returns rows with an owed record only
+    damage = damaged_cut(found)
+    if damage is not None:  # R61: reported, nothing written: the record stays owed
+        return Abandon(str(damage), ())
     stale = tuple(earlier.row_id for earlier in found.owed[:-1])
     everything = (*stale, row.row_id)
+    name = clip(row.row_id)
     if row.stream is None:
-        return Abandon(f"the owed row {row.row_id} names no stream", everything)
+        return Abandon(f"the owed row {name} names no stream", everything)
     moved_on = [later for later in found.after if later.kind not in TAIL_KINDS]
     answer = next((later.kind for later in moved_on if later.kind is not RowKind.USER), None)
     if answer is not None:
         return Abandon(
-            f"the cut on {row.row_id} is not the tail: a {answer.value} row follows it",
+            f"the cut on {name} is not the tail: a {answer.value} row follows it",
             everything,
         )
     follower = moved_on[0] if moved_on else None
     try:
         superseded = follower is not None and not continues(follower, cut)
     except CorruptRecord as error:  # R61: never read as "nothing follows"; nothing written
-        return Abandon(f"the row after the cut on {row.row_id} is unreadable: {error}", ())
+        return Abandon(f"the row after the cut on {name} is unreadable: {error}", ())
     if superseded:
         assert follower is not None
         return Abandon(
-            f"the cut on {row.row_id} was superseded by {follower.row_id} (R35); answering "
+            f"the cut on {name} was superseded by {clip(follower.row_id)} (R35); answering "
             "that row is startup retry's (PS-4), which this engine does not do",
             everything,
             CutState.WITHDRAWN,
         )
     if cut.remaining <= 0:
-        return Abandon(f"the cut on {row.row_id} has no steps left (R65)", everything)
+        return Abandon(f"the cut on {name} has no steps left (R65)", everything)
     if cut.model not in models:
         return Abandon(
-            f"the cut on {row.row_id} ran model {cut.model!r}, which this engine does not have; "
-            "left owed",
+            f"the cut on {name} ran model {clip(repr(cut.model))}, which this engine does not "
+            "have; left owed",
+            stale,
+        )
+    if ceiling is not None and cut.remaining > ceiling:
+        return Abandon(
+            f"the cut on {name} says {cut.remaining} steps remain, more than one turn has here "
+            f"(max_stream_steps {ceiling}); left owed",
             stale,
         )
     return Resume(marker=marker_from(cut, row.stream), row_id=row.row_id, stale=stale)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from message_queue import Correlation
-from persistence import CorruptRecord, CutRecord, HistoryRow, RowKind
+from persistence import CorruptRecord, CutRecord, HistoryRow, RowKind, clip
 from stream_manager import (
     ChatMessage,
     Finish,
@@ -60,10 +60,15 @@ def encode_body(body: RowBody) -> bytes:
 
 def decode_body(row: HistoryRow) -> RowBody:
     """Read a row's body back, or raise ``CorruptRecord`` naming the row and the field."""
+    key = f"{clip(row.session)}/{clip(row.row_id)}"
     try:
         return _decoder.decode(row.body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as error:
-        raise CorruptRecord("history_rows", f"{row.session}/{row.row_id}", str(error)) from None
+    except msgspec.DecodeError as error:  # ValidationError is one
+        raise CorruptRecord("history_rows", key, f"$.body: {clip(str(error))}") from None
+    except RecursionError:
+        raise CorruptRecord("history_rows", key, "$.body: nested too deep to read") from None
+    except OverflowError as exc:  # a number no Python type holds
+        raise CorruptRecord("history_rows", key, f"$.body: {clip(str(exc))}") from None
 
 
 def body_from_parts(parts: Sequence[Part], *, finish: str | None, model: str) -> RowBody:

@@ -38,7 +38,10 @@ from persistence._resolve import (
     resolved,
 )
 from persistence._sqlite import SqliteStore
+from persistence._text import clip
 from persistence.records import (
+    MAX_SEQ,
+    MAX_STEPS,
     OPEN_OP_STATES,
     Boundary,
     Capability,
@@ -62,6 +65,8 @@ from persistence.records import (
 from persistence.store import Store
 
 __all__ = [
+    "MAX_SEQ",
+    "MAX_STEPS",
     "OPEN_OP_STATES",
     "OPERATOR",
     "OPERATOR_OUTCOMES",
@@ -101,6 +106,7 @@ __all__ = [
     "UsageError",
     "as_resolution",
     "checked_note",
+    "clip",
     "found_receipt",
     "resolve_operation",
     "resolved",

@@ -1,20 +1,28 @@
 """Reading SQLite rows back into records, validating every column and record (R61).
 
 A value that fails validation raises :class:`~persistence.CorruptRecord` naming the table, the
-row's key and the field path; it is never read as absent, and nothing is written.
+row's key and the field path; it is never read as absent, and nothing is written. Every value
+is bounded: a record's size (``MAX_RECORD_BYTES``), its nesting (a ``RecursionError`` of the
+decoder is damage), a seq (``MAX_SEQ``) and a budget (``MAX_STEPS``); TEXT that is not UTF-8
+reads as ``NotUtf8`` (``persistence._text``) and fails its column's check. A message shows a
+long value cut (``clip``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from persistence import _checks
 from persistence._errors import CorruptRecord
+from persistence._text import NotUtf8, clip
 from persistence.records import (
+    MAX_RECEIPT_BYTES,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
     Capability,
     CutRecord,
     CutState,
@@ -56,6 +64,7 @@ _SESSION = msgspec.json.Decoder(SessionRecord)
 _ENVELOPE = msgspec.json.Decoder(TurnEnvelope)
 _OPERATION = msgspec.json.Decoder(_stored_operation())
 _MSGSPEC_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
+T = TypeVar("T")
 
 
 def _decode_error(table: str, key: str, exc: msgspec.DecodeError, prefix: str) -> CorruptRecord:
@@ -63,10 +72,38 @@ def _decode_error(table: str, key: str, exc: msgspec.DecodeError, prefix: str) -
     text = str(exc)
     match = _MSGSPEC_PATH.match(text)
     path, message = (match["path"], match["message"]) if match else ("", text)
-    return CorruptRecord(table, key, f"${prefix}{path}: {message.replace('`', '')}")
+    return CorruptRecord(table, key, f"${prefix}{path}: {clip(message.replace('`', ''))}")
+
+
+def _decoded(
+    decoder: msgspec.json.Decoder[T],
+    blob: bytes | str,
+    where: tuple[str, str, str],
+    limit: int = MAX_RECORD_BYTES,
+) -> T:
+    """``blob`` decoded, or the CorruptRecord at ``where`` (table, key, field prefix).
+
+    Raises:
+        CorruptRecord: Larger than ``limit``, nested deeper than the decoder goes, not UTF-8,
+            or not the record's shape.
+    """
+    table, key, prefix = where
+    if len(blob) > limit:
+        detail = f"${prefix}: {len(blob):,} bytes, more than a record holds ({limit:,})"
+        raise CorruptRecord(table, key, detail)
+    try:
+        return decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise _decode_error(table, key, exc, prefix) from None
+    except RecursionError:
+        raise CorruptRecord(table, key, f"${prefix}: nested too deep to be a record") from None
+    except OverflowError as exc:  # a number no Python type holds
+        raise CorruptRecord(table, key, f"${prefix}: {clip(str(exc))}") from None
 
 
 def _mismatch(table: str, key: str, path: str, expected: str, value: object) -> CorruptRecord:
+    if isinstance(value, NotUtf8):
+        return CorruptRecord(table, key, f"${path}: Expected {expected}, got {value!r}")
     return CorruptRecord(table, key, f"${path}: Expected {expected}, got {type(value).__name__}")
 
 
@@ -99,6 +136,7 @@ def _columns(values: Sequence[Any]) -> RowKind:
     if (
         type(session) is str
         and type(seq) is int
+        and 0 <= seq <= MAX_SEQ
         and type(row_id) is str
         and type(body) is bytes
         and (stream is None or type(stream) is str)
@@ -114,7 +152,7 @@ def _columns(values: Sequence[Any]) -> RowKind:
 def _column_problem(values: Sequence[Any]) -> CorruptRecord:
     """The first of a history row's columns that fails validation, named."""
     session, seq, row_id, kind, stream, cut_state, _cut, body = values
-    key = _checks.row_key(str(session), str(row_id))
+    key = _checks.row_key(clip(session), clip(row_id))
     for path, value, expected in (
         (".session", session, str),
         (".seq", seq, int),
@@ -123,13 +161,17 @@ def _column_problem(values: Sequence[Any]) -> CorruptRecord:
     ):
         if type(value) is not expected:
             return _mismatch("history_rows", key, path, expected.__name__, value)
+    if not 0 <= seq <= MAX_SEQ:
+        return CorruptRecord("history_rows", key, f"$.seq: {seq} is not in 0..{MAX_SEQ}")
     if stream is not None and type(stream) is not str:
         return _mismatch("history_rows", key, ".stream", "str | None", stream)
     if cut_state is not None and cut_state not in CUT_STATES:
         return CorruptRecord(
-            "history_rows", key, f"$.cut_state: Invalid enum value {cut_state!r} (not a CutState)"
+            "history_rows",
+            key,
+            f"$.cut_state: Invalid enum value {clip(repr(cut_state))} (not a CutState)",
         )
-    return CorruptRecord("history_rows", key, f"$.kind: Invalid enum value {kind!r}")
+    return CorruptRecord("history_rows", key, f"$.kind: Invalid enum value {clip(repr(kind))}")
 
 
 def _cut(session: str, row_id: str, cut_state: object, cut_blob: object) -> CutRecord | None:
@@ -140,21 +182,18 @@ def _cut(session: str, row_id: str, cut_state: object, cut_blob: object) -> CutR
     """
     if cut_blob is None and cut_state is None:  # most rows: no cut record
         return None
-    key = _checks.row_key(session, row_id)
+    key = _checks.row_key(clip(session), clip(row_id))
     cut: CutRecord | None = None
     if cut_blob is not None:
-        if not isinstance(cut_blob, bytes | str):
+        if not isinstance(cut_blob, bytes | str) or isinstance(cut_blob, NotUtf8):
             raise _mismatch("history_rows", key, ".cut", "bytes", cut_blob)
-        try:
-            cut = _CUT.decode(cut_blob)
-        except msgspec.DecodeError as exc:
-            raise _decode_error("history_rows", key, exc, ".cut") from None
+        cut = _decoded(_CUT, cut_blob, ("history_rows", key, ".cut"))
     if (None if cut is None else cut.state.value) != cut_state:
         raise CorruptRecord(
             "history_rows",
             key,
             f"$.cut.state: the record says {None if cut is None else cut.state.value!r}, "
-            f"the cut_state column says {cut_state!r}",
+            f"the cut_state column says {clip(repr(cut_state))}",
         )
     return cut
 
@@ -210,15 +249,13 @@ def decode_session(values: Sequence[Any]) -> SessionRecord:
         CorruptRecord: The record fails validation or names another id.
     """
     session_id, blob = values
-    wrong = _blob("sessions", str(session_id), "", blob)
+    key = clip(str(session_id))
+    wrong = _blob("sessions", key, "", blob)
     if wrong is not None:
         raise wrong
-    try:
-        record = _SESSION.decode(blob)
-    except msgspec.DecodeError as exc:
-        raise _decode_error("sessions", str(session_id), exc, "") from None
+    record = _decoded(_SESSION, blob, ("sessions", key, ""))
     if record.id != session_id:
-        raise CorruptRecord("sessions", str(session_id), f"$.id: the record says {record.id!r}")
+        raise CorruptRecord("sessions", key, f"$.id: the record says {clip(repr(record.id))}")
     return record
 
 
@@ -229,18 +266,14 @@ def decode_envelope(values: Sequence[Any]) -> TurnEnvelope:
         CorruptRecord: The record fails validation or names another (session, stream).
     """
     session, stream, blob = values
-    key = f"{session}/{stream}"
+    key = f"{clip(session)}/{clip(stream)}"
     wrong = _blob("turn_envelopes", key, "", blob)
     if wrong is not None:
         raise wrong
-    try:
-        envelope = _ENVELOPE.decode(blob)
-    except msgspec.DecodeError as exc:
-        raise _decode_error("turn_envelopes", key, exc, "") from None
+    envelope = _decoded(_ENVELOPE, blob, ("turn_envelopes", key, ""))
     if (envelope.session, envelope.stream) != (session, stream):
-        raise CorruptRecord(
-            "turn_envelopes", key, f"$: the record is for {envelope.session}/{envelope.stream}"
-        )
+        said = f"{clip(envelope.session)}/{clip(envelope.stream)}"
+        raise CorruptRecord("turn_envelopes", key, f"$: the record is for {said}")
     return envelope
 
 
@@ -251,24 +284,20 @@ def decode_operation(values: Sequence[Any]) -> OperationRecord:
         CorruptRecord: The record fails validation or disagrees with its columns.
     """
     op_id, state, blob = values
-    wrong = _blob("operations", str(op_id), "", blob)
+    key = clip(str(op_id))
+    wrong = _blob("operations", key, "", blob)
     if wrong is not None:
         raise wrong
-    try:
-        stored = msgspec.structs.asdict(_OPERATION.decode(blob))
-    except msgspec.DecodeError as exc:
-        raise _decode_error("operations", str(op_id), exc, "") from None
+    where = ("operations", key, "")
+    stored = msgspec.structs.asdict(_decoded(_OPERATION, blob, where, MAX_RECEIPT_BYTES))
     # The text matched CAPABILITY_TEXT: it is a known kind, a colon and a name.
     parts = _CAPABILITY_PARTS.fullmatch(stored["capability"])
     assert parts is not None
     stored["capability"] = Capability(kind=ToolKind(parts["kind"]), name=parts["name"])
     record = OperationRecord(**stored)
     if record.op_id != op_id or record.state.value != state:
-        raise CorruptRecord(
-            "operations",
-            str(op_id),
-            f"$: the record says {record.op_id}/{record.state.value}, the columns {op_id}/{state}",
-        )
+        said, columns = f"{clip(record.op_id)}/{record.state.value}", f"{key}/{clip(state)}"
+        raise CorruptRecord("operations", key, f"$: the record says {said}, the columns {columns}")
     return record
 
 
@@ -301,7 +330,7 @@ def recovery_scan(
     for name in decoded["owed"]:
         if name not in records and name not in corrupt:
             corrupt[name] = str(
-                CorruptRecord("sessions", name, "$: no session row for its owed cut")
+                CorruptRecord("sessions", clip(name), "$: no session row for its owed cut")
             )
     stream_ids: dict[str, list[str]] = {}
     for name, stream in streams:

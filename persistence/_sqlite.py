@@ -50,6 +50,7 @@ from persistence._errors import (
 )
 from persistence._group import GroupCommit
 from persistence._migrations import Migration, load_migrations
+from persistence._text import tolerant
 from persistence.records import (
     Boundary,
     Committed,
@@ -558,9 +559,12 @@ class SqliteStore:
     async def _read(self, job: _writes.Job[T]) -> T:
         """Run a read job; concurrent reads and writes share one call (``_group``).
 
-        A read-only store runs it alone, in a read transaction of its own.
+        A read-only store runs it alone, in a read transaction of its own. A TEXT value that is
+        not UTF-8 reads as ``NotUtf8`` (``persistence._text``): one damaged row fails only
+        its own decoding, never the whole read.
         """
         self._reader()
+        job = tolerant(job)
         with self._errors:
             if not self._readonly:
                 batched: T = await self._group.run(job)

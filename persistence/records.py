@@ -17,6 +17,20 @@ from typing import Annotated
 
 import msgspec
 
+#: The largest seq a stored row may hold: exact in every JSON reader, and far enough from
+#: SQLite's 64-bit limit that the next seq always fits. A stored value beyond it is damage.
+MAX_SEQ = 2**53 - 1
+#: The most steps a stored budget (a cut's ``remaining``, an envelope's ``budget``) may say:
+#: beyond any turn's ceiling (``max_stream_steps``); a stored value beyond it is damage.
+MAX_STEPS = 2**31 - 1
+#: The largest cut, session or envelope record a store reads back (they hold names and ids,
+#: a few hundred bytes); a larger one is damage.
+MAX_RECORD_BYTES = 65_536
+#: The largest receipt a store reads back (a receipt may hold a person's note).
+MAX_RECEIPT_BYTES = 1_048_576
+Steps = Annotated[int, msgspec.Meta(ge=0, le=MAX_STEPS)]
+Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+
 
 class CutState(StrEnum):
     """Where a durable cut record stands (PS-6)."""
@@ -57,7 +71,7 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     id: str
     model: str
-    created_seq: int = 0
+    created_seq: Seq = 0
     goal: str | None = None
 
 
@@ -68,7 +82,8 @@ class CutRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     step budget, the fallback progress, the delegated-turn correlation and the goal attribution.
 
     Attributes:
-        remaining: Model steps left in the logical turn (never negative).
+        remaining: Model steps left in the logical turn (never negative, at most
+            ``MAX_STEPS``).
         model: The model the cut stream ran on.
         requested_model: The model the turn asked for before any fallback hop.
         refused_models: Models that refused during this turn, in order (fallback progress).
@@ -81,7 +96,7 @@ class CutRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         state: Whether the continuation is still owed.
     """
 
-    remaining: Annotated[int, msgspec.Meta(ge=0)]
+    remaining: Steps
     model: str
     requested_model: str
     refused_models: tuple[str, ...] = ()
@@ -172,7 +187,7 @@ class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     session: str
     stream: str
     model: str
-    budget: int
+    budget: Steps
     cause: str
     handle: str | None = None
 

@@ -17,7 +17,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from agent_session._recovery import unreadable
+from agent_session._recovery import damaged_cut, unreadable
 from agent_session.harness.console import PipeConsole
 from agent_session.harness.redaction import redact
 from persistence import (
@@ -36,6 +36,7 @@ from persistence import (
     UsageError,
     as_resolution,
     checked_note,
+    clip,
     found_receipt,
     resolve_operation,
 )
@@ -76,7 +77,7 @@ class _Findings:
     def add(self, where: str, detail: str) -> None:
         where, detail = redact(where), redact(detail)
         self.items.append((where, detail))
-        print(f"turnkeeper {self.command}: {where}: {detail}", file=sys.stderr)
+        print(f"turnkeeper {self.command}: {clip(where)}: {clip(detail, 1000)}", file=sys.stderr)
 
     def json(self) -> list[dict[str, str]]:
         return [{"at": where, "detail": detail} for where, detail in self.items]
@@ -117,6 +118,14 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
     return EXIT_DAMAGED if found.items else EXIT_OK
 
 
+def _shown(value: str) -> str:
+    """A value as text output shows it: redacted, then cut to a bounded length, its size said.
+
+    Redacted first, so a cut never leaves the head of a credential it would have matched.
+    """
+    return clip(redact(value))
+
+
 def _console() -> Console:
     """Rich output; a pipe or a log gets full rows instead of a guessed 80 columns."""
     return PipeConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -132,24 +141,24 @@ def _print_receipts(records: list[OperationRecord]) -> None:
         table.add_column(column)
     for record in records:
         table.add_row(
-            redact(record.op_id),
-            redact(record.capability.text),
+            _shown(record.op_id),
+            _shown(record.capability.text),
             record.state.value,
             "yes" if record.termination_acknowledged else "no",
-            redact(record.outcome_code or ""),
-            redact(record.cancel_reason or ""),
+            _shown(record.outcome_code or ""),
+            _shown(record.cancel_reason or ""),
             f"{record.started_at:.3f}",
             "" if record.ended_at is None else f"{record.ended_at:.3f}",
         )
     console.print(table)
     for record in records:
         if record.explanation:
-            console.print(f"{redact(record.op_id)}: {redact(record.explanation)}")
+            console.print(f"{_shown(record.op_id)}: {_shown(record.explanation)}", markup=False)
         if record.resolved_by is not None:
             when = "" if record.resolved_at is None else f" at {record.resolved_at:.3f}"
             console.print(
-                f"{redact(record.op_id)}: resolved by {redact(record.resolved_by)}{when}: "
-                f"{redact(record.note or '')}",
+                f"{_shown(record.op_id)}: resolved by {_shown(record.resolved_by)}{when}: "
+                f"{_shown(record.note or '')}",
                 markup=False,  # a person's words, not rich markup ("[redacted]" included)
             )
 
@@ -235,16 +244,18 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         print(_encoder.encode(report).decode())
         return EXIT_DAMAGED if found.items else EXIT_OK
     console = _console()
-    console.print(f"store: {redact(db)}")
+    console.print(f"store: {_shown(db)}", markup=False)
     problems = report["integrity"]["problems"]
     verdict = "ok" if not problems else f"{len(problems)} problems, the store is damaged"
     console.print(f"integrity (SQLite quick_check): {verdict}")
-    console.print(f"sessions: {', '.join(s['id'] for s in report['sessions']) or 'none'}")
+    names = ", ".join(clip(s["id"]) for s in report["sessions"])
+    console.print(f"sessions: {names or 'none'}", markup=False)
     if report["owed"]:
         for item in report["owed"]:
             console.print(
-                f"owed continuation: {item['session']} cut {item['cut']} "
-                f"({item['remaining']} steps left on {item['model']})"
+                f"owed continuation: {clip(item['session'])} cut {clip(item['cut'])} "
+                f"({item['remaining']} steps left on {clip(item['model'])})",
+                markup=False,
             )
     else:
         console.print("owed continuations: none")
@@ -272,6 +283,10 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
     for sid, detail in scan.corrupt:
         if session in (None, sid):
             found.add(f"skipped corrupt cut of session {redact(sid)}", detail)
+    for cut in scan.cuts:
+        damage = damaged_cut(cut)
+        if damage is not None and session in (None, cut.session.id):
+            found.add(f"skipped corrupt cut of session {redact(cut.session.id)}", str(damage))
     try:
         query = await store.receipts(session)
     except StoreError as error:

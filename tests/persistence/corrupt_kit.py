@@ -15,6 +15,7 @@ folder or a missing path for the damages of the path itself).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -35,6 +36,8 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 PAGE = 4096
 
 Damage = Callable[[Path], Path]
+#: A damage of one session's rows: the session's name gives the damage.
+RowDamage = Callable[[str], Damage]
 
 
 async def make_owed(path: Path) -> None:
@@ -162,6 +165,63 @@ def missing_file(path: Path) -> Path:
     return path
 
 
+def edit_cut(session: str, change: Callable[[dict[str, object]], None]) -> Damage:
+    """Damage by editing the owed cut record of ``session`` as JSON (Python's big integers)."""
+
+    def damage(path: Path) -> Path:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            where = "WHERE session = ? AND cut_state = 'owed'"
+            (blob,) = db.execute(f"SELECT cut FROM history_rows {where}", (session,)).fetchone()
+            record = json.loads(blob)
+            change(record)
+            edited = json.dumps(record).encode()
+            db.execute(f"UPDATE history_rows SET cut = ? {where}", (edited, session))
+        finally:
+            db.close()
+        return path
+
+    return damage
+
+
+def _owed_sql(assignment: str) -> RowDamage:
+    return lambda session: sql(
+        f"UPDATE history_rows SET {assignment} WHERE session = '{session}' AND cut_state = 'owed'"
+    )
+
+
+def _first_sql(assignment: str) -> RowDamage:
+    return lambda session: sql(
+        f"UPDATE history_rows SET {assignment} WHERE session = '{session}' AND seq = 1"
+    )
+
+
+#: A JSON array nested 5,000 deep (msgspec's decoder recurses into it).
+DEEP = "[" * 5000 + "]" * 5000
+#: ``{"model":"<0xff>"}``: JSON whose string is not UTF-8.
+NOT_UTF8 = "x'7b226d6f64656c223a22ff227d'"
+
+#: Damages of one session's rows that once stopped every session in the store (a raw
+#: ``RecursionError``, a refused store, a session left preparing, a forfeited turn) or were
+#: read without a word; each must stop only its own session (test_corrupt_store).
+ROW_DAMAGES: dict[str, RowDamage] = {
+    "cut-nested-deep": _owed_sql(
+        f"""cut = CAST('{{"deep":{DEEP},"remaining":1,"model":"m","requested_model":"m"}}' """
+        "AS BLOB)"
+    ),
+    "cut-text-not-utf8": _owed_sql(f"cut = CAST({NOT_UTF8} AS TEXT)"),
+    "cut-seq-int64-max": _owed_sql("seq = 9223372036854775807"),
+    "cut-remaining-2-70": lambda session: edit_cut(session, lambda r: r.update(remaining=2**70)),
+    "cut-remaining-over-ceiling": lambda session: edit_cut(
+        session, lambda r: r.update(remaining=5000)
+    ),
+    "cut-stream-integer": _owed_sql("stream = 123"),
+    "cut-stream-other-session": _owed_sql("stream = 'elsewhere/1'"),
+    "body-text-not-utf8": _first_sql(f"body = CAST({NOT_UTF8} AS TEXT)"),
+    "body-blob-not-utf8": _first_sql(f"body = {NOT_UTF8}"),
+    "body-nested-deep": _first_sql(f"body = CAST('{{\"deep\":{DEEP}}}' AS BLOB)"),
+}
+
 OWED = "WHERE cut_state = 'owed'"
 CUT_ROW = "WHERE cut IS NOT NULL"
 
@@ -286,6 +346,38 @@ CASES: dict[str, Case] = {
     "a-directory": Case(a_folder, 2, ("is a directory",)),
     "missing-folder": Case(missing_folder, 2, ("no-such-folder",)),
     "missing-file": Case(missing_file, 2, ("no such file",)),
+    "cut-nested-deep": Case(
+        ROW_DAMAGES["cut-nested-deep"]("dev"), 4, ("history_rows[dev/dev:r2]", "$.cut")
+    ),
+    "cut-text-not-utf8": Case(
+        ROW_DAMAGES["cut-text-not-utf8"]("dev"), 4, ("history_rows[dev/dev:r2]", "$.cut")
+    ),
+    "cut-seq-int64-max": Case(
+        ROW_DAMAGES["cut-seq-int64-max"]("dev"), 4, ("history_rows[dev/dev:r2]", "$.seq")
+    ),
+    "cut-remaining-2-70": Case(
+        ROW_DAMAGES["cut-remaining-2-70"]("dev"), 4, ("history_rows[dev/dev:r2]", "$.cut.remaining")
+    ),
+    # Within what a store holds, beyond this engine's turn ceiling (max_stream_steps 100):
+    # inspect shows it owed; recovery leaves it owed, saying why.
+    "cut-remaining-over-ceiling": Case(
+        ROW_DAMAGES["cut-remaining-over-ceiling"]("dev"), 0, ("5000 steps",)
+    ),
+    "cut-stream-integer": Case(
+        ROW_DAMAGES["cut-stream-integer"]("dev"), 4, ("history_rows[dev/dev:r2]", "$.stream")
+    ),
+    "cut-stream-other-session": Case(
+        ROW_DAMAGES["cut-stream-other-session"]("dev"), 4, ("history_rows[dev/dev:r2]", "$.stream")
+    ),
+    "body-text-not-utf8": Case(
+        ROW_DAMAGES["body-text-not-utf8"]("dev"), 4, ("history_rows[dev/dev:r1]", "$.body")
+    ),
+    "body-blob-not-utf8": Case(
+        ROW_DAMAGES["body-blob-not-utf8"]("dev"), 4, ("history_rows[dev/dev:r1]",)
+    ),
+    "body-nested-deep": Case(
+        ROW_DAMAGES["body-nested-deep"]("dev"), 4, ("history_rows[dev/dev:r1]",)
+    ),
 }
 
 

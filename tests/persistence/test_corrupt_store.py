@@ -14,7 +14,10 @@ adds the plain store and every page zeroed, seeded scribbles and more truncation
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 from collections import Counter
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 import anyio
@@ -28,9 +31,12 @@ from agent_session import (
     Recovered,
     ResumeAttempted,
 )
+from agent_session._rows import decode_body
 from agent_session.cli import main
-from persistence import SqliteStore, TurnkeeperError
-from stream_manager import ScriptedModel
+from persistence import CorruptRecord, SqliteStore, TurnkeeperError
+from stream_manager import ScriptedModel, StreamStarted
+from tests.agent_session.support import X
+from tests.agent_session.test_recovery import seed
 from tests.persistence import corrupt_kit
 from tests.persistence.corrupt_kit import CASES, Case
 
@@ -53,6 +59,9 @@ UNSEEN_BY_RECOVERY = frozenset({"cut-state-disagrees", "cut-without-state"})
 RECOVERY_NEEDS = ("cut-", "session-")
 #: Damages of the history the resume streams from: that resume is given up, never forfeited.
 HISTORY_DAMAGE = ("body",)
+#: Seconds an engine start on a damaged store may take at most: far beyond any real start
+#: (well under one), it turns a hang into a failure.
+HANG = 60
 #: Outcomes by damage class, for the summary ``pytest -s`` prints in the full variant.
 OUTCOMES: Counter[str] = Counter()
 
@@ -84,8 +93,9 @@ async def _start_engine(path: Path) -> list[EngineEvent]:
         config=EngineConfig(recover_at_start=True),
         observers=[events.append],
     )
-    async with engine:
-        await engine.wait_idle()  # the recovered resumes have run as far as they can
+    with anyio.fail_after(HANG):  # a session left preparing would hang wait_idle
+        async with engine:
+            await engine.wait_idle()  # the recovered resumes have run as far as they can
     return events
 
 
@@ -144,10 +154,133 @@ def test_every_read_path_ends_cleanly_on_a_damaged_store(
         resumes = [e.outcome for e in events if isinstance(e, ResumeAttempted)]
         assert resumes == ["failed"], (name, events)
         assert not [e for e in events if isinstance(e, ContinuationEnded)], (name, events)
-    elif base == "owed" and case.inspect_exit == 4 and name.startswith(RECOVERY_NEEDS):
+    elif base == "owed" and name.startswith(RECOVERY_NEEDS):
         assert actions == ["abandon"], (name, events)
         (told,) = [e for e in events if isinstance(e, Recovered)]
         assert any(needle in told.why for needle in case.names), told.why
+
+
+def _rows_of(path: Path, session: str) -> list[tuple[object, ...]]:
+    with closing(sqlite3.connect(path)) as db:
+        db.text_factory = bytes  # the damage may be text that is not UTF-8
+        return db.execute(
+            "SELECT seq, row_id, kind, stream, cut_state, cut, body FROM history_rows "
+            "WHERE session = ? ORDER BY row_id",
+            (session,),
+        ).fetchall()
+
+
+async def _recover_all(path: Path) -> list[EngineEvent]:
+    """Start an engine on ``path`` whose model answers every resume; wait until all is idle."""
+    events: list[EngineEvent] = []
+    model = ScriptedModel("M", [X("answered after the crash")] * 4)
+    engine = Engine(store=SqliteStore(path), models={"M": model}, observers=[events.append])
+    with anyio.fail_after(HANG):  # a session left preparing would hang wait_idle
+        async with engine:
+            await engine.wait_idle()
+    return events
+
+
+async def _three_owed(path: Path) -> None:
+    for name in ("alpha", "bad", "good"):
+        await seed(SqliteStore(path), name)
+
+
+def _resumed(events: list[EngineEvent], session: str) -> bool:
+    started = [e for e in events if isinstance(e, StreamStarted) and e.session == session]
+    return [(e.cause, e.budget) for e in started] == [("resume", 3)]
+
+
+@pytest.mark.parametrize("name", sorted(corrupt_kit.ROW_DAMAGES))
+def test_r61_a_damaged_row_stops_only_its_own_session_and_forfeits_nothing(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three sessions owe a turn; one row of ``bad`` is damaged. The engine starts, every other
+    session resumes its owed turn, ``wait_idle`` returns, ``bad`` is reported (its abandon
+    or its given-up resume names the row) and its rows are left exactly as they were: once a
+    person repairs the row, the next start resumes its turn."""
+    path = tmp_path / "tk.db"
+    anyio.run(_three_owed, path)
+    pristine = tmp_path / "pristine.db"
+    shutil.copyfile(path, pristine)
+    corrupt_kit.ROW_DAMAGES[name]("bad")(path)
+    damaged = _rows_of(path, "bad")
+
+    events = anyio.run(_recover_all, path)
+
+    assert _resumed(events, "alpha"), events
+    assert _resumed(events, "good"), events
+    assert not [e for e in events if isinstance(e, StreamStarted) and e.session == "bad"]
+    told = {e.session: e for e in events if isinstance(e, Recovered)}
+    failed = [e for e in events if isinstance(e, ResumeAttempted) and e.session == "bad"]
+    if told["bad"].action == "abandon":
+        assert "history_rows[bad/bad:r2]" in told["bad"].why or "5000" in told["bad"].why
+    else:
+        assert [e.outcome for e in failed] == ["failed"], events  # given up at once
+    ended = [e for e in events if isinstance(e, ContinuationEnded) and e.session == "bad"]
+    assert not ended, events  # never forfeited
+    assert _rows_of(path, "bad") == damaged  # nothing forfeited, voided or rewritten
+    for command in (("inspect",), ("inspect", "--json"), ("inspect", "bad"), ("receipts",)):
+        code = main([command[0], "--db", str(path), *command[1:]])
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err, (command, err)
+        assert code == (0 if command == ("receipts",) or "ceiling" in name else 4), (command, err)
+
+    _repair(path, pristine, "bad")
+    again = anyio.run(_recover_all, path)
+    assert _resumed(again, "bad"), again
+
+
+def _repair(path: Path, pristine: Path, session: str) -> None:
+    """What a person does: put the session's rows back as they were before the damage."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("ATTACH DATABASE ? AS pristine", (str(pristine),))
+        db.execute("DELETE FROM history_rows WHERE session = ?", (session,))
+        db.execute(
+            "INSERT INTO history_rows SELECT * FROM pristine.history_rows WHERE session = ?",
+            (session,),
+        )
+
+
+#: Damages the store itself finds, and the (row, field) its CorruptRecord names.
+STORE_FINDS = {
+    "cut-nested-deep": ("bad:r2", "$.cut"),
+    "cut-text-not-utf8": ("bad:r2", "$.cut"),
+    "cut-seq-int64-max": ("bad:r2", "$.seq"),
+    "cut-remaining-2-70": ("bad:r2", "$.cut.remaining"),
+    "body-text-not-utf8": ("bad:r1", "$.body"),
+}
+#: Damages of a body the store keeps byte-exact: the session's reader of bodies finds them.
+BODY_FINDS = {"body-blob-not-utf8": "$.body", "body-nested-deep": "$.body"}
+
+
+@pytest.mark.parametrize("name", sorted(STORE_FINDS | BODY_FINDS))
+def test_r61_a_damaged_value_is_a_corrupt_record_naming_its_table_key_and_field(
+    name: str, tmp_path: Path
+) -> None:
+    """A RecursionError, an out-of-range number or text that is not UTF-8 from one row is a
+    CorruptRecord naming the table, the row and the field, never another error."""
+    path = tmp_path / "tk.db"
+    anyio.run(_three_owed, path)
+    corrupt_kit.ROW_DAMAGES[name]("bad")(path)
+
+    async def load() -> CorruptRecord:
+        async with SqliteStore(path, readonly=True) as store:
+            if name in STORE_FINDS:
+                with pytest.raises(CorruptRecord) as caught:
+                    await store.load("bad")
+                return caught.value
+            loaded = await store.load("bad")
+            assert loaded is not None
+            (first, *_) = loaded.rows  # the damaged body is the first row's
+            with pytest.raises(CorruptRecord) as caught:
+                decode_body(first)
+            return caught.value
+
+    error = anyio.run(load)
+    row, field = STORE_FINDS.get(name) or ("bad:r1", BODY_FINDS[name])
+    assert (error.table, error.key, error.field) == ("history_rows", f"bad/{row}", field)
+    assert len(str(error)) < 400, error  # what the damage holds is not repeated whole
 
 
 def test_zz_print_the_outcomes() -> None:
