@@ -25,6 +25,7 @@ from persistence._errors import (
     UnsupportedSchemaVersion,
     UsageError,
 )
+from persistence._logging import quiet_aiosqlite
 from persistence._memory import MemoryStore
 from persistence._resolve import (
     OPERATOR,
@@ -111,3 +112,6 @@ __all__ = [
     "resolve_operation",
     "resolved",
 ]
+
+# aiosqlite's records never carry a row or the owner token (persistence/_logging.py).
+quiet_aiosqlite()

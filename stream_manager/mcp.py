@@ -34,6 +34,7 @@ needs the ``mcp`` package.
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -48,6 +49,7 @@ from persistence import TurnkeeperError, UsageError
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import TerminationUnconfirmed
 from stream_manager.ports import ToolContext, ToolKind
+from stream_manager.redaction import quiet_logs, redact_logs
 from stream_manager.tools import ToolDefinition
 
 try:
@@ -68,6 +70,25 @@ if TYPE_CHECKING:
     from mcp.shared.message import SessionMessage
 
 __all__ = ["McpTool", "McpUnavailable", "client_session", "stdio_tools"]
+
+#: The roots of the SDK's loggers: its modules' (``mcp.*``) and its ``ClientSession``'s.
+SDK_LOGGERS = ("mcp", "client")
+
+
+def cover_sdk_logs() -> None:
+    """Keep the SDK's loggers below DEBUG and redact every record of theirs (idempotent).
+
+    Their DEBUG and INFO records quote messages whole (a streamable-HTTP event, a session id),
+    so they stay at ``WARNING`` unless the host gave them a level; a filter sees only its own
+    logger's records, so every ``mcp.*`` logger that exists gets one (run again for each
+    session, for loggers the SDK creates late). ``docs/trace.md``, "Redaction".
+    """
+    quiet_logs(SDK_LOGGERS)
+    existing = [name for name in list(logging.root.manager.loggerDict) if name.startswith("mcp.")]
+    redact_logs((*SDK_LOGGERS, *existing))
+
+
+cover_sdk_logs()
 
 #: Why the adapter cancels: the ``reason`` of its ``notifications/cancelled``.
 CANCEL_REASON = "cancelled by the turnkeeper engine (stop, deadline or stream loss)"
@@ -149,6 +170,7 @@ def client_session(
     Returns:
         The session, not yet entered.
     """
+    cover_sdk_logs()
     return ClientSession(
         dispatcher=_AddressableDispatcher(read_stream, write_stream), **session_options
     )

@@ -28,11 +28,13 @@ import traceback
 from typing import Final, NamedTuple
 
 __all__ = [
+    "LIBRARY_LOGGERS",
     "LOGGERS",
     "REDACTED",
     "SHAPES",
     "RedactingFilter",
     "Shape",
+    "quiet_logs",
     "redact",
     "redact_logs",
 ]
@@ -53,36 +55,92 @@ class Shape(NamedTuple):
     expected: str
 
 
+# The families the shapes claim, declared once (``tests/test_redaction.py`` holds a positive and
+# a negative row for each name). In a key name, ``_`` stands for ``_``, ``-`` or nothing, so
+# ``api_key`` covers ``api-key``, ``apikey`` and ``API_KEY``.
+#: The key-value shape's keys: a value after ``=`` or ``:``, or after a space behind a flag's
+#: dashes (``--password VALUE``, ``-api-key VALUE``).
+KEYS: Final = (
+    "aws_secret_access_key",
+    "secret_access_key",
+    "aws_secret_key",
+    "client_secret",
+    "api_key",
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "auth_token",
+    "private_key",
+    "session_id",
+    "session",
+    "set_cookie",
+    "cookie",
+    "password",
+    "passwd",
+    "passphrase",
+    "pwd",
+    "secret",
+    "token",
+    "auth",
+)
+#: Keys that are identifiers, never words of prose: their value goes after a bare space too,
+#: when it looks like a credential (a digit in it, or 20 characters).
+SPACED_KEYS: Final = (
+    "aws_secret_access_key",
+    "secret_access_key",
+    "aws_secret_key",
+    "client_secret",
+    "api_key",
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "auth_token",
+    "private_key",
+)
+#: The schemes an ``Authorization`` header's value may start with (kept readable).
+AUTH_SCHEMES: Final = ("bearer", "basic", "token", "digest", "negotiate", "apikey")
+AUTH_HEADERS: Final = ("authorization", "proxy-authorization")
+COOKIE_HEADERS: Final = ("set-cookie", "cookie")
+
 # Building blocks. Each row's pattern starts with a literal character or a character class and
 # checks the character before it with a look-behind only then (``X(?<!B.)``), which lets the
 # regular expression engine skip a row at a glance wherever its first character is absent.
 # No quantified group nests another.
 _WORD = "[A-Za-z0-9]"  # a key name starts a word (``DB_PASSWORD`` and ``x-api-key`` still do)
-_TOKEN = "[A-Za-z0-9_-]"  # a token does not start inside a run of token characters
+_TOKEN = "[A-Za-z0-9_-]"  # a header name does not start inside a run of token characters
+# A provider token may be glued behind an id's ``-`` or ``_`` (``x_ghp_...``, ``u-eyJ...``), not
+# behind a letter or a digit (``task-sk-...`` and ``desk-...`` are words); each such token's
+# body either has a bounded length or excludes the characters its start needs, so starting
+# inside a run of token characters cannot rescan that run.
+_GLUE = "[A-Za-z0-9]"
 
 
-def _words(alternatives: str, before: str = _WORD) -> str:
-    """Case-insensitive words (``|``-separated, each led by a letter) not right after ``before``."""
-    words = alternatives.split("|")
-    firsts = "".join(sorted({w[0].lower() + w[0].upper() for w in words}))
-    rest = "|".join(f"(?<={w[0]}){w[1:]}" for w in words)
+def _words(alternatives: tuple[str, ...] | str, before: str = _WORD) -> str:
+    """Case-insensitive words (each led by a letter) not right after ``before``.
+
+    ``_`` in a word stands for ``_``, ``-`` or nothing (``api_key``: ``api-key``, ``APIKEY``).
+    """
+    words = alternatives.split("|") if isinstance(alternatives, str) else list(alternatives)
+    by_first: dict[str, list[str]] = {}  # in order; one look-behind per first letter
+    for word in words:
+        by_first.setdefault(word[0].lower(), []).append(word[1:].replace("_", "[_-]?"))
+    firsts = "".join(sorted(f"{first}{first.upper()}" for first in by_first))
+    rest = "|".join(f"(?<={first})(?:{'|'.join(tails)})" for first, tails in by_first.items())
     return f"[{firsts}](?<!{before}.)(?i:{rest})"
 
 
 _SEP = r"""["']?[ \t]*[:=][ \t]*"""  # ``key=``, ``key: ``, ``"key": ``
-_KEYS = (
-    "aws[_-]?secret[_-]?access[_-]?key|secret[_-]?access[_-]?key|aws[_-]?secret[_-]?key"
-    "|client[_-]?secret|api[_-]?key|access[_-]?token|refresh[_-]?token|id[_-]?token"
-    "|auth[_-]?token|private[_-]?key|session[_-]?id|session|set-cookie|cookie"
-    "|password|passwd|passphrase|pwd|secret|token|auth"
-)
 # A value: double-quoted (escapes, spaces; an unclosed quote runs to the end of the line),
 # single-quoted, or bare up to a space or a delimiter. ``[redacted]`` is left as it is.
+_BARE = r"""[^\s"',;&)}\]<>]"""
 _VALUE = (
     r"""(?:"(?P<secret_dq>(?:[^"\\\r\n]|\\.)*)"?"""
     r"""|'(?P<secret_sq>[^'\r\n]*)'?"""
-    r"""|(?!\[redacted\])(?P<secret>[^\s"',;&)}\]<>]+))"""
+    rf"""|(?!\[redacted\])(?P<secret>{_BARE}+))"""
 )
+# A bare value after a space that looks like a credential: a digit within its first 200
+# characters, or 20 characters (``the access_token expired`` keeps its word).
+_CREDENTIAL_LIKE = r"""(?=[^\s0-9"',;&)}\]<>]{0,200}[0-9]|""" + _BARE + "{20})"
 
 #: The credential shapes, tried in this order at each position of a string.
 SHAPES: Final[tuple[Shape, ...]] = (
@@ -95,17 +153,16 @@ SHAPES: Final[tuple[Shape, ...]] = (
     ),
     Shape(
         "authorization-header",
-        _words("authorization|proxy-authorization", _TOKEN)
+        _words(AUTH_HEADERS, _TOKEN)
         + _SEP
-        + r"""["']?(?:(?i:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?"""
+        + rf"""["']?(?:(?i:{"|".join(AUTH_SCHEMES)})[ \t]+)?"""
         + r"""(?P<secret>[^\s"',;]+)""",
         "401: Authorization: Bearer FAKE-token-0000",
         "401: Authorization: Bearer [redacted]",
     ),
     Shape(
         "cookie-header",
-        _words("set-cookie|cookie", _TOKEN)
-        + r"[ \t]*:[ \t]*(?!\[redacted\])(?P<secret>\S[^\r\n]*)",
+        _words(COOKIE_HEADERS, _TOKEN) + r"[ \t]*:[ \t]*(?!\[redacted\])(?P<secret>\S[^\r\n]*)",
         "sent Cookie: sid=FAKE0000; theme=dark\nnext line",
         "sent Cookie: [redacted]\nnext line",
     ),
@@ -117,9 +174,21 @@ SHAPES: Final[tuple[Shape, ...]] = (
     ),
     Shape(
         "key-value",
-        _words(_KEYS) + _SEP + _VALUE,
+        _words(KEYS) + _SEP + _VALUE,
         'bad config {"password": "fake pass 0000", "user": "me"}',
         'bad config {"password": "[redacted]", "user": "me"}',
+    ),
+    Shape(
+        "key-flag",
+        "-(?<![A-Za-z0-9_-].)-?" + _words(KEYS) + r"[ \t]+(?!-)" + _VALUE,
+        "mysql -u app --password FAKEpass0000 db",
+        "mysql -u app --password [redacted] db",
+    ),
+    Shape(
+        "spaced-key",
+        _words(SPACED_KEYS, "[A-Za-z0-9-]") + rf"[ \t]+(?P<secret>{_CREDENTIAL_LIKE}{_BARE}+)",
+        "aws_secret_access_key FAKEfakeFAKEfake/FAKEfake0000",
+        "aws_secret_access_key [redacted]",
     ),
     Shape(
         "bearer",
@@ -131,25 +200,25 @@ SHAPES: Final[tuple[Shape, ...]] = (
     ),
     Shape(
         "github",
-        r"g(?<![A-Za-z0-9_].)(?:h[pousr]_[A-Za-z0-9]{30,}|ithub_pat_[A-Za-z0-9_]{30,})",
+        rf"g(?<!{_GLUE}.)(?:h[pousr]_[A-Za-z0-9]{{30,}}|ithub_pat_[A-Za-z0-9_]{{30,}})",
         "push failed for ghp_FAKEFAKEFAKEFAKEFAKEFAKEFAKEFAKE0000",
         "push failed for [redacted]",
     ),
     Shape(
         "gitlab",
-        r"g(?<![A-Za-z0-9_-].)lpat-[A-Za-z0-9_-]{20,}",
+        rf"g(?<!{_GLUE}.)lpat-[A-Za-z0-9_-]{{20,}}",
         "token glpat-FAKEFAKEFAKEFAKE0000 expired",
         "token [redacted] expired",
     ),
     Shape(
         "aws-access-key-id",
-        r"A(?<![A-Za-z0-9].)(?:KIA|SIA)[A-Z0-9]{16}(?![A-Za-z0-9])",
+        r"A(?:KIA|SIA)[A-Z0-9]{16}(?![A-Za-z0-9])",  # fixed length: glued to any prefix too
         "key AKIAFAKEFAKEFAKE0000 denied",
         "key [redacted] denied",
     ),
     Shape(
         "slack-token",
-        r"x(?<![A-Za-z0-9_-].)ox[abprs]-[A-Za-z0-9-]{10,}",
+        rf"x(?<!{_GLUE}.)ox[abprs]-[A-Za-z0-9-]{{10,}}",
         "slack said no to xoxb-0000-FAKE-FAKEFAKE",
         "slack said no to [redacted]",
     ),
@@ -161,43 +230,46 @@ SHAPES: Final[tuple[Shape, ...]] = (
     ),
     Shape(
         "stripe",
-        r"[rs](?<![A-Za-z0-9_].)k_(?:live|test)_[A-Za-z0-9]{10,}",
+        rf"[rs](?<!{_GLUE}.)k_(?:live|test)_[A-Za-z0-9]{{10,}}",
         "charge with sk_live_FAKEFAKEFAKE0000 refused",
         "charge with [redacted] refused",
     ),
     Shape(
         "openai-anthropic",
-        r"s(?<![A-Za-z0-9_-].)k-[A-Za-z0-9_-]{10,}",
+        rf"s(?<!{_GLUE}.)k-[A-Za-z0-9_-]{{10,}}",
         "invalid key sk-ant-api03-FAKEFAKEFAKE0000",
         "invalid key [redacted]",
     ),
     Shape(
         "google-api-key",
-        r"A(?<![A-Za-z0-9_-].)Iza[A-Za-z0-9_-]{35}",
+        rf"A(?<!{_GLUE}.)Iza[A-Za-z0-9_-]{{35}}",
         "quota for AIzaFAKEFAKEFAKEFAKEFAKEFAKEFAKEFAKE000 hit",
         "quota for [redacted] hit",
     ),
     Shape(
         "jwt",
-        r"e(?<![A-Za-z0-9_-].)yJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
+        # Glued behind ``-``/``_``, its first part is alphanumeric: a failed try stops at the
+        # next ``-`` or ``_``, where the next glued start begins.
+        r"e(?:(?<![A-Za-z0-9_-].)yJ[A-Za-z0-9_-]{4,}|(?<=[_-].)yJ[A-Za-z0-9]{4,})"
+        r"\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
         "expired: eyJhbGciOiJub25lIn0.eyJzdWIiOiJmYWtlIn0.FAKEsig",
         "expired: [redacted]",
     ),
     Shape(
         "npm",
-        r"n(?<![A-Za-z0-9_].)pm_[A-Za-z0-9]{30,}",
+        rf"n(?<!{_GLUE}.)pm_[A-Za-z0-9]{{30,}}",
         "publish as npm_FAKEFAKEFAKEFAKEFAKEFAKEFAKEFAKE0000",
         "publish as [redacted]",
     ),
     Shape(
         "pypi",
-        r"p(?<![A-Za-z0-9_-].)ypi-AgEI[A-Za-z0-9_-]{20,}",
+        rf"p(?<!{_GLUE}.)ypi-AgEI[A-Za-z0-9_-]{{20,}}",
         "upload with pypi-AgEIFAKEFAKEFAKEFAKEFAKE0000 failed",
         "upload with [redacted] failed",
     ),
     Shape(
         "sendgrid",
-        r"S(?<![A-Za-z0-9_-].)G\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}",
+        rf"S(?<!{_GLUE}.)G\.[A-Za-z0-9_-]{{16,}}\.[A-Za-z0-9_-]{{16,}}",
         "mail key SG.FAKEFAKEFAKEFAKE00.FAKEFAKEFAKEFAKEFAKE00 rejected",
         "mail key [redacted] rejected",
     ),
@@ -209,7 +281,7 @@ SHAPES: Final[tuple[Shape, ...]] = (
     ),
     Shape(
         "huggingface",
-        r"h(?<![A-Za-z0-9_].)f_[A-Za-z0-9]{30,}",
+        rf"h(?<!{_GLUE}.)f_[A-Za-z0-9]{{30,}}",
         "download with hf_FAKEFAKEFAKEFAKEFAKEFAKEFAKEFAKE00",
         "download with [redacted]",
     ),
@@ -314,12 +386,25 @@ LOGGERS: Final = (
     "turnkeeper.stream",
 )
 
+#: The libraries' loggers a turnkeeper process writes through. ``persistence`` keeps aiosqlite's
+#: below DEBUG and strips its records' arguments (``persistence/_logging.py``) before this filter
+#: runs; the MCP SDK's are covered by ``stream_manager.mcp`` when it is imported.
+LIBRARY_LOGGERS: Final = ("aiosqlite",)
+
 _FILTER = RedactingFilter()
 
 
-def redact_logs(names: tuple[str, ...] = LOGGERS) -> None:
+def redact_logs(names: tuple[str, ...] = LOGGERS + LIBRARY_LOGGERS) -> None:
     """Install the redacting filter on each logger of ``names`` (idempotent)."""
     for name in names:
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactingFilter) for f in logger.filters):
             logger.addFilter(_FILTER)
+
+
+def quiet_logs(names: tuple[str, ...]) -> None:
+    """Keep each logger of ``names`` at ``WARNING`` unless the host gave it a level already."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)

@@ -7,6 +7,7 @@ every test is bounded with ``anyio.fail_after`` because it waits on a real proce
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -307,3 +308,24 @@ async def test_mcp_stdio_tools_close_leaves_no_process() -> None:
             os.kill(pid, 0)  # running
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+async def test_mcp_sdk_log_records_carry_no_credential(caplog: pytest.LogCaptureFixture) -> None:
+    """Under a DEBUG root the SDK's DEBUG records stay off, and what it logs at WARNING and up
+    passes the redactor: here its record of a server line that is no JSON-RPC message (logged
+    with the parse error, which quotes the line; ``_parse_line`` is the pinned SDK's stdio
+    reader, called directly because its server guards stdout against stray lines)."""
+    from mcp.client.stdio import _parse_line
+
+    caplog.set_level(logging.DEBUG)
+    with anyio.fail_after(BOUND_S):
+        async with server() as tools:
+            assert (await run(tools["echo"], text="x token=FAKEmcp1111")).output
+    assert isinstance(_parse_line("garbled token=FAKEmcp0000 end"), ValueError)
+    sdk = [r for r in caplog.records if r.name == "client" or r.name.startswith("mcp")]
+    assert any(r.name == "mcp.client.stdio" and r.exc_text for r in sdk), sdk
+    assert all(r.levelno >= logging.WARNING for r in sdk), [(r.name, r.levelname) for r in sdk]
+    for record in sdk:
+        logged = f"{record.msg} {record.args} {record.exc_text} {record.stack_info}"
+        assert "FAKEmcp" not in logged, logged
+    assert "token=[redacted]" in caplog.text

@@ -158,3 +158,50 @@ async def _receipts(database: str) -> bytes:
     async with SqliteStore(database, readonly=True) as store:
         query = await store.receipts()
     return msgspec.json.encode(sorted(query.records, key=lambda r: r.op_id))
+
+
+#: Plain words of a user's message: not credential-shaped, so only keeping row bodies out of
+#: every log can hide them.
+USER_TEXT = "my plain words quartz-harbour-7731"
+
+
+def _logged(record: logging.LogRecord) -> str:
+    """Everything a handler could write of ``record``."""
+    return " ".join(
+        (str(record.msg), repr(record.args), record.exc_text or "", record.stack_info or "")
+    )
+
+
+@pytest.mark.parametrize("aiosqlite_level", [None, logging.DEBUG], ids=["host-default", "opted-in"])
+async def test_no_log_record_carries_a_row_body_or_the_owner_token(
+    aiosqlite_level: int | None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host's ``logging.basicConfig(level=DEBUG)``: aiosqlite's DEBUG log named every call
+    with its arguments (the rows, the owner token); it stays quiet unless asked, and when asked
+    it names the calls only."""
+    secret = "token=FAKEleak0000"
+    caplog.set_level(logging.DEBUG)  # the root logger, as basicConfig(level=DEBUG) sets it
+    if aiosqlite_level is not None:
+        caplog.set_level(aiosqlite_level, logger="aiosqlite")
+
+    def step(request: ModelRequest) -> ScriptStep:
+        return ScriptStep(text=f"echo {secret} {USER_TEXT}")
+
+    store = SqliteStore(str(tmp_path / "agent.db"))
+    async with Engine(
+        store=store,
+        models={"m": FunctionModel("m", step)},
+        config=EngineConfig(max_stream_steps=2),
+        clock=SystemClock(),
+    ) as engine:
+        owner = store.owner
+        session = await engine.open_session("s1", model="m")
+        session.send(f"{USER_TEXT} {secret}")
+        await session.wait_idle()
+    assert owner
+    seen = {record.name for record in caplog.records}
+    assert ("aiosqlite" in seen) == (aiosqlite_level is not None), seen
+    for record in caplog.records:
+        logged = _logged(record)
+        for kept in (owner, "FAKEleak0000", USER_TEXT):
+            assert kept not in logged, (record.name, logged[:300])
