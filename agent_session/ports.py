@@ -6,7 +6,7 @@ from typing import Protocol
 
 import msgspec
 
-from persistence import TurnkeeperError
+from persistence import MAX_STEPS, TurnkeeperError, UsageError
 
 
 class PreStreamFailure(TurnkeeperError):
@@ -50,3 +50,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: started or its attempt failed): no thundering herd of stream starts at the provider,
     #: and a bounded set of starts in flight (a cheaper heap for the garbage collector).
     recovery_concurrency: int = 64
+
+    def __post_init__(self) -> None:
+        """Refuse a policy the engine cannot keep (one line naming the field)."""
+        if not 1 <= self.max_stream_steps <= MAX_STEPS:  # a stored budget reads back in range
+            raise UsageError(f"EngineConfig.max_stream_steps must be 1..{MAX_STEPS}")
+        if self.resume_attempt_cap < 1:
+            raise UsageError("EngineConfig.resume_attempt_cap must be at least 1")
+        if self.recovery_concurrency < 1:
+            raise UsageError("EngineConfig.recovery_concurrency must be at least 1")

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from persistence._errors import StaleOwner, UsageError
 from persistence.records import (
+    MAX_SEQ,
     OPEN_OP_STATES,
     Capability,
     CutState,
@@ -43,6 +44,12 @@ def check_boundary(session: str, boundary: Boundary) -> None:
         if row.session != session:
             index = rows.index(row)
             raise _foreign(f"rows[{index}] (history row {row.row_id})", row.session, session)
+        if not 0 <= row.seq <= MAX_SEQ:  # a reader would call it damage (docs/persistence.md)
+            index = rows.index(row)
+            raise UsageError(
+                f"Boundary.rows[{index}] (history row {row.row_id}): seq {row.seq} is not in "
+                f"0..{MAX_SEQ}; nothing was written"
+            )
     if envelope is not None and envelope.session != session:
         raise _foreign(f"envelope (stream {envelope.stream})", envelope.session, session)
     if operations:

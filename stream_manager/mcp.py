@@ -34,7 +34,6 @@ needs the ``mcp`` package.
 from __future__ import annotations
 
 import itertools
-import logging
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -49,7 +48,7 @@ from persistence import TurnkeeperError, UsageError
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import TerminationUnconfirmed
 from stream_manager.ports import ToolContext, ToolKind
-from stream_manager.redaction import quiet_logs, redact_logs
+from stream_manager.redaction import cover_library_logs
 from stream_manager.tools import ToolDefinition
 
 try:
@@ -83,9 +82,7 @@ def cover_sdk_logs() -> None:
     logger's records, so every ``mcp.*`` logger that exists gets one (run again for each
     session, for loggers the SDK creates late). ``docs/trace.md``, "Redaction".
     """
-    quiet_logs(SDK_LOGGERS)
-    existing = [name for name in list(logging.root.manager.loggerDict) if name.startswith("mcp.")]
-    redact_logs((*SDK_LOGGERS, *existing))
+    cover_library_logs(SDK_LOGGERS)
 
 
 cover_sdk_logs()

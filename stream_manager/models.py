@@ -51,6 +51,7 @@ from stream_manager._parts import (
 )
 from stream_manager.errors import ErrorType, ModelError
 from stream_manager.ports import ModelRequest, ToolKind
+from stream_manager.redaction import cover_library_logs
 from stream_manager.tools import ToolDefinition
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ if TYPE_CHECKING:
 
 #: What the ``models`` extra's absence says.
 INSTALL_HINT = "pip install 'turnkeeper[models]'"
+#: The roots of the model clients' loggers: their DEBUG records quote each request whole (the
+#: prompt, the tool results), so they stay at WARNING unless the host set a level, redacted.
+CLIENT_LOGGERS = ("openai", "httpx", "httpcore", "httpx2", "httpcore2", "pydantic_ai")
 #: Thinking levels pydantic-ai's ``thinking`` setting takes as they are.
 THINKING_LEVELS = frozenset({"minimal", "low", "medium", "high", "xhigh", "max"})
 _THINKING_OFF = frozenset({"off", "none", "false"})
@@ -118,6 +122,7 @@ class PydanticAIModel:
             raise ModelUnavailable(
                 f"base_url goes with a model name the server knows, not {model!r}"
             )
+        cover_library_logs(CLIENT_LOGGERS)  # their loggers exist once the client is built
         self._id = model_id or (model if isinstance(model, str) else self._model.model_name)
         self._settings = settings
         self._on_text_delta = on_text_delta

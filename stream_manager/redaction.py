@@ -408,3 +408,20 @@ def quiet_logs(names: tuple[str, ...]) -> None:
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.WARNING)
+
+
+def cover_library_logs(roots: tuple[str, ...]) -> None:
+    """Keep a library's loggers below DEBUG and redact every record of theirs (idempotent).
+
+    A client library's DEBUG and INFO records quote what it sends whole (a request's body, a
+    streamed event, a session id), so its root loggers stay at ``WARNING`` unless the host gave
+    them a level; a filter sees only its own logger's records, so each of ``roots`` and every
+    logger below them that exists now gets one (call again where a library makes loggers late).
+    """
+    quiet_logs(roots)
+    below = tuple(
+        name
+        for name in list(logging.root.manager.loggerDict)
+        if any(name.startswith(f"{root}.") for root in roots)
+    )
+    redact_logs((*roots, *below))

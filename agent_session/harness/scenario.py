@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from persistence import MAX_STEPS
+
 Mode: TypeAlias = Literal["tool-end", "turn-end"]
 ToolKind: TypeAlias = Literal["client", "provider", "completion"]
 OnCancel: TypeAlias = Literal["ack", "ignore"]
@@ -113,7 +115,7 @@ class _SessionAction(_Model):
 class EngineConfig(_Model):
     """Engine settings a scenario may override (``[engine]``)."""
 
-    max_stream_steps: int = Field(100, ge=1)
+    max_stream_steps: int = Field(100, ge=1, le=MAX_STEPS)
     resume_attempt_cap: int = Field(3, ge=1)
     tool_deadline_ms: int = Field(60_000, gt=0)
     cancel_grace_ms: int = Field(5_000, ge=0)

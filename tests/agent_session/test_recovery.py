@@ -27,6 +27,7 @@ from persistence import (
     SqliteStore,
     Store,
     TurnEnvelope,
+    UsageError,
 )
 from stream_manager import FellBack, Persisted, ScriptedModel, ScriptStep, StreamStarted
 from tests import store_kit
@@ -465,3 +466,21 @@ async def test_ps6_wait_idle_right_after_the_engine_started_covers_the_recovered
         assert answering.steps_played == 1
         assert e.session("s1").owes() is False
         assert e.session("s1").phase is Phase.IDLE
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_stream_steps", 2**31),
+        ("max_stream_steps", 0),
+        ("resume_attempt_cap", 0),
+        ("recovery_concurrency", 0),
+    ],
+)
+def test_r61_an_engine_config_a_store_could_not_read_back_is_refused(
+    field: str, value: int
+) -> None:
+    """A step ceiling above what a stored cut may hold (``MAX_STEPS``) would write cuts that
+    read back as damage; the config is refused at construction, naming the field."""
+    with pytest.raises(UsageError, match=f"^EngineConfig.{field} must be"):
+        EngineConfig(**{field: value})  # type: ignore[arg-type]

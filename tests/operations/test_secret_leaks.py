@@ -18,7 +18,7 @@ import pytest
 from agent_session import Engine, EngineConfig, EngineEvent
 from agent_session.harness.inspection import inspect_command, receipts_command
 from agent_session.harness.trace import TraceRecorder
-from persistence import OperationRecord, OpState, SqliteStore
+from persistence import MemoryStore, OperationRecord, OpState, SqliteStore
 from stream_manager import (
     Capability,
     ErrorType,
@@ -205,3 +205,47 @@ async def test_no_log_record_carries_a_row_body_or_the_owner_token(
         logged = _logged(record)
         for kept in (owner, "FAKEleak0000", USER_TEXT):
             assert kept not in logged, (record.name, logged[:300])
+
+
+async def test_no_model_client_log_record_carries_the_prompt() -> None:
+    """The openai client logs each request's options (the prompt) at DEBUG and its HTTP layer
+    each request line at INFO: under a host's DEBUG root they stay quiet, and what they do log
+    is redacted (``stream_manager.models.CLIENT_LOGGERS``)."""
+    pytest.importorskip("pydantic_ai")
+    from agent_session.harness.openai_fixture import FixtureServer, TextReply
+    from stream_manager.models import CLIENT_LOGGERS, PydanticAIModel
+
+    secret = "token=FAKEleak0001"
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    root, handler = logging.getLogger(), Keep(logging.DEBUG)
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)  # what logging.basicConfig(level=DEBUG) does
+    try:
+        async with FixtureServer([TextReply(chunks=("fine",))]) as server:
+            model = PydanticAIModel("fixture-model", model_id="m", base_url=server.base_url)
+            async with Engine(
+                store=MemoryStore(),
+                models={"m": model},
+                config=EngineConfig(max_stream_steps=2),
+                clock=SystemClock(),
+            ) as engine:
+                session = await engine.open_session("s1", model="m")
+                session.send(f"{USER_TEXT} {secret}")
+                await session.wait_idle()
+            await model.aclose()
+            assert len(server.requests) == 1
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    client_records = [r for r in records if r.name.split(".")[0] in CLIENT_LOGGERS]
+    assert all(r.levelno >= logging.WARNING for r in client_records), client_records
+    for record in records:
+        logged = _logged(record)
+        assert USER_TEXT not in logged, (record.name, logged[:300])
+        assert "FAKEleak0001" not in logged, (record.name, logged[:300])

@@ -8,12 +8,14 @@ is the machine-readable report); a damaged one is reported with its size instead
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from contextlib import closing
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 import pytest
 
 from agent_session import Engine, Recovered
@@ -22,6 +24,7 @@ from persistence import SqliteStore
 from stream_manager import ScriptedModel
 from tests.agent_session.support import X
 from tests.agent_session.test_recovery import seed
+from tests.scenarios.test_cli_resolve import STUCK, make_store
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -114,3 +117,19 @@ def test_a_recovery_log_line_stays_bounded_when_the_damaged_value_is_huge(
     assert any("bytes" in e.why for e in abandoned), abandoned  # its size is said
     sizes = [len(record.getMessage()) for record in caplog.records]
     assert max(sizes) < BOUND, sizes
+
+
+def test_a_long_receipt_explanation_is_cut_in_text_receipts_and_whole_in_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A receipt's explanation of 50,000 characters (a tool server's long error, say)."""
+    path = tmp_path / "tk.db"
+    explanation = "the server said: " + "x" * 49_983
+    make_store(path, msgspec.structs.replace(STUCK, explanation=explanation))
+    assert main(["receipts", "--db", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out + err) < 2 * BOUND, len(out + err)
+    assert "(50,000 bytes, cut)" in out, out
+    assert main(["receipts", "--db", str(path), "--json"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)["receipts"]
+    assert record["explanation"] == explanation

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from persistence import (
+    MAX_SEQ,
     Boundary,
     Committed,
     CutState,
@@ -149,6 +150,18 @@ async def test_load_keeps_sessions_apart(store: Store) -> None:
     await commit(store, "s2", create=session("s2"), rows=[row(1, sid="s2"), row(2, sid="s2")])
     assert [(r.session, r.seq) for r in await history(store, "s2")] == [("s2", 1), ("s2", 2)]
     assert [(r.session, r.seq) for r in await history(store, "s1")] == [("s1", 1)]
+
+
+@pytest.mark.parametrize("seq", [MAX_SEQ + 1, -3], ids=["past-max", "negative"])
+async def test_r61_a_row_a_reader_would_call_damaged_is_never_written(
+    store: Store, seq: int
+) -> None:
+    """The writer refuses the seq the reader refuses (``MAX_SEQ``): no damage by our hand."""
+    await commit(store, "s1", create=session("s1"))
+    with pytest.raises(UsageError) as caught:
+        await store.commit("s1", Boundary(rows=(row(seq, "r9"),)), owner=owner(store))
+    assert str(caught.value).startswith(f"Boundary.rows[0] (history row r9): seq {seq} is not")
+    await nothing_of(store, "s1")
 
 
 @pytest.mark.parametrize(
