@@ -83,6 +83,8 @@ from stream_manager.errors import (
     ModelError,
     ScriptExhausted,
     TerminationUnconfirmed,
+    ToolTransportLost,
+    ToolUnavailable,
     UnknownModel,
     WriteFailed,
 )
@@ -192,6 +194,8 @@ __all__ = [
     "ToolDefinition",
     "ToolKind",
     "ToolResultPart",
+    "ToolTransportLost",
+    "ToolUnavailable",
     "UnknownModel",
     "Usage",
     "VirtualClock",

@@ -102,5 +102,22 @@ class TerminationUnconfirmed(TurnkeeperError):
     """
 
 
+class ToolUnavailable(TurnkeeperError):
+    """The tool's server is down or unreachable, so the call was never sent.
+
+    A tool raises it from ``execute`` before anything reached the server (a dead MCP server
+    that is being restarted, say). The call did not run: its receipt is ``failed`` with
+    outcome ``unavailable``, distinct from ``capability_error`` (the server answered an error).
+    """
+
+
+class ToolTransportLost(TurnkeeperError):
+    """The call was sent and the transport to its server broke before any answer came.
+
+    A tool raises it from ``execute`` when the server went away mid-call (its process died, its
+    pipe closed). Nobody knows whether the call ran: its receipt is ``indeterminate``.
+    """
+
+
 class UnknownModel(UsageError):
     """A request or chain named a model the stream manager does not have."""
