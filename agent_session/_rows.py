@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from message_queue import Correlation
-from persistence import CorruptRecord, CutRecord, HistoryRow, RowKind, clip
+from persistence import CorruptRecord, CutRecord, HistoryRow, OperationRecord, RowKind, clip
 from stream_manager import (
     ChatMessage,
     Finish,
@@ -69,6 +69,21 @@ def decode_body(row: HistoryRow) -> RowBody:
         raise CorruptRecord("history_rows", key, "$.body: nested too deep to read") from None
     except OverflowError as exc:  # a number no Python type holds
         raise CorruptRecord("history_rows", key, f"$.body: {clip(str(exc))}") from None
+
+
+def row_id(session: str, seq: int) -> str:
+    """A history row's id: the session's and its seq (``TurnMachine.new_row`` inlines it)."""
+    return f"{session}:r{seq}"
+
+
+def restart_note(closed: Sequence[OperationRecord]) -> str:
+    """What a session's model is told of the calls a process restart left indeterminate."""
+    calls = ", ".join(f"{record.capability.name} (operation {record.op_id})" for record in closed)
+    return (
+        "[turnkeeper] The process stopped while these tool calls were running, so their "
+        f"outcome is unknown (receipts indeterminate, termination not confirmed): {calls}. "
+        "Do not assume that any of them ran or that it did not run; check before repeating one."
+    )
 
 
 def body_from_parts(parts: Sequence[Part], *, finish: str | None, model: str) -> RowBody:

@@ -60,6 +60,7 @@ from stream_manager._events import (
     Persisted,
     StreamEvent,
 )
+from stream_manager._op_answers import receipt_answer
 from stream_manager._op_parts import (
     Op,
     OverlapGuard,
@@ -132,6 +133,8 @@ class OperationRunner:
         self._closing = False
         #: Indeterminate operations whose execute may still end (a late resolution waits).
         self._lingering: dict[str, Op] = {}
+        #: Stream id -> the results of its step stopped mid-way (``take_answers``).
+        self._answers: dict[str, list[ToolResultPart]] = {}
 
     def close(self) -> None:
         """The engine is shutting down: an operation that ends from now on resolves nothing.
@@ -221,6 +224,7 @@ class OperationRunner:
                 first.record = unstarted  # it never ran
             with anyio.CancelScope(shield=True):
                 await self._stopped_at_admission(admitted, ops, stop_why())
+            self._answers[stream] = _answers(admitted, [])
             raise
         for item in admitted:
             self._admitted(item)
@@ -235,13 +239,23 @@ class OperationRunner:
                 waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
                 with anyio.CancelScope(shield=True):
                     await self._write_failed(item, waiting)
+                self._answers[stream] = _answers(admitted, results)  # a stop may win (abort)
                 raise
             except BaseException:
                 waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
                 with anyio.CancelScope(shield=True):
                     await self._stopped(item, waiting, stop_why(), spawn)
+                self._answers[stream] = _answers(admitted, results)
                 raise
         return results
+
+    def take_answers(self, stream: str) -> list[ToolResultPart]:
+        """The results of ``stream``'s step that a stop cut short (taken once).
+
+        The ones its calls gave, then, for each call that gave none, its receipt's answer
+        (``_op_answers``): the partial row keeps every call answered.
+        """
+        return self._answers.pop(stream, [])
 
     async def _write_failed(self, op: Op, waiting: list[Op]) -> None:
         """A receipt of ``op`` could not be written: the stream fails (``WriteFailed``).
@@ -631,3 +645,16 @@ class OperationRunner:
                 log.warning("operation %s: %s", held.op_id, error)
                 op.record = held
                 self._guard.hold(held)
+
+
+def _answers(
+    admitted: list[Op | tuple[OperationRecord, ToolResultPart]], results: list[ToolResultPart]
+) -> list[ToolResultPart]:
+    """Every call of a stopped step answered: its own result, or its receipt's answer."""
+    answers = list(results)
+    for item in admitted[len(results) :]:
+        if isinstance(item, Op):
+            answers.append(receipt_answer(item.call, item.record))
+        else:
+            answers.append(item[1])
+    return answers

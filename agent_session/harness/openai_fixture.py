@@ -247,6 +247,50 @@ def bad_request(message: str) -> ErrorReply:
     return ErrorReply(status=400, body=_error_body(message, "invalid_request_error"))
 
 
+def history_refusal(messages: object) -> dict[str, object] | None:
+    """The 400 the real chat-completions API answers a history with, or ``None`` if it is sound.
+
+    The API refuses an assistant message with ``tool_calls`` that is not followed, at once, by
+    a ``tool`` message answering each of its ``tool_call_id`` s, and a ``tool`` message that
+    answers no call of the assistant message before it. (Anthropic's API refuses a ``tool_use``
+    without its ``tool_result`` the same way.)
+    """
+    if not isinstance(messages, list):
+        return _error_body("'messages' is a required property", "invalid_request_error")
+    owed: list[str] = []  # the calls of the last assistant message not yet answered
+    owed_at = 0
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            call = message.get("tool_call_id")
+            if call not in owed:
+                return _error_body(
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    "invalid_request_error",
+                    param=f"messages.[{index}].role",
+                )
+            owed.remove(call)
+            continue
+        if owed:
+            return _unanswered(owed, owed_at)
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls:
+            owed = [str(c.get("id")) for c in calls if isinstance(c, dict)]
+            owed_at = index
+    return _unanswered(owed, owed_at) if owed else None
+
+
+def _unanswered(calls: list[str], index: int) -> dict[str, object]:
+    return _error_body(
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+        "each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+        + ", ".join(str(c) for c in calls),
+        "invalid_request_error",
+        param=f"messages.[{index}].role",
+    )
+
+
 def _split(text: str, pieces: int) -> list[str]:
     """``text`` cut into ``pieces`` consecutive parts whose lengths differ by at most one."""
     size, extra = divmod(len(text), pieces)
@@ -389,6 +433,7 @@ class FixtureServer:
         requests: The JSON body of each ``POST /v1/chat/completions``, in arrival order.
         headers: The headers of those requests, names lower-cased, in the same order.
         exhausted: How many requests found nothing to answer them (and got a 500).
+        refused: How many requests the real API would refuse got its 400 (``history_refusal``).
         connections: How many connections clients opened (keep-alive reuses one).
         model: The model name the responses carry.
     """
@@ -410,6 +455,7 @@ class FixtureServer:
         self.requests: list[Mapping[str, Any]] = []
         self.headers: list[Mapping[str, str]] = []
         self.exhausted = 0
+        self.refused = 0
         self.connections = 0
         self.model = model
         self._script: deque[Reply] = deque(replies)
@@ -505,6 +551,11 @@ class FixtureServer:
             return True
         self.requests.append(payload)
         self.headers.append(request.headers)
+        refusal = history_refusal(payload.get("messages"))
+        if refusal is not None:  # what the real API refuses takes no reply of the script
+            self.refused += 1
+            await self._send_json(writer, 400, refusal)
+            return True
         reply = self._next_reply(payload)
         if reply is None:
             self.exhausted += 1

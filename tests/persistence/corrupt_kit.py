@@ -172,8 +172,10 @@ def edit_cut(session: str, change: Callable[[dict[str, object]], None]) -> Damag
         db = sqlite3.connect(path, isolation_level=None)
         try:
             where = "WHERE session = ? AND cut_state = 'owed'"
-            (blob,) = db.execute(f"SELECT cut FROM history_rows {where}", (session,)).fetchone()
-            record = json.loads(blob)
+            found = db.execute(f"SELECT cut FROM history_rows {where}", (session,)).fetchone()
+            if found is None:  # nothing owed in this base: as _owed_sql, nothing to damage
+                return path
+            record = json.loads(found[0])
             change(record)
             edited = json.dumps(record).encode()
             db.execute(f"UPDATE history_rows SET cut = ? {where}", (edited, session))
