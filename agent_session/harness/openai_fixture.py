@@ -23,8 +23,8 @@ The reply kinds:
 * ``TextReply``: text in chunks, optionally after reasoning chunks, then a finish reason and usage.
 * ``ToolCallsReply``: optional text, then tool calls whose arguments arrive split across chunks.
 * ``ErrorReply``: a JSON error with a status and headers; ``rate_limited()``,
-  ``server_error()``, ``context_length_exceeded()``, ``unauthorized()`` and ``bad_request()``
-  build realistic OpenAI ones.
+  ``server_error()``, ``context_length_exceeded()``, ``unauthorized()``, ``bad_request()`` and
+  ``request_timeout()`` build realistic OpenAI (or gateway) ones.
 * ``DropReply``: a stream that starts (status 200, some text) and then loses its connection, with
   no final zero-length chunk and no ``data: [DONE]``.
 
@@ -196,6 +196,18 @@ def server_error() -> ErrorReply:
         "your request, or contact us through our help center if the error persists."
     )
     return ErrorReply(status=500, body=_error_body(message, "server_error"))
+
+
+def request_timeout() -> ErrorReply:
+    """A 408 ``Request Timeout``, as a gateway in front of a model sends a request it gave up on.
+
+    pydantic-ai (2.68.0) puts a 408 in no error category: it raises a plain ``ModelHTTPError``.
+
+    Returns:
+        The error reply.
+    """
+    message = "The server timed out waiting for the request to complete."
+    return ErrorReply(status=408, body=_error_body(message, "timeout", code="request_timeout"))
 
 
 def context_length_exceeded() -> ErrorReply:

@@ -33,6 +33,7 @@ from agent_session.harness.openai_fixture import (
     bad_request,
     context_length_exceeded,
     rate_limited,
+    request_timeout,
     server_error,
     unauthorized,
 )
@@ -75,6 +76,7 @@ CASES: dict[str, Case] = {
         (_error(503, "overloaded", "The engine is currently overloaded."),),
         ("provider_error", "retryable"),
     ),
+    "request-timeout": Case((request_timeout(),), ("provider_error", "retryable")),
     "context-length": Case((context_length_exceeded(),), ("context_exceeded", "context_exceeded")),
     "auth": Case(
         (unauthorized(f"Incorrect API key provided: {SECRET}."),), ("authentication", "terminal")
@@ -232,6 +234,7 @@ FUNCTION_CASES: dict[str, StreamFunction] = {
     "quota": _raises(x.ModelQuotaExceededError("gpt-main", "You exceeded your current quota.")),
     "server-error": _raises(x.ModelServerError("gpt-main", "Internal server error")),
     "overloaded": _raises(x.ModelOverloadedError("gpt-main", "The engine is overloaded.")),
+    "request-timeout": _raises(x.ModelHTTPError(408, "gpt-main", {"message": "timed out"})),
     "context-length": _raises(
         x.ModelContextWindowExceededError("gpt-main", "maximum context length exceeded")
     ),
