@@ -446,16 +446,17 @@ async def test_no_refused_or_readonly_open_drops_a_live_stores_sqlite_locks(
     async with SqliteStore(db) as owner:
         await commit(owner, "s1", create=session(), rows=[row(1)])
         os.link(db, link)
-        held = sqlite_locks(db)
+        held = set(sqlite_locks(db))
         assert held, "SQLite holds a shared lock on the database file of an open WAL store"
+        # Still held, each one (a checkpoint on its own thread may add a lock for a moment).
         for name in (db, link):
             with pytest.raises(StoreLocked):
                 await SqliteStore(name).open()
-            assert sqlite_locks(db) == held, name
+            assert held <= set(sqlite_locks(db)), name
             with pytest.raises(StoreLocked):
                 await SqliteStore.remove(name)
-            assert sqlite_locks(db) == held, name
+            assert held <= set(sqlite_locks(db)), name
         async with SqliteStore(db, readonly=True) as reader:
             assert await reader.sessions() == [session()]
-        assert sqlite_locks(db) == held
+        assert held <= set(sqlite_locks(db))
         await commit(owner, "s1", rows=[row(2)])
