@@ -32,15 +32,14 @@ from mcp.shared.exceptions import MCPError
 
 from persistence import TurnkeeperError, UsageError
 from stream_manager.errors import ToolUnavailable
-from stream_manager.redaction import redact_logs
 
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectSendStream
     from mcp.client._transport import ReadStream, WriteStream
     from mcp.shared.message import SessionMessage
 
+#: Redacted like every turnkeeper logger (``stream_manager.redaction.LOGGERS``).
 log = logging.getLogger("turnkeeper.mcp")
-redact_logs((log.name,))
 
 #: The codec error handler the server's stdout is decoded with (``codecs.register_error``).
 REPLACE_ERRORS = "turnkeeper-mcp-replace"
