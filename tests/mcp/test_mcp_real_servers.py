@@ -306,16 +306,17 @@ async def test_op2_mcp_progress_is_traced_and_never_extends_the_deadline() -> No
             ) as r,
         ):
             reported = anyio.Event()
-            r.on(lambda e: reported.set() if len(r.of(OpProgress)) >= steps - 1 else None)
+            r.on(lambda e: reported.set() if len(r.of(OpProgress)) >= steps else None)
             r.session().send("go")
-            await reported.wait()  # the last one may still be on its way
+            await reported.wait()  # all three, sent before the tool starts to hang
             await r.run_until(DEADLINE_S + 0.001)
             await r.engine.wait_idle()
             receipt = await r.receipt(OP)
             assert receipt.state is OpState.TIMED_OUT, receipt
             progress = r.of(OpProgress)
-            assert [(e.op, e.progress, e.total) for e in progress[:2]] == [
+            assert [(e.op, e.progress, e.total) for e in progress] == [
                 (OP, 1.0, 3.0),
                 (OP, 2.0, 3.0),
+                (OP, 3.0, 3.0),
             ]
             assert progress[0].message == "step 1 of 3"
