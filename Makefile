@@ -48,3 +48,21 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info
+
+# The real-server MCP cases (tests/mcp/test_mcp_real_servers.py) against mcp-server-time, then
+# against @modelcontextprotocol/server-everything from npm (needs node; installed into
+# .mcp-servers/, which is not committed). `make test` runs the first half only.
+MCP_SERVERS := .mcp-servers
+EVERYTHING := $(MCP_SERVERS)/node_modules/.bin/mcp-server-everything
+
+.PHONY: test-mcp
+
+$(EVERYTHING):
+	npm install --prefix $(MCP_SERVERS) --no-audit --no-fund --silent \
+		@modelcontextprotocol/server-everything@2026.8.31
+
+test-mcp: $(STAMP) $(EVERYTHING)
+	$(BIN)/python -m pytest -q tests/mcp/test_mcp_real_servers.py
+	TURNKEEPER_MCP_SERVER='["$(EVERYTHING)", "stdio"]' TURNKEEPER_MCP_TOOL=echo \
+		TURNKEEPER_MCP_ARGS='{"message": "Lima"}' TURNKEEPER_MCP_OTHER_TOOL=get-sum \
+		$(BIN)/python -m pytest -q tests/mcp/test_mcp_real_servers.py

@@ -208,6 +208,19 @@ class Persisted(_Event, frozen=True, kw_only=True, tag="persisted"):
     id: str
 
 
+class OpProgress(_Event, frozen=True, kw_only=True, tag="op-progress"):
+    """A running operation's tool layer reported progress (an MCP progress notification).
+
+    Progress is only reported: it never extends the operation's deadline.
+    """
+
+    op: str
+    progress: float
+    #: The total the progress counts towards, when the tool layer knows one.
+    total: float | None = None
+    message: str | None = None
+
+
 StreamEvent = (
     StreamStarted
     | StepCompleted
@@ -225,6 +238,7 @@ StreamEvent = (
     | ReceiptWritten
     | OpBlocked
     | Persisted
+    | OpProgress
 )
 
 Observer = Callable[[StreamEvent], None]

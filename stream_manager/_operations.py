@@ -57,6 +57,7 @@ from stream_manager._events import (
     OpBlocked,
     OpCancelRequested,
     OperationStarted,
+    OpProgress,
     Persisted,
     StreamEvent,
 )
@@ -484,6 +485,9 @@ class OperationRunner:
             op_id=op.record.op_id,
             deadline_at=op.record.deadline_at,
             record_completion=op.on_recorded,
+            report_progress=lambda progress, total, message: self._progress(
+                op, progress, total, message
+            ),
         )
         try:
             with op.scope:
@@ -499,6 +503,19 @@ class OperationRunner:
             if op.finished is not None and op.ended is not None:
                 op.finished.set()
                 op.ended.set()
+
+    def _progress(self, op: Op, progress: float, total: float | None, message: str | None) -> None:
+        """The tool layer reported progress: an ``op-progress`` event (the deadline stays)."""
+        if self._emit is not None:
+            self._emit(
+                OpProgress(
+                    session=op.record.session,
+                    op=op.record.op_id,
+                    progress=progress,
+                    total=total,
+                    message=message,
+                )
+            )
 
     async def _settle(
         self, op: Op, result: ToolResultPart | None, *, lost: bool = False

@@ -16,7 +16,15 @@ silence proves nothing: the cancellation is acknowledged (it propagates, receipt
   stops the process);
 
 otherwise ``execute`` raises :class:`~stream_manager.errors.TerminationUnconfirmed` (receipt
-``indeterminate``).
+``indeterminate``). A *result* for that request arriving in the confirmation wait (it raced
+the cancel) is not thrown away: ``execute`` returns it, and the call completed.
+
+Transport failures are raised, never dressed as the server's answer:
+:class:`~stream_manager.errors.ToolUnavailable` when the call was never sent (the server is
+down or restarting, the session closed), :class:`~stream_manager.errors.ToolTransportLost`
+when it was sent and the transport broke before any answer (nobody knows whether it ran).
+:func:`stdio_tools` supervises its server (``stream_manager._mcp_server``): a server that
+dies is restarted, with bounded backoff, and its tools are listed again.
 
 Observing that answer needs the request id, and a session the adapter can address: the SDK's
 ``ClientSession.call_tool`` mints the id privately and, when its caller is cancelled, sends its
@@ -46,29 +54,34 @@ import anyio.lowlevel
 
 from persistence import TurnkeeperError, UsageError
 from stream_manager._parts import ToolCallPart, ToolResultPart
-from stream_manager.errors import TerminationUnconfirmed
+from stream_manager.errors import TerminationUnconfirmed, ToolTransportLost, ToolUnavailable
 from stream_manager.ports import ToolContext, ToolKind
 from stream_manager.redaction import cover_library_logs
 from stream_manager.tools import ToolDefinition
 
 try:
     import mcp_types
-    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp import ClientSession, StdioServerParameters
     from mcp.shared.dispatcher import CallOptions
     from mcp.shared.exceptions import MCPError
     from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
     from mcp.shared.transport_context import TransportContext
+
+    from stream_manager._mcp_server import Backoff, McpServer, McpUnavailable
 except ImportError as error:  # pragma: no cover - only without the extra
     raise ImportError(
         "stream_manager.mcp needs the optional mcp package: pip install 'turnkeeper[mcp]'"
     ) from error
 
 if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Self
+
     # The SDK's stream protocols live in a private module; they are only annotations here.
     from mcp.client._transport import ReadStream, WriteStream
     from mcp.shared.message import SessionMessage
 
-__all__ = ["McpTool", "McpUnavailable", "client_session", "stdio_tools"]
+__all__ = ["McpServer", "McpTool", "McpUnavailable", "client_session", "stdio_tools"]
 
 #: The roots of the SDK's loggers: its modules' (``mcp.*``) and its ``ClientSession``'s.
 SDK_LOGGERS = ("mcp", "client")
@@ -95,14 +108,10 @@ CANCEL_REASON = "cancelled by the turnkeeper engine (stop, deadline or stream lo
 _request_numbers = itertools.count(1)
 
 
-class McpUnavailable(TurnkeeperError):
-    """An MCP server could not be started, initialized or listed."""
-
-
 class _Call:
     """One ``tools/call`` in flight: its id, how far it got, and how it ended."""
 
-    __slots__ = ("done", "error", "issued", "request_id", "result", "started")
+    __slots__ = ("done", "error", "issued", "request_id", "result", "started", "written")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -110,6 +119,8 @@ class _Call:
         self.started = False
         #: The addressable dispatcher sent the request under ``request_id``.
         self.issued = False
+        #: The request went onto the transport's write stream (before this, it was never sent).
+        self.written = False
         self.result: mcp_types.CallToolResult | None = None
         self.error: Exception | None = None
         self.done = anyio.Event()
@@ -148,6 +159,41 @@ class _AddressableDispatcher(JSONRPCDispatcher[TransportContext]):
         )
 
 
+class _NotingWrites:
+    """A transport's write stream that notes when the current adapter call's request went out.
+
+    The dispatcher writes a request in its caller's task, so the call is found in the context
+    variable; a ``CONNECTION_CLOSED`` for a call never written means it was never sent.
+    """
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: WriteStream[SessionMessage]) -> None:
+        self._stream = stream
+
+    async def send(self, item: SessionMessage, /) -> None:
+        await self._stream.send(item)
+        call = _current_call.get()
+        message = item.message
+        if call is not None and isinstance(message, mcp_types.JSONRPCRequest):
+            call.written = call.written or message.id == call.request_id
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        await self.aclose()
+        return None
+
+
 def client_session(
     read_stream: ReadStream[SessionMessage | Exception],
     write_stream: WriteStream[SessionMessage],
@@ -169,7 +215,8 @@ def client_session(
     """
     cover_sdk_logs()
     return ClientSession(
-        dispatcher=_AddressableDispatcher(read_stream, write_stream), **session_options
+        dispatcher=_AddressableDispatcher(read_stream, _NotingWrites(write_stream)),
+        **session_options,
     )
 
 
@@ -178,18 +225,20 @@ class McpTool:
 
     ``execute`` calls the server's tool with the call's arguments. A result becomes the
     output: the structured content if the server sent one, else the text contents joined by
-    newlines, else the content blocks as JSON objects. A tool error (``isError``) is a failed
-    result with ``{"error": <the tool's text>}``; a protocol or transport failure is a failed
-    result with a message naming the tool; nothing from the ``mcp`` package is raised.
+    newlines, else the content blocks as JSON objects. A tool error (``isError``) or a protocol
+    error the server answered is a failed result with ``{"error": ...}``; a call never sent
+    raises :class:`~stream_manager.errors.ToolUnavailable`, a transport lost mid-call
+    :class:`~stream_manager.errors.ToolTransportLost`; nothing from the ``mcp`` package is
+    raised. Server progress notifications go to the context's ``report_progress``.
     Cancelling ``execute`` cancels the remote call (see the module docs for when that is
     acknowledged and when it raises ``TerminationUnconfirmed``).
     """
 
-    __slots__ = ("_confirm_timeout_s", "_definition", "_kind", "_name", "_remote_name", "_session")
+    __slots__ = ("_confirm_timeout_s", "_definition", "_kind", "_name", "_remote_name", "_source")
 
     def __init__(
         self,
-        session: ClientSession,
+        session: ClientSession | McpServer,
         name: str,
         *,
         remote_name: str | None = None,
@@ -200,23 +249,23 @@ class McpTool:
         """Adapt the server tool ``remote_name`` (default ``name``) of an initialized session.
 
         Args:
-            session: An entered, initialized session; build it with :func:`client_session`
-                (or use :func:`stdio_tools`) so cancellations can be confirmed.
+            session: An entered, initialized session (build it with :func:`client_session` so
+                cancellations can be confirmed), or a supervised :class:`McpServer` (what
+                :func:`stdio_tools` passes: its current session serves each call).
             name: The name the model calls the tool by.
             remote_name: The tool's name on the server, if different.
             kind: How the engine runs the tool.
             confirm_timeout_s: How long (real seconds) a cancelled call may take to confirm
                 that it ended before the adapter reports it unconfirmed.
-            definition: What the model is told of the tool (:func:`stdio_tools` fills it from
-                the server's ``tools/list``: description and input schema); ``None``: an
-                open schema.
+            definition: What the model is told of the tool; ``None``: the server's current
+                ``tools/list`` entry for a supervised server, else an open schema.
 
         Raises:
             UsageError: ``confirm_timeout_s`` is not positive.
         """
         if not confirm_timeout_s > 0:
             raise UsageError(f"confirm_timeout_s must be positive, not {confirm_timeout_s!r}")
-        self._session = session
+        self._source = session
         self._name = name
         self._remote_name = remote_name if remote_name is not None else name
         self._kind = kind
@@ -235,13 +284,31 @@ class McpTool:
 
     @property
     def definition(self) -> ToolDefinition | None:
-        """Its description and parameters' schema, as the server listed them."""
+        """Its description, parameters' schema and hints, as the server lists them now.
+
+        For a supervised server that is its latest ``tools/list`` (re-read at each restart);
+        while it is down, the last one seen.
+        """
+        server = self.server
+        if self._definition is None and server is not None:
+            listed = server.listing.get(self._remote_name)
+            if listed is not None:
+                return _definition(self._name, listed)
         return self._definition
 
     @property
+    def server(self) -> McpServer | None:
+        """The supervised server the tool calls through (``None``: a fixed session)."""
+        return self._source if isinstance(self._source, McpServer) else None
+
+    @property
     def session(self) -> ClientSession:
-        """The session the tool calls through."""
-        return self._session
+        """The session the tool calls through now.
+
+        Raises:
+            ToolUnavailable: A supervised server is down.
+        """
+        return self._source.session() if isinstance(self._source, McpServer) else self._source
 
     @property
     def remote_name(self) -> str:
@@ -253,17 +320,26 @@ class McpTool:
 
         Args:
             call: The model's tool call; its ``args`` are the tool's arguments.
-            context: Where the call runs (unused: the engine owns the deadline).
+            context: Where the call runs: its ``report_progress`` gets the server's progress
+                (the engine owns the deadline; progress never extends it).
 
         Returns:
-            The tool's result, failed (``is_error``) for a tool, protocol or transport error.
+            The tool's result (failed, ``is_error``, for a tool or protocol error the server
+            answered), also when it arrived while a cancel was being confirmed.
 
         Raises:
             TerminationUnconfirmed: ``execute`` was cancelled and the server did not confirm,
                 within ``confirm_timeout_s``, that the call ended.
+            ToolUnavailable: The server is down or the session closed: nothing was sent.
+            ToolTransportLost: The call was sent and the transport broke before any answer.
         """
         # Already cancelled (a stop before the call began): send nothing at all.
         await anyio.lowlevel.checkpoint_if_cancelled()
+        session = self.session
+        if self.server is not None and self._remote_name not in self.server.listing:
+            raise ToolUnavailable(
+                f"MCP server {self.server.label!r} no longer lists the tool {self._remote_name!r}"
+            )
         mcp_call = _Call(f"turnkeeper-{next(_request_numbers)}")
         # Shielded: the engine's cancellation must not abandon the request (the SDK would drop
         # its answer); the adapter decides when to stop waiting and cancels this scope itself.
@@ -271,32 +347,51 @@ class McpTool:
         unconfirmed: str | None = None
         try:
             async with anyio.create_task_group() as task_group:
-                task_group.start_soon(self._request, call, mcp_call, request_scope)
+                task_group.start_soon(
+                    self._request, session, call, context, mcp_call, request_scope
+                )
                 try:
                     await mcp_call.done.wait()
                 except anyio.get_cancelled_exc_class():
-                    unconfirmed = await self._stop(mcp_call, request_scope)
+                    unconfirmed = await self._stop(session, mcp_call, request_scope)
                     raise
         except anyio.get_cancelled_exc_class():
             # Raised here, outside the task group, so it is not wrapped in an exception group.
             if unconfirmed is not None:
                 raise TerminationUnconfirmed(unconfirmed) from None
-            raise
+            if mcp_call.result is None:
+                raise
+            # The server's answer raced the cancel and won: the call ran, this is its result
+            # (the cancellation is spent here; nothing awaits before returning).
         return self._result(call, mcp_call)
 
-    async def _request(self, call: ToolCallPart, mcp_call: _Call, scope: anyio.CancelScope) -> None:
+    async def _request(
+        self,
+        session: ClientSession,
+        call: ToolCallPart,
+        context: ToolContext,
+        mcp_call: _Call,
+        scope: anyio.CancelScope,
+    ) -> None:
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            context.report_progress(progress, total, message)
+
         with scope:
             mcp_call.started = True
             token = _current_call.set(mcp_call)
             try:
-                mcp_call.result = await self._session.call_tool(self._remote_name, dict(call.args))
-            except Exception as error:  # every failure of the call is a failed result
+                mcp_call.result = await session.call_tool(
+                    self._remote_name, dict(call.args), progress_callback=on_progress
+                )
+            except Exception as error:  # every failure of the call is examined in _result
                 mcp_call.error = error
             finally:
                 _current_call.reset(token)
                 mcp_call.done.set()
 
-    async def _stop(self, mcp_call: _Call, request_scope: anyio.CancelScope) -> str | None:
+    async def _stop(
+        self, session: ClientSession, mcp_call: _Call, request_scope: anyio.CancelScope
+    ) -> str | None:
         """Cancel the remote call; ``None`` once it is confirmed ended, else why it is not."""
         if mcp_call.done.is_set():
             return None  # it had already ended: nothing left to stop
@@ -324,7 +419,7 @@ class McpTool:
         with anyio.move_on_after(self._confirm_timeout_s, shield=True):
             # Fire-and-forget in the SDK: after the connection closed it is dropped, and the
             # pending call has then already been woken with CONNECTION_CLOSED.
-            await self._session.send_notification(notice)
+            await session.send_notification(notice)
             # Any end of the request counts: a response of any kind for this id, or the session
             # closing (the SDK wakes every pending request with CONNECTION_CLOSED).
             await mcp_call.done.wait()
@@ -339,17 +434,33 @@ class McpTool:
     def _result(self, call: ToolCallPart, mcp_call: _Call) -> ToolResultPart:
         result = mcp_call.result
         if result is None:
+            self._raise_if_transport(mcp_call)
             return _failed(call, self._failure(mcp_call.error))
+        if self.server is not None:
+            self.server.served()
         if result.is_error:
             text = _joined_text(result.content)
             return _failed(call, text or f"MCP tool {self._remote_name!r} reported an error")
         return ToolResultPart(call_id=call.call_id, name=call.name, output=_output(result))
 
+    def _raise_if_transport(self, mcp_call: _Call) -> None:
+        """Raise what a transport failure is: never sent, or sent and lost (no answer)."""
+        error = mcp_call.error
+        closed = isinstance(error, MCPError) and error.code == mcp_types.CONNECTION_CLOSED
+        where = f"MCP tools/call {self._remote_name!r}"
+        if not mcp_call.written and (closed or not isinstance(error, MCPError)):
+            raise ToolUnavailable(
+                f"{where} was not sent: the connection to the MCP server is closed ({error})"
+            )
+        if closed:
+            raise ToolTransportLost(
+                f"{where} (request {mcp_call.request_id!r}): the connection to the MCP server "
+                "closed before it answered; whether the call ran is unknown"
+            )
+
     def _failure(self, error: Exception | None) -> str:
         where = f"MCP tools/call {self._remote_name!r}"
         if isinstance(error, MCPError):
-            if error.code == mcp_types.CONNECTION_CLOSED:
-                return f"{where} failed: the connection to the MCP server closed"
             return f"{where} failed: {error.message} (JSON-RPC error {error.code})"
         if error is None:  # pragma: no cover - a finished call has a result or an error
             return f"{where} failed without an error"
@@ -388,22 +499,31 @@ async def stdio_tools(
     kind: ToolKind = ToolKind.CLIENT,
     confirm_timeout_s: float = 5.0,
     start_timeout_s: float = 30.0,
+    restart_backoff_s: float = 0.5,
+    max_restart_backoff_s: float = 30.0,
     errlog: TextIO | None = None,
 ) -> AsyncIterator[dict[str, McpTool]]:
-    """Start an MCP server over stdio and yield its tools as :class:`McpTool` by name.
+    """Start a supervised MCP server over stdio and yield its tools as :class:`McpTool` by name.
 
-    On exit the session closes and the SDK stops the server (closes its stdin, waits, then
-    terminates and kills its process group; every wait bounded, a few seconds at most).
+    A server that exits or whose transport breaks is started again after ``restart_backoff_s``
+    (doubling per consecutive failure, at most ``max_restart_backoff_s``; back to the first
+    delay once a call is answered) and its tools are listed again (a changed list is logged;
+    each tool's ``definition`` is the latest listing). While it is down a call raises
+    ``ToolUnavailable`` and is never sent. On exit the session closes and the SDK stops the
+    server (closes its stdin, waits, then terminates and kills its process group; every wait
+    bounded, a few seconds at most).
 
     Args:
         command: The server's executable.
         args: Its arguments.
-        names: The tools to adapt (default: every tool the server lists).
+        names: The tools to adapt (default: every tool the server lists at its first start).
         env: Extra environment variables for the server.
         cwd: The server's working directory.
         kind: How the engine runs the tools.
         confirm_timeout_s: Each tool's cancellation-confirmation bound (real seconds).
         start_timeout_s: Bound on initializing the session and listing the tools.
+        restart_backoff_s: The first delay before a restart (real seconds).
+        max_restart_backoff_s: The bound on the restart delay (real seconds).
         errlog: Where the server's stderr goes (default: this process's stderr).
 
     Yields:
@@ -411,78 +531,49 @@ async def stdio_tools(
 
     Raises:
         McpUnavailable: The server failed or timed out while initializing or listing tools.
-        UsageError: ``names`` names a tool the server does not list.
+        UsageError: ``names`` names a tool the server does not list, or the backoff is not
+            ``0 < restart_backoff_s <= max_restart_backoff_s``.
         OSError: The server process could not be started.
     """
     params = StdioServerParameters(
         command=command, args=list(args), env=dict(env) if env is not None else None, cwd=cwd
     )
-    failure: McpUnavailable | UsageError | None = None
-    async with stdio_client(params, errlog if errlog is not None else sys.stderr) as streams:
-        session = client_session(*streams)
-        async with session:
+    cover_sdk_logs()
+    server = McpServer(
+        params,
+        names=names,
+        start_timeout_s=start_timeout_s,
+        backoff=Backoff(restart_backoff_s, max_restart_backoff_s),
+        errlog=errlog if errlog is not None else sys.stderr,
+        session_factory=client_session,
+    )
+    failure: TurnkeeperError | OSError | None = None
+    async with anyio.create_task_group() as task_group:
+        try:
+            listing = await task_group.start(server.run)
+        except (McpUnavailable, UsageError, OSError) as error:
+            # Raised below, once the task group is left: inside it, it would surface wrapped
+            # in an exception group.
+            failure = error
+        else:
             try:
-                tools = await _connect(session, command, names, start_timeout_s)
-            except (McpUnavailable, UsageError) as error:
-                # Raised below, once the SDK's task groups are left: inside them it would
-                # surface wrapped in an exception group.
-                failure = error
-            else:
                 yield {
-                    name: McpTool(
-                        session,
-                        name,
-                        kind=kind,
-                        confirm_timeout_s=confirm_timeout_s,
-                        definition=_definition(name, listed),
-                    )
-                    for name, listed in tools.items()
+                    name: McpTool(server, name, kind=kind, confirm_timeout_s=confirm_timeout_s)
+                    for name in listing
                 }
+            finally:
+                task_group.cancel_scope.cancel()
     if failure is not None:
         raise failure
 
 
-async def _connect(
-    session: ClientSession, command: str, names: Sequence[str] | None, timeout_s: float
-) -> dict[str, mcp_types.Tool]:
-    """Initialize ``session``; the tools to adapt by name (checked against its list)."""
-    listed = await _initialize(session, command, timeout_s)
-    wanted = list(names) if names is not None else list(listed)
-    missing = sorted(set(wanted) - set(listed))
-    if missing:
-        raise UsageError(
-            f"MCP server {command!r} does not list the tool(s) {missing}; it lists {sorted(listed)}"
-        )
-    return {name: listed[name] for name in wanted}
-
-
 def _definition(name: str, tool: mcp_types.Tool) -> ToolDefinition:
-    """The server's listing of ``tool`` as a definition: its description and input schema."""
+    """The server's listing of ``tool`` as a definition: description, schema and hints."""
+    hints = tool.annotations
     return ToolDefinition(
-        name=name, description=tool.description or "", parameters=dict(tool.input_schema)
+        name=name,
+        description=tool.description or "",
+        parameters=dict(tool.input_schema),
+        read_only=bool(hints is not None and hints.read_only_hint),
+        idempotent=bool(hints is not None and hints.idempotent_hint),
     )
-
-
-async def _initialize(
-    session: ClientSession, command: str, timeout_s: float
-) -> dict[str, mcp_types.Tool]:
-    """Initialize ``session`` and list every tool (all pages)."""
-    names: dict[str, mcp_types.Tool] = {}
-    try:
-        with anyio.fail_after(timeout_s):
-            await session.initialize()
-            cursor: str | None = None
-            while True:
-                page = await session.list_tools(
-                    params=mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                )
-                names.update((tool.name, tool) for tool in page.tools)
-                cursor = page.next_cursor
-                if cursor is None:
-                    return names
-    except TimeoutError:
-        raise McpUnavailable(
-            f"MCP server {command!r} did not initialize and list its tools within {timeout_s:g} s"
-        ) from None
-    except (MCPError, RuntimeError) as error:
-        raise McpUnavailable(f"MCP server {command!r} failed to start: {error}") from error

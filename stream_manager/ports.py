@@ -69,6 +69,11 @@ class ToolContext:
     #: The tool layer records its result here the moment it has one, independent of whether
     #: ``execute`` ever returns it (a lost completion signal is then settled from the record).
     record_completion: Callable[[ToolResultPart], None] = field(default=lambda result: None)
+    #: The tool layer reports progress here (``progress``, ``total`` or ``None``, ``message`` or
+    #: ``None``); the engine traces it (``op-progress``). It never extends the deadline.
+    report_progress: Callable[[float, float | None, str | None], None] = field(
+        default=lambda progress, total, message: None
+    )
 
 
 class Tool(Protocol):

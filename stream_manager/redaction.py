@@ -381,6 +381,7 @@ LOGGERS: Final = (
     "turnkeeper",
     "turnkeeper.engine",
     "turnkeeper.operations",
+    "turnkeeper.mcp",
     "turnkeeper.persistence",
     "turnkeeper.session",
     "turnkeeper.stream",

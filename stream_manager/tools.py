@@ -42,6 +42,10 @@ class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
     parameters: Mapping[str, object] = msgspec.field(default_factory=lambda: dict(OPEN_PARAMETERS))
     #: How the tool runs: a ``provider`` tool is executed by the model's provider.
     kind: ToolKind = ToolKind.CLIENT
+    #: The tool declares that it changes nothing (MCP ``annotations.readOnlyHint``).
+    read_only: bool = False
+    #: The tool declares that repeating a call has no further effect (MCP ``idempotentHint``).
+    idempotent: bool = False
 
     @classmethod
     def from_model(

@@ -6,7 +6,8 @@ tools model the three ways a server can treat a cancelled call:
 
 * ``hang`` awaits forever and honours cancellation (the handler is interrupted);
 * ``cooperative(seconds)`` sleeps, but stops promptly when cancelled;
-* ``ignoring(seconds)`` notes the cancel and then shields itself, working on for ``seconds``.
+* ``ignoring(seconds)`` notes the cancel and then shields itself, working on for ``seconds``;
+* ``progress(steps)`` sends ``steps`` progress notifications, then hangs like ``hang``.
 
 The SDK's stdio server never answers a cancelled request (its dispatcher settles it silently,
 as the MCP spec recommends); only its 2025-era streamable-HTTP transport ends a cancelled
@@ -43,7 +44,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 #: JSON-RPC "request cancelled", as the SDK's streamable-HTTP transport answers a cancelled call.
 REQUEST_CANCELLED = -32800
 #: The calls whose start and cancellation the server records.
-LONG_RUNNING = frozenset({"hang", "cooperative", "ignoring"})
+LONG_RUNNING = frozenset({"hang", "cooperative", "ignoring", "progress"})
 
 _Incoming = SessionMessage | Exception
 # ``stdio_server`` carries no annotations; this is the shape it yields (two memory streams).
@@ -93,6 +94,7 @@ TOOLS = [
     types.Tool(name="hang", input_schema=_schema()),
     types.Tool(name="cooperative", input_schema=_schema(seconds="number")),
     types.Tool(name="ignoring", input_schema=_schema(seconds="number")),
+    types.Tool(name="progress", input_schema=_schema(steps="integer")),
     types.Tool(name="wait_started", input_schema=_schema(count="integer")),
     types.Tool(name="wait_cancelled", input_schema=_schema(request_id="string")),
     types.Tool(name="cancels", input_schema=_schema()),
@@ -125,11 +127,23 @@ async def _long_running(name: str, args: Mapping[str, Any], request_id: object) 
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+async def _report_progress(ctx: ServerRequestContext[Any, Any], steps: int) -> None:
+    token = (ctx.meta or {}).get("progress_token")
+    assert token is not None, "the client asked for no progress"
+    for done in range(1, steps + 1):
+        message = f"step {done} of {steps}"
+        await ctx.session.send_progress_notification(
+            token, done, steps, message, related_request_id=str(ctx.request_id)
+        )
+
+
 async def call_tool(
     ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
 ) -> types.CallToolResult:
     args: Mapping[str, Any] = params.arguments or {}
     name = params.name
+    if name == "progress":
+        await _report_progress(ctx, int(args["steps"]))
     if name in LONG_RUNNING:
         return types.CallToolResult(content=_text(await _long_running(name, args, ctx.request_id)))
     if name == "echo":
