@@ -419,6 +419,15 @@ def test_a_trigger_built_in_code_keeps_its_match() -> None:
 
 
 def test_trace_events_cover_the_contract() -> None:
-    # The contract's 30, and ``usage`` (a real model's per-step token counts; docs/trace.md).
-    assert len(TRACE_EVENTS) == 31
-    assert {"stream-start", "owed", "continuation-ended", "tool-call-end", "usage"} <= TRACE_EVENTS
+    # The contract's 30, ``usage`` (a real model's per-step token counts; docs/trace.md) and
+    # ``op-overlap-warned`` (a declared read-only or idempotent call ran beside an
+    # indeterminate one, docs/operations.md).
+    assert len(TRACE_EVENTS) == 32
+    assert {
+        "stream-start",
+        "owed",
+        "continuation-ended",
+        "tool-call-end",
+        "usage",
+        "op-overlap-warned",
+    } <= TRACE_EVENTS
