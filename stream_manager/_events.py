@@ -201,6 +201,15 @@ class OpBlocked(_Event, frozen=True, kw_only=True, tag="op-blocked"):
     blocked_by: str
 
 
+class OpOverlapWarned(_Event, frozen=True, kw_only=True, tag="op-overlap-warned"):
+    """A call runs although an earlier one on its target is indeterminate (OP-9, ``warn``)."""
+
+    op: str
+    tool: str
+    #: The indeterminate operation it overlaps.
+    overlaps: str
+
+
 class Persisted(_Event, frozen=True, kw_only=True, tag="persisted"):
     """A durable write committed (a crash point)."""
 
@@ -239,6 +248,7 @@ StreamEvent = (
     | OpBlocked
     | Persisted
     | OpProgress
+    | OpOverlapWarned
 )
 
 Observer = Callable[[StreamEvent], None]

@@ -42,13 +42,23 @@ _KNOWN = {
 }
 
 
-def receipt_answer(call: ToolCallPart, record: OperationRecord | None) -> ToolResultPart:
-    """The result that answers ``call`` from its receipt (``None``: it never got one)."""
+def receipt_answer(
+    call: ToolCallPart,
+    record: OperationRecord | None,
+    *,
+    error: str = "no_result",
+    detail: str | None = None,
+) -> ToolResultPart:
+    """The result that answers ``call`` from its receipt (``None``: it never got one).
+
+    ``error`` names what happened (``timeout``, ``cancelled``; ``no_result`` by default) and
+    ``detail`` adds a sentence.
+    """
     if record is None:
-        output: dict[str, object] = {"error": "no_result", "what_is_known": _NEVER_RECORDED}
+        output: dict[str, object] = {"error": error, "what_is_known": _NEVER_RECORDED}
     else:
         output = {
-            "error": "no_result",
+            "error": error,
             "op": record.op_id,
             "receipt": record.state.value,
             "acknowledged": record.termination_acknowledged,
@@ -58,6 +68,8 @@ def receipt_answer(call: ToolCallPart, record: OperationRecord | None) -> ToolRe
             output["outcome"] = record.outcome_code
         if record.explanation is not None:
             output["explanation"] = record.explanation
+    if detail is not None:
+        output["detail"] = detail
     return ToolResultPart(call_id=call.call_id, name=call.name, output=output, is_error=True)
 
 

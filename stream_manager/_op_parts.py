@@ -1,7 +1,8 @@
 """The pieces an operation is made of (see ``_operations`` for how they move).
 
-The overlap policy and its guard, one-shot flags, the stream's worker task and the state of an
-operation in flight. (Receipts go through the ``persistence.Store`` port.)
+The overlap policy and its guard, one-shot flags, the stream's worker task and the shell of
+an operation in flight (its lifecycle is ``_op_life``'s). Receipts go through the
+``persistence.Store`` port.
 """
 
 from __future__ import annotations
@@ -10,15 +11,14 @@ import asyncio
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
 import msgspec
 
 from persistence import OperationRecord
-from stream_manager._op_states import CancelWhy
+from stream_manager._op_life import Effect, OpLife, failed_result
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.clock import Timer
 from stream_manager.ports import Capability, Tool
@@ -35,7 +35,7 @@ class OverlapPolicy(enum.StrEnum):
 
     #: Refuse a call on the same capability and target (the default).
     BLOCK = "block"
-    #: Run it, noting the earlier operation in the log.
+    #: Run it, noting the earlier operation in the log and the trace (``op-overlap-warned``).
     WARN = "warn"
     #: Refuse any call in the session while one of its operations is indeterminate.
     SESSION = "session"
@@ -50,6 +50,8 @@ class OverlapGuard:
     """
 
     def __init__(self, policy: OverlapPolicy) -> None:
+        #: The engine-wide policy (a tool's declaration may override it, ``tools.overlap_of``).
+        self.policy = policy
         self._policy = policy
         #: (session, target) -> the indeterminate operations holding it, first held first
         #: (several after a crash: identical calls of one step were all open).
@@ -68,35 +70,42 @@ class OverlapGuard:
             if not holders:
                 del self._held[key]
 
-    def blocker(self, op_id: str, session: str, capability: Capability, target: str) -> str | None:
-        """The indeterminate operation that refuses call ``op_id``, or ``None``: it may run."""
-        if self._policy is OverlapPolicy.SESSION:
-            return next(
+    def meets(self, session: str, target: str, policy: OverlapPolicy) -> tuple[str | None, bool]:
+        """The indeterminate operation a call on ``target`` meets, and whether it is refused.
+
+        ``policy`` is the call's own (its tool's declaration, else the engine-wide one).
+        """
+        if policy is OverlapPolicy.SESSION:
+            holder = next(
                 (next(iter(ops)) for (s, _), ops in self._held.items() if s == session), None
             )
+            return holder, holder is not None
         holders = self._held.get((session, target))
-        blocker = next(iter(holders)) if holders else None
-        if blocker is not None and self._policy is OverlapPolicy.WARN:
-            log.warning(
-                "%s runs although %s, on the same %s target, is indeterminate (overlap: warn)",
-                op_id,
-                blocker,
-                capability.text,
-            )
-            return None
-        return blocker
+        if not holders:
+            return None, False
+        return next(iter(holders)), policy is OverlapPolicy.BLOCK
+
+    def blocker(self, op_id: str, session: str, capability: Capability, target: str) -> str | None:
+        """The indeterminate operation that refuses call ``op_id``, or ``None``: it may run."""
+        holder, refused = self.meets(session, target, self._policy)
+        if holder is not None and not refused:
+            warn_overlap(op_id, holder, capability)
+        return holder if refused else None
+
+
+def warn_overlap(op_id: str, holder: str, capability: Capability) -> None:
+    """Log that ``op_id`` runs beside indeterminate ``holder`` (overlap: warn)."""
+    log.warning(
+        "%s runs although %s, on the same %s target, is indeterminate (overlap: warn)",
+        op_id,
+        holder,
+        capability.text,
+    )
 
 
 def operation_id(stream: str, step: int, index: int) -> str:
     """The id of the ``index``-th client call of ``step`` in ``stream`` (position, not luck)."""
     return f"{stream}/{step}/{index}"
-
-
-def failed_result(call: ToolCallPart, error: str, **extra: object) -> ToolResultPart:
-    """A structured failed result for ``call``: the model sees why, the loop goes on."""
-    return ToolResultPart(
-        call_id=call.call_id, name=call.name, output={"error": error, **extra}, is_error=True
-    )
 
 
 class Flag:
@@ -121,6 +130,12 @@ class Flag:
 
     def is_set(self) -> bool:
         return self._set
+
+    def clear(self) -> None:
+        """Unset it (a waiter of the old future was woken already)."""
+        if self._set:
+            self._set = False
+            self._future = None
 
     async def wait(self) -> None:
         if self._set:
@@ -169,50 +184,52 @@ class Worker:
                 self.current = None
 
 
-@dataclass(eq=False)
 class Op:
-    """One operation in flight (shell state)."""
+    """One call in flight (shell state): its lifecycle, the effects still to perform, its task.
 
-    record: OperationRecord
-    call: ToolCallPart
-    tool: Tool | None
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    #: Set when the loop may go on: the execute ended, a completion was recorded, a deadline.
-    settled: Flag = field(default_factory=Flag)
-    #: Made on the cancel path only (events are not free): set when the execute ended or the
-    #: grace interval ran out; and set when the execute ended, whenever that is.
-    finished: anyio.Event | None = None
-    ended: anyio.Event | None = None
-    result: ToolResultPart | None = None
-    recorded: ToolResultPart | None = None
-    raised: bool = False
-    unconfirmed: bool = False
-    done: bool = False
-    #: Cancellation was requested (a deadline, a stop, a person), and why.
-    cancelling: bool = False
-    why: CancelWhy = CancelWhy.USER
-    timers: list[Timer] = field(default_factory=list)
+    Inputs reach :attr:`life` from timers, the execute's task and a person's cancel; their
+    effects queue here, in order, and the call's driver (the runner) performs them.
+    """
 
-    def on_deadline(self) -> None:
-        self.settled.set()
+    __slots__ = (
+        "call",
+        "effects",
+        "exit_flag",
+        "given",
+        "life",
+        "overlaps",
+        "scope",
+        "timers",
+        "tool",
+        "wake",
+    )
 
-    def on_recorded(self, result: ToolResultPart) -> None:
-        if self.recorded is None and not self.done:
-            self.recorded = result
-            self.settled.set()
+    def __init__(self, life: OpLife, tool: Tool | None) -> None:
+        self.life = life
+        self.call = life.call
+        self.tool = tool
+        self.scope = anyio.CancelScope()
+        self.effects: deque[Effect] = deque()
+        #: Set when effects were queued (the driver waits on a fresh one each time).
+        self.wake = Flag()
+        #: Set when the execute has ended: made for a lingering operation only (it waits on it).
+        self.exit_flag: Flag | None = None
+        #: The model's result, once given.
+        self.given: ToolResultPart | None = None
+        self.timers: list[Timer] = []
+        #: The indeterminate operation it runs beside (overlap: warn), if any.
+        self.overlaps: str | None = None
 
-    def on_grace_over(self) -> None:
-        if self.finished is not None:
-            self.finished.set()
+    @property
+    def record(self) -> OperationRecord:
+        """The receipt as last decided."""
+        return self.life.record
 
-    def watch_ending(self) -> tuple[anyio.Event, anyio.Event]:
-        """The cancel path's events, made now; already set when the execute has ended."""
-        if self.finished is None or self.ended is None:
-            self.finished, self.ended = anyio.Event(), anyio.Event()
-            if self.done:
-                self.finished.set()
-                self.ended.set()
-        return self.finished, self.ended
+    def feed(self, effects: Sequence[Effect]) -> None:
+        """Queue what an input decided, and wake the driver."""
+        if effects:
+            self.effects.extend(effects)
+            self.wake.set()
 
     def stop_timers(self) -> None:
         for timer in self.timers:

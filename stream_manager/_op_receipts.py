@@ -147,12 +147,20 @@ class ProviderCalls:
         self._receipts.receipt_event(record, result.name)
 
     async def cut(self, stream: str) -> None:
-        """OP-7: the stream ended before these results: nobody can confirm they stopped."""
+        """OP-7: the stream ended before these results: nobody can confirm they stopped.
+
+        Each is held by the overlap guard before any write, so a receipt the store refuses
+        (it stays open: ``indeterminate`` at the next startup) is held in this process too.
+
+        Raises:
+            WriteFailed: A receipt could not be written (the others were tried all the same).
+        """
+        closed = []
         for call_id, (record, tool) in list(self._open.items()):
             if record.stream != stream:
                 continue
             del self._open[call_id]
-            closed = advance(
+            ended = advance(
                 record,
                 OpState.INDETERMINATE,
                 now=self._clock.now(),
@@ -161,6 +169,15 @@ class ProviderCalls:
                 explanation="provider-executed; the stream ended before its result, "
                 "termination not confirmed",
             )
-            self._guard.hold(closed)
-            await self._receipts.write(closed)
-            self._receipts.receipt_event(closed, tool)
+            self._guard.hold(ended)
+            closed.append((ended, tool))
+        failed: WriteFailed | None = None
+        for ended, tool in closed:
+            try:
+                await self._receipts.write(ended)
+            except WriteFailed as error:
+                failed = failed or error
+                continue
+            self._receipts.receipt_event(ended, tool)
+        if failed is not None:
+            raise failed

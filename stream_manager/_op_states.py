@@ -46,6 +46,10 @@ class OutcomeCode(StrEnum):
     CAPABILITY_ERROR = "capability_error"
     #: The tool's transport or controller failed (a lost connection, an unknown tool).
     TRANSPORT_ERROR = "transport_error"
+    #: Sent, and the transport to its server broke before any answer (indeterminate).
+    TRANSPORT_LOST = "transport_lost"
+    #: Not run: the tool's server is down or unreachable, so nothing was sent.
+    UNAVAILABLE = "unavailable"
     #: Not run: the model's arguments failed the tool's declared schema.
     INVALID_ARGUMENTS = "invalid_arguments"
     #: The deadline passed (timed out, or indeterminate when unacknowledged).
@@ -78,6 +82,8 @@ class CancelWhy(StrEnum):
 
 
 UNCONFIRMED: Final = "cancellation requested, termination not confirmed"
+#: Why an operation is indeterminate when its tool's transport broke mid-call.
+TRANSPORT_LOST: Final = "the server went away before answering"
 #: Why an operation is indeterminate when the engine shut down around it.
 UNCONFIRMED_AT_SHUTDOWN: Final = (
     "the engine shut down before the operation acknowledged its cancellation; "

@@ -6,41 +6,42 @@ At a tool boundary the loop hands the step's client calls to :meth:`OperationRun
 
 1. Each call gets an id from its position (stream, step, call index) and a privacy-minimised
    target; a call whose capability and target match an ``indeterminate`` operation is refused
-   (OP-9: a ``failed`` receipt, ``op-blocked``, a structured error for the model, nothing run).
+   (OP-9: a ``failed`` receipt, ``op-blocked``, a structured error for the model, nothing run),
+   unless its tool's declaration (read-only, idempotent, ``overlap="warn"``) or the engine-wide
+   policy lets it run beside it (``op-overlap-warned``).
 2. Every other call's ``requested`` receipt is written durably, then ``op-start`` (OP-1). The
    step's receipts are one write (one transaction); the call that runs first starts at once,
    so its receipt is written ``running`` already (requested and running in the same write).
-3. The calls run one at a time (SM-6). A call is ``running`` once written so; its ``execute``
-   runs in a task of its own, inside a cancel scope the runner owns, and the loop waits for the
-   first of: the execute ending, the tool layer recording its completion (OP-5, a lost
-   completion signal), the deadline (OP-2).
-4. At the deadline the cancellation request is written durably and the scope cancelled; the
-   loop waits at most the grace interval more for the execute to end, writes ``timed_out``
-   (acknowledged) or ``indeterminate``, and the model gets a structured timeout result.
-5. When the stream is stopped while a call runs, the same happens with the stop's reason
-   (``cancelled`` only on acknowledgement, OP-3), and calls still waiting behind it are
-   ``cancelled`` before dispatch: they never run (OP-4). A stop that lands while the step's
-   receipts are being written writes them again with the request, tells them in order
-   (``op-start``, ``op-cancel-requested``, the receipt) and runs none of them.
+3. The calls run one at a time (SM-6). Each call's lifecycle is an
+   :class:`~stream_manager._op_life.OpLife`: a pure machine that every input reaches (the
+   execute's end, a recorded completion, the deadline, a cancel request, the grace interval's
+   end) and that returns the effects to perform. This module performs them, in order: it
+   writes and tells receipts, arms timers on the engine's clock, cancels the call's scope,
+   holds the overlap guard, and hands the model its result. Its execute runs in the stream's
+   worker task, inside a cancel scope the runner owns.
+4. When the stream is stopped while a call runs, every open call's cancel request is durable
+   before anything is awaited (OP-3); the running one has at most the grace interval to end,
+   and the calls still waiting behind it are ``cancelled`` before dispatch: they never run
+   (OP-4). A stop that lands while the step's receipts are being written writes them again
+   with the request, tells them in order (``op-start``, ``op-cancel-requested``, the receipt)
+   and runs none of them.
 
-Nothing a missing event can hold: the loop's wait always ends by the deadline (OP-6), and a
-tool that never stops keeps only its own task. A late end of an ``indeterminate`` operation
-by the same layer resolves it, recorded as resolved late (OP-8); a late "unconfirmed" resolves
-nothing, and from the engine's shutdown on nothing is resolved. Provider-executed calls get
-receipts too (and ``op-start``, without a deadline): their result completes them; a stream cut
-before it arrives leaves them ``indeterminate`` (OP-7).
+Nothing a missing event can hold: the loop's wait always ends by the deadline and the grace
+interval (OP-6), and a tool that never stops keeps only its own task. A late end of an
+``indeterminate`` operation by the same layer resolves it, recorded as resolved late (OP-8).
+Provider-executed calls get receipts too (``_op_receipts.ProviderCalls``).
 
-The decisions are ``_op_states``'s; this module awaits. The runner holds its collaborators:
-a :class:`~stream_manager._op_receipts.ReceiptWriter` writes and reports every receipt, an
-:class:`~stream_manager._op_parts.OverlapGuard` keeps the indeterminate operations (OP-9), and
-:class:`~stream_manager._op_receipts.ProviderCalls` (``provider_calls``) gives
-provider-executed calls their receipts.
+The runner holds its collaborators: a :class:`~stream_manager._op_receipts.ReceiptWriter`
+writes and reports every receipt, an :class:`~stream_manager._op_parts.OverlapGuard` keeps the
+indeterminate operations (OP-9), and :class:`~stream_manager._op_receipts.ProviderCalls`
+(``provider_calls``) gives provider-executed calls their receipts.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import anyio
 
@@ -57,38 +58,58 @@ from stream_manager._events import (
     OpBlocked,
     OpCancelRequested,
     OperationStarted,
+    OpOverlapWarned,
     OpProgress,
     Persisted,
     StreamEvent,
 )
 from stream_manager._op_answers import receipt_answer
+from stream_manager._op_life import (
+    Abandon,
+    Arm,
+    Exit,
+    Finish,
+    Hold,
+    Linger,
+    OpLife,
+    RequestCancel,
+    Resolve,
+    Run,
+    Write,
+    failed_result,
+)
 from stream_manager._op_parts import (
+    Flag,
     Op,
     OverlapGuard,
     OverlapPolicy,
     Spawn,
     Worker,
     checked_result,
-    failed_result,
     operation_id,
+    warn_overlap,
 )
 from stream_manager._op_receipts import ProviderCalls, ReceiptWriter
 from stream_manager._op_states import (
-    UNCONFIRMED,
-    UNCONFIRMED_AT_SHUTDOWN,
     CancelWhy,
     OutcomeCode,
     advance,
-    cancel_requested,
     requested,
     target_digest,
 )
 from stream_manager._parts import ToolCallPart, ToolResultPart
-from stream_manager.errors import TerminationUnconfirmed, WriteFailed
+from stream_manager.errors import (
+    TerminationUnconfirmed,
+    ToolTransportLost,
+    ToolUnavailable,
+    WriteFailed,
+)
 from stream_manager.ports import Capability, Clock, Tool, ToolContext, ToolKind
-from stream_manager.tools import ArgumentsCheck
+from stream_manager.tools import ArgumentsCheck, overlap_of
 
 log = logging.getLogger("turnkeeper.operations")
+
+Admitted = Op | tuple[OperationRecord, ToolResultPart]
 
 
 class OperationRunner:
@@ -122,6 +143,10 @@ class OperationRunner:
             store=receipts, owner=owner or (lambda: receipts.owner), emit=emit
         )
         self._guard = OverlapGuard(policy)
+        #: Each tool's own overlap policy (its declaration, else the engine-wide one).
+        self._policies = {
+            name: OverlapPolicy(overlap_of(tool, policy.value)) for name, tool in tools.items()
+        }
         #: Receipts of provider-executed calls (OP-7); the step loop reports their parts.
         self.provider_calls = ProviderCalls(
             clock=clock, salt=salt, receipts=self._receipts, guard=self._guard, emit=emit
@@ -136,6 +161,14 @@ class OperationRunner:
         self._lingering: dict[str, Op] = {}
         #: Stream id -> the results of its step stopped mid-way (``take_answers``).
         self._answers: dict[str, list[ToolResultPart]] = {}
+        #: The effects performed at once (no await), by type: the hot path's dispatch.
+        self._now: dict[type, Callable[[Op, Any, Spawn], None]] = {
+            Arm: self._arm,
+            Run: self._run_now,
+            Hold: self._hold,
+            Abandon: self._abandon,
+            Linger: self._linger,
+        }
 
     def close(self) -> None:
         """The engine is shutting down: an operation that ends from now on resolves nothing.
@@ -144,6 +177,8 @@ class OperationRunner:
         seen while the engine tears its tasks down is no acknowledgement it can vouch for.
         """
         self._closing = True
+        for op in (*self._running.values(), *self._lingering.values()):
+            op.feed(op.life.shutdown())
 
     def bind(self, spawn: Spawn | None) -> None:
         """Run tool executes and finalizers as tasks of the engine's task group."""
@@ -177,12 +212,12 @@ class OperationRunner:
         record = op.record if op is not None else found_receipt(query, op_id)
         settled = resolved(record, as_, at=self._clock.now(), note=note)
         if op is not None:
-            op.record = settled  # before the write: a late end sees it settled
+            op.life.settle(settled)  # before the write: a late end sees it settled
         try:
             await self._receipts.write(settled)
         except WriteFailed:
             if op is not None:
-                op.record = record
+                op.life.unsettle(record)
             raise
         self._lingering.pop(op_id, None)
         self._guard.release(record)
@@ -213,18 +248,16 @@ class OperationRunner:
         ]
         ops = [op for op in admitted if isinstance(op, Op)]
         first = ops[0] if ops and ops[0].tool is not None else None
-        unstarted = first.record if first is not None else None
-        if first is not None:  # it runs at once: requested and running, one write
-            first.record = advance(first.record, OpState.RUNNING, now=first.record.started_at)
+        unstarted = first.life.record if first is not None else None
+        if first is not None and unstarted is not None:  # it runs at once: one write
+            first.life.record = advance(unstarted, OpState.RUNNING, now=unstarted.started_at)
         try:
-            await self._receipts.write_all(
-                [a.record if isinstance(a, Op) else a[0] for a in admitted]
-            )
+            await self._receipts.write_all([_record_of(a) for a in admitted])
         except anyio.get_cancelled_exc_class():
             if first is not None and unstarted is not None:
-                first.record = unstarted  # it never ran
+                first.life.record = unstarted  # it never ran
             with anyio.CancelScope(shield=True):
-                await self._stopped_at_admission(admitted, ops, stop_why())
+                await self._stopped_at_admission(admitted, ops, stop_why(), spawn)
             self._answers[stream] = _answers(admitted, [])
             raise
         for item in admitted:
@@ -239,7 +272,7 @@ class OperationRunner:
             except WriteFailed:
                 waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
                 with anyio.CancelScope(shield=True):
-                    await self._write_failed(item, waiting)
+                    await self._write_failed(item, waiting, spawn)
                 self._answers[stream] = _answers(admitted, results)  # a stop may win (abort)
                 raise
             except BaseException:
@@ -248,17 +281,21 @@ class OperationRunner:
                     await self._stopped(item, waiting, stop_why(), spawn)
                 self._answers[stream] = _answers(admitted, results)
                 raise
+            finally:
+                self._running.pop(item.record.op_id, None)
+                self._spawns.pop(item.record.op_id, None)
         return results
 
     def take_answers(self, stream: str) -> list[ToolResultPart]:
         """The results of ``stream``'s step that a stop cut short (taken once).
 
-        The ones its calls gave, then, for each call that gave none, its receipt's answer
-        (``_op_answers``): the partial row keeps every call answered.
+        The ones its calls gave, then, for each call that gave none, the result its lifecycle
+        decided, or its receipt's answer (``_op_answers``): the partial row keeps every call
+        answered.
         """
         return self._answers.pop(stream, [])
 
-    async def _write_failed(self, op: Op, waiting: list[Op]) -> None:
+    async def _write_failed(self, op: Op, waiting: list[Op], spawn: Spawn) -> None:
         """A receipt of ``op`` could not be written: the stream fails (``WriteFailed``).
 
         The operation keeps the receipt last written (an open one is ``indeterminate`` at the
@@ -266,21 +303,23 @@ class OperationRunner:
         it never run: their cancellation is written if the store takes it.
         """
         op.stop_timers()
-        if not op.done:
+        op.effects.clear()
+        op.life.abandon()
+        if not op.life.exited:
             op.scope.cancel()
             self._retire_worker_of(op)  # OP-6: whatever it does, it holds only its own task
         for other in waiting:
             try:
-                await self._request_cancel_before_dispatch(other, CancelWhy.STREAM_STOPPED)
-                await self._cancel_before_dispatch(other)
+                other.feed(other.life.cancel(self._clock.now(), CancelWhy.STREAM_STOPPED))
+                await self._drive(other, spawn)
+                other.feed(other.life.drop(self._clock.now()))
+                await self._drive(other, spawn)
             except WriteFailed as error:
+                other.effects.clear()
                 log.warning("operation %s: %s", other.record.op_id, error)
 
     async def _stopped_at_admission(
-        self,
-        admitted: list[Op | tuple[OperationRecord, ToolResultPart]],
-        ops: list[Op],
-        why: CancelWhy,
+        self, admitted: list[Admitted], ops: list[Op], why: CancelWhy, spawn: Spawn
     ) -> None:
         """The stream stopped while the step's receipts were being written (OP-3, OP-4).
 
@@ -290,8 +329,8 @@ class OperationRunner:
         """
         now = self._clock.now()
         for op in ops:
-            op.record = cancel_requested(op.record, now=now, why=why)
-        await self._receipts.write_all([a.record if isinstance(a, Op) else a[0] for a in admitted])
+            op.life.cancel_at_admission(now, why)
+        await self._receipts.write_all([_record_of(a) for a in admitted])
         for item in admitted:
             self._admitted(item)
         if self._emit is not None:
@@ -300,7 +339,8 @@ class OperationRunner:
                     OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why)
                 )
         for op in ops:
-            await self._cancel_before_dispatch(op)
+            op.feed(op.life.drop(self._clock.now()))
+            await self._drive(op, spawn)
 
     async def _stopped(self, op: Op, waiting: list[Op], why: CancelWhy, spawn: Spawn) -> None:
         """The stream stopped while ``op`` ran (OP-3, OP-4).
@@ -308,20 +348,22 @@ class OperationRunner:
         Every open operation's cancel request is durable before anything is awaited; then the
         running one has at most the grace interval to acknowledge; the waiting ones never run.
         """
-        if op.done and op.result is not None and not op.cancelling:
-            await self._settle(op, op.result)  # it had ended by itself (a result or a failure)
-        elif not op.cancelling:
-            await self._request_cancel(op, why)
+        now = self._clock.now()
+        op.feed(op.life.cancel(now, why))
         for other in waiting:
-            await self._request_cancel_before_dispatch(other, why)
-        if op.cancelling:
-            await self._finalize(op, spawn)
+            other.feed(other.life.cancel(now, why))
+        await self._drive(op, spawn)
         for other in waiting:
-            await self._cancel_before_dispatch(other)
+            await self._drive(other, spawn)
+        op.feed(op.life.drop(self._clock.now()))  # it had not started: it never runs
+        await self._given(op, spawn)
+        for other in waiting:
+            other.feed(other.life.drop(self._clock.now()))
+            await self._drive(other, spawn)
 
     def _admit(
         self, session: str, stream: str, step: int, index: int, call: ToolCallPart
-    ) -> Op | tuple[OperationRecord, ToolResultPart]:
+    ) -> Admitted:
         """OP-9 then OP-1: a blocked call's receipt and result, or the ``requested`` record.
 
         Nothing is written here: the step's receipts are written together, before any runs.
@@ -341,30 +383,42 @@ class OperationRunner:
             now=now,
             deadline_at=now + self._deadline_of(tool, call),
         )
-        blocker = self._guard.blocker(record.op_id, session, capability, target)
-        if blocker is None:
-            return Op(record=record, call=call, tool=tool)
+        policy = self._policies.get(call.name, self._guard.policy)
+        holder, refused = self._guard.meets(session, target, policy)
+        if not refused:
+            op = Op(OpLife(record, call, grace_s=self._grace_s, closing=self._closing), tool)
+            if holder is not None:
+                warn_overlap(record.op_id, holder, capability)
+                op.overlaps = holder
+            return op
+        assert holder is not None
         record = advance(
             record,
             OpState.FAILED,
             now=now,
             outcome=OutcomeCode.BLOCKED_BY_INDETERMINATE,
             acknowledged=True,
-            blocked_by=blocker,
+            blocked_by=holder,
             explanation="not run: an earlier call on this target is indeterminate",
         )
-        return record, failed_result(call, "blocked_by_indeterminate", blocked_by=blocker)
+        return record, failed_result(call, "blocked_by_indeterminate", blocked_by=holder)
 
-    def _admitted(self, item: Op | tuple[OperationRecord, ToolResultPart]) -> None:
+    def _admitted(self, item: Admitted) -> None:
         """The events of one admitted call, once the step's receipts are durable."""
+        if self._emit is None:
+            return
         if isinstance(item, Op):
             record, name = item.record, item.call.name
         else:
             record, name = item[0], item[1].name
-        if self._emit is None:
-            return
         self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
         if isinstance(item, Op):
+            if item.overlaps is not None:
+                self._emit(
+                    OpOverlapWarned(
+                        session=record.session, op=record.op_id, tool=name, overlaps=item.overlaps
+                    )
+                )
             self._emit(
                 OperationStarted(
                     session=record.session,
@@ -416,93 +470,97 @@ class OperationRunner:
 
     # ------------------------------------------------------------ one call
 
-    async def _not_run(self, op: Op, now: float, outcome: OutcomeCode, explanation: str) -> None:
-        """The call ends ``failed`` before it ran: its receipt, written and told."""
-        op.record = advance(
-            op.record,
-            OpState.FAILED,
-            now=now,
-            outcome=outcome,
-            acknowledged=True,
-            explanation=explanation,
-        )
-        await self._receipts.write(op.record)
-        self._receipts.receipt_event(op.record, op.call.name)
-
     async def _run(self, op: Op, spawn: Spawn) -> ToolResultPart:
         now = self._clock.now()
+        call = op.call
         if op.tool is None:  # OP-12: nothing ran; the controller could not reach a tool
-            await self._not_run(op, now, OutcomeCode.TRANSPORT_ERROR, "no such tool; nothing ran")
-            return failed_result(op.call, f"unknown tool {op.call.name!r}")
-        problems = self._arguments.problems(op.call)
+            unknown = failed_result(call, f"unknown tool {call.name!r}")
+            explanation = "no such tool; nothing ran"
+            op.feed(op.life.refuse(now, OutcomeCode.TRANSPORT_ERROR, explanation, unknown))
+            return await self._given(op, spawn)
+        problems = self._arguments.problems(call)
         if problems:  # the model sent arguments its schema refuses: nothing runs
             explanation = "not run: its arguments failed the tool's schema"
-            await self._not_run(op, now, OutcomeCode.INVALID_ARGUMENTS, explanation)
-            return failed_result(op.call, "invalid_arguments", problems=problems)
-        if op.record.state is OpState.REQUESTED:  # it waited behind a sibling
-            op.record = advance(op.record, OpState.RUNNING, now=now)
-            await self._receipts.write(op.record)
-        assert op.record.deadline_at is not None
-        op.timers.append(self._clock.call_at(op.record.deadline_at, op.on_deadline))
-        self._worker(op.record.stream, spawn).submit(op)
+            refused = failed_result(call, "invalid_arguments", problems=problems)
+            op.feed(op.life.refuse(now, OutcomeCode.INVALID_ARGUMENTS, explanation, refused))
+            return await self._given(op, spawn)
         self._running[op.record.op_id] = op
         self._spawns[op.record.op_id] = spawn
-        try:
-            await op.settled.wait()
-        except BaseException:
-            op.stop_timers()  # run_calls records the cancellation (OP-3) and finalizes
-            raise
-        finally:
-            self._running.pop(op.record.op_id, None)
-            self._spawns.pop(op.record.op_id, None)
-        op.stop_timers()
-        if op.cancelling:  # a person cancelled it (cancel_op)
-            await self._finalize(op, spawn)
-            return failed_result(op.call, "cancelled", op=op.record.op_id)
-        if op.done:
-            return await self._settle(op, op.result)
-        if op.recorded is not None:  # OP-5: the completion never reached us; its record did
-            op.scope.cancel()
-            if not op.done:
-                self._retire_worker_of(op)  # OP-6: the stuck execute keeps only its own task
-            return await self._settle(op, op.recorded, lost=True)
-        await self._request_cancel(op, CancelWhy.DEADLINE)
-        await self._finalize(op, spawn)  # the model waits at most the grace interval more
-        return failed_result(
-            op.call,
-            "timeout",
-            op=op.record.op_id,
-            detail="the call passed its deadline; cancellation was requested",
-        )
+        op.feed(op.life.start(now))
+        return await self._given(op, spawn)
 
-    async def _execute(self, op: Op) -> None:
-        """The tool's own task: execute inside the operation's scope, record how it ended."""
-        assert op.tool is not None
-        assert op.record.deadline_at is not None
-        context = ToolContext(
-            session=op.record.session,
-            stream=op.record.stream,
-            op_id=op.record.op_id,
-            deadline_at=op.record.deadline_at,
-            record_completion=op.on_recorded,
-            report_progress=lambda progress, total, message: self._progress(
-                op, progress, total, message
-            ),
-        )
+    async def _given(self, op: Op, spawn: Spawn) -> ToolResultPart:
+        """Perform the call's effects as its inputs come, until the model has its result."""
+        while True:
+            await self._drive(op, spawn)
+            if op.given is not None:
+                return op.given
+            op.wake.clear()
+            if not op.effects:
+                await op.wake.wait()
+
+    async def _drive(self, op: Op, spawn: Spawn) -> None:
+        """Perform the queued effects in order; one interrupted stays queued (done again)."""
+        effects = op.effects
+        now = self._now
+        while effects:
+            effect = effects[0]
+            perform = now.get(type(effect))
+            if perform is not None:
+                perform(op, effect, spawn)
+            elif isinstance(effect, Finish):  # durable, then told, then given
+                await self._receipts.write(effect.record)
+                self._receipts.receipt_event(effect.record, op.call.name)
+                op.given = effect.result
+                if op.timers:
+                    op.stop_timers()
+            elif isinstance(effect, Write):
+                await self._receipts.write(effect.record)
+            elif isinstance(effect, RequestCancel):
+                await self._request_cancel(op, effect)
+            elif isinstance(effect, Resolve):
+                await self._resolve_late(op, effect)
+            effects.popleft()
+
+    def _run_now(self, op: Op, effect: Run, spawn: Spawn) -> None:
+        clock, life = self._clock, op.life
+        op.timers.append(clock.call_at(effect.at, lambda: op.feed(life.deadline(clock.now()))))
+        self._worker(life.record.stream, spawn).submit(op)
+
+    def _hold(self, op: Op, effect: Hold, spawn: Spawn) -> None:
+        self._guard.hold(effect.record)
+
+    def _abandon(self, op: Op, effect: Abandon, spawn: Spawn) -> None:
+        op.scope.cancel()
+        if not op.life.exited:
+            self._retire_worker_of(op)  # OP-6: the stuck execute keeps only its own task
+
+    def _linger(self, op: Op, effect: Linger, spawn: Spawn) -> None:
+        self._lingering[op.record.op_id] = op
+        op.exit_flag = Flag()
+        if op.life.exited:
+            op.exit_flag.set()
+        spawn(lambda: self._late(op, spawn))
+
+    def _arm(self, op: Op, arm: Arm, spawn: Spawn) -> None:
+        clock, life = self._clock, op.life
+        op.timers.append(clock.call_at(arm.at, lambda: op.feed(life.grace_over(clock.now()))))
+
+    async def _request_cancel(self, op: Op, effect: RequestCancel) -> None:
+        """OP-3: the request is durable before anything waits; then the scope is cancelled."""
+        record = effect.record
         try:
-            with op.scope:
-                op.result = checked_result(op.call, await op.tool.execute(op.call, context))
-        except TerminationUnconfirmed:
-            op.unconfirmed = True
-        except Exception as error:  # a tool that raises is a failed result (issue 3)
-            op.raised = True
-            op.result = failed_result(op.call, f"{type(error).__name__}: {error}")
-        finally:
-            op.done = True
-            op.settled.set()
-            if op.finished is not None and op.ended is not None:
-                op.finished.set()
-                op.ended.set()
+            await self._receipts.write(record)
+        except WriteFailed as error:
+            if effect.why is not CancelWhy.USER:
+                raise
+            log.warning("operation %s: %s", record.op_id, error)  # stopped all the same
+        else:
+            if self._emit is not None:
+                self._emit(
+                    OpCancelRequested(session=record.session, op=record.op_id, why=effect.why)
+                )
+        op.scope.cancel()
 
     def _progress(self, op: Op, progress: float, total: float | None, message: str | None) -> None:
         """The tool layer reported progress: an ``op-progress`` event (the deadline stays)."""
@@ -517,24 +575,38 @@ class OperationRunner:
                 )
             )
 
-    async def _settle(
-        self, op: Op, result: ToolResultPart | None, *, lost: bool = False
-    ) -> ToolResultPart:
-        """The execute ended by itself (or its completion was recorded): the terminal receipt."""
-        if result is None:  # it ended without a result: cancelled from outside, or unconfirmed
-            result = failed_result(op.call, "the tool ended without a result")
-            op.raised = True
-        if op.raised:
-            state, outcome = OpState.FAILED, OutcomeCode.TOOL_ERROR
-        elif result.is_error:
-            state, outcome = OpState.FAILED, OutcomeCode.CAPABILITY_ERROR
-        else:
-            state = OpState.COMPLETED
-            outcome = OutcomeCode.COMPLETION_SIGNAL_LOST if lost else OutcomeCode.OK
-        op.record = advance(op.record, state, now=self._clock.now(), outcome=outcome)
-        await self._receipts.write(op.record)
-        self._receipts.receipt_event(op.record, op.call.name)
-        return result
+    async def _execute(self, op: Op) -> None:
+        """The tool's own task: execute inside the operation's scope; its end is an input."""
+        assert op.tool is not None
+        life, call, clock = op.life, op.call, self._clock
+        record = life.record
+        assert record.deadline_at is not None
+        context = ToolContext(
+            session=record.session,
+            stream=record.stream,
+            op_id=record.op_id,
+            deadline_at=record.deadline_at,
+            record_completion=lambda result: op.feed(life.recorded(clock.now(), result)),
+            report_progress=lambda progress, total, message: self._progress(
+                op, progress, total, message
+            ),
+        )
+        how, result = Exit.CANCELLED, None
+        try:
+            with op.scope:
+                result = checked_result(call, await op.tool.execute(call, context))
+                how = Exit.RETURNED
+        except TerminationUnconfirmed:
+            how = Exit.UNCONFIRMED
+        except ToolTransportLost:
+            how = Exit.LOST
+        except Exception as error:  # a tool that raises is a failed result (issue 3)
+            how = Exit.UNAVAILABLE if isinstance(error, ToolUnavailable) else Exit.RAISED
+            result = failed_result(call, f"{type(error).__name__}: {error}")
+        finally:
+            op.feed(life.exit(clock.now(), how, result))
+            if op.exit_flag is not None:
+                op.exit_flag.set()
 
     # ------------------------------------------------------------ cancellation
 
@@ -546,7 +618,7 @@ class OperationRunner:
         """
         found = next(
             (
-                (candidate, op)
+                op
                 for candidate, op in self._running.items()
                 if candidate == op_id or (tool is not None and op.call.name == tool)
             ),
@@ -554,124 +626,43 @@ class OperationRunner:
         )
         if found is None:
             return False
-        candidate, op = found
-        if not op.cancelling:
-            op.cancelling = True
-            self._spawns[candidate](lambda: self._cancel_by_person(op))
+        found.feed(found.life.cancel(self._clock.now(), CancelWhy.USER))
         return True
 
-    async def _cancel_by_person(self, op: Op) -> None:
+    async def _late(self, op: Op, spawn: Spawn) -> None:
+        """The same layer may end after all: its end resolves the receipt, recorded late."""
+        assert op.exit_flag is not None
         try:
-            await self._request_cancel(op, CancelWhy.USER)
-        except WriteFailed as error:  # not durable: the call is stopped all the same
-            log.warning("operation %s: %s", op.record.op_id, error)
-            op.scope.cancel()
-
-    async def _request_cancel(self, op: Op, why: CancelWhy) -> None:
-        """OP-3: the request is durable before anything waits; then the scope is cancelled."""
-        op.cancelling = True
-        op.why = why
-        op.record = cancel_requested(op.record, now=self._clock.now(), why=why)
-        await self._receipts.write(op.record)
-        if self._emit is not None:
-            self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
-        op.scope.cancel()
-
-    async def _request_cancel_before_dispatch(self, op: Op, why: CancelWhy) -> None:
-        """OP-3 for a call still waiting behind a sibling: its request is durable at once."""
-        op.record = cancel_requested(op.record, now=self._clock.now(), why=why)
-        await self._receipts.write(op.record)
-        if self._emit is not None:
-            self._emit(OpCancelRequested(session=op.record.session, op=op.record.op_id, why=why))
-
-    async def _cancel_before_dispatch(self, op: Op) -> None:
-        """OP-4: a call still waiting behind a sibling never runs: cancelled, acknowledged."""
-        now = self._clock.now()
-        op.record = advance(
-            op.record,
-            OpState.CANCELLED,
-            now=now,
-            outcome=OutcomeCode.CANCELLED,
-            acknowledged=True,
-            explanation="cancelled before it was dispatched; nothing ran",
-        )
-        await self._receipts.write(op.record)
-        self._receipts.receipt_event(op.record, op.call.name)
-
-    async def _finalize(self, op: Op, spawn: Spawn) -> None:
-        """Wait, at most the grace interval, for the acknowledgement; write the receipt.
-
-        An unacknowledged operation is ``indeterminate``; if the same layer ends it later, a
-        task resolves the receipt then, recorded as resolved late (OP-8).
-        """
-        deadline = op.why is CancelWhy.DEADLINE
-        finished, _ = op.watch_ending()
-        if not op.done:
-            op.timers.append(
-                self._clock.call_at(self._clock.now() + self._grace_s, op.on_grace_over)
-            )
-            await finished.wait()
-            op.stop_timers()
-            if not op.done:
-                self._retire_worker_of(op)
-        await self._write_cancel_outcome(op, deadline=deadline)
-        if op.record.state is OpState.INDETERMINATE and not op.unconfirmed and not self._closing:
-            self._lingering[op.record.op_id] = op
-            spawn(lambda: self._late(op, deadline=deadline))
-
-    async def _write_cancel_outcome(self, op: Op, *, deadline: bool) -> None:
-        now = self._clock.now()
-        outcome = OutcomeCode.TIMEOUT if deadline else OutcomeCode.CANCELLED
-        if op.done and not op.unconfirmed:
-            if op.result is not None and not op.scope.cancelled_caught and not op.raised:
-                state = OpState.COMPLETED  # it finished its work before it saw the request
-                outcome = OutcomeCode.OK
-            else:
-                state = OpState.TIMED_OUT if deadline else OpState.CANCELLED
-            op.record = advance(op.record, state, now=now, outcome=outcome, acknowledged=True)
-        else:
-            op.record = advance(
-                op.record,
-                OpState.INDETERMINATE,
-                now=now,
-                outcome=outcome,
-                acknowledged=False,
-                explanation=UNCONFIRMED_AT_SHUTDOWN
-                if op.why is CancelWhy.SHUTDOWN
-                else UNCONFIRMED,
-            )
-            self._guard.hold(op.record)
-        await self._receipts.write(op.record)
-        self._receipts.receipt_event(op.record, op.call.name)
-
-    async def _late(self, op: Op, *, deadline: bool) -> None:
-        """The same layer ends after all: resolve the indeterminate receipt, recorded late."""
-        _, ended = op.watch_ending()
-        try:
-            await ended.wait()
+            await op.exit_flag.wait()
+            with anyio.CancelScope(shield=True):
+                await self._drive(op, spawn)
         finally:
             self._lingering.pop(op.record.op_id, None)
-        if op.unconfirmed or self._closing or op.record.state is not OpState.INDETERMINATE:
-            return  # no acknowledgement, or a person settled it: the receipt says what is known
-        with anyio.CancelScope(shield=True):
-            held = op.record
-            self._guard.release(held)
-            try:
-                await self._write_cancel_outcome(op, deadline=deadline)
-            except WriteFailed as error:  # it stays indeterminate, as the store says
-                log.warning("operation %s: %s", held.op_id, error)
-                op.record = held
-                self._guard.hold(held)
+
+    async def _resolve_late(self, op: Op, effect: Resolve) -> None:
+        self._guard.release(effect.held)
+        try:
+            await self._receipts.write(effect.record)
+        except WriteFailed as error:  # it stays indeterminate, as the store says
+            log.warning("operation %s: %s", effect.held.op_id, error)
+            op.life.record = effect.held
+            self._guard.hold(effect.held)
+            return
+        self._receipts.receipt_event(effect.record, op.call.name)
 
 
-def _answers(
-    admitted: list[Op | tuple[OperationRecord, ToolResultPart]], results: list[ToolResultPart]
-) -> list[ToolResultPart]:
-    """Every call of a stopped step answered: its own result, or its receipt's answer."""
+def _record_of(item: Admitted) -> OperationRecord:
+    return item.record if isinstance(item, Op) else item[0]
+
+
+def _answers(admitted: list[Admitted], results: list[ToolResultPart]) -> list[ToolResultPart]:
+    """Every call of a stopped step answered: the result it was given, or its receipt's."""
     answers = list(results)
     for item in admitted[len(results) :]:
-        if isinstance(item, Op):
-            answers.append(receipt_answer(item.call, item.record))
-        else:
+        if not isinstance(item, Op):
             answers.append(item[1])
+        elif item.given is not None:
+            answers.append(item.given)
+        else:
+            answers.append(receipt_answer(item.call, item.record))
     return answers

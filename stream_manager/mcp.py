@@ -8,9 +8,10 @@ lets a server ignore a cancel and recommends not answering a cancelled request a
 silence proves nothing: the cancellation is acknowledged (it propagates, receipt
 ``cancelled``) only when
 
-* a response for that request id arrives anyway: a result that raced the cancel, or an error
-  such as ``REQUEST_CANCELLED`` (-32800) that a server writes once the handler has settled (the
-  SDK's 2025-era streamable-HTTP transport does so); or
+* a response for that request id arrives anyway: an error such as ``REQUEST_CANCELLED``
+  (-32800) that a server writes once the handler has settled (the SDK's 2025-era
+  streamable-HTTP transport does so); a successful result that raced the cancel is the result
+  (returned: receipt ``completed``, ``docs/operations.md``); or
 * the session closes: the SDK then wakes every pending request with ``CONNECTION_CLOSED``
   (over stdio: the server process exited, or the session is being closed, after which the SDK
   stops the process);

@@ -29,6 +29,9 @@ from stream_manager._parts import ToolCallPart, ToolResultPart
 #: The schema of a tool that declares none: any JSON object.
 OPEN_PARAMETERS: Mapping[str, object] = {"type": "object"}
 
+#: What a tool may declare as its own overlap policy (``ToolDefinition.overlap``).
+OVERLAPS: frozenset[str] = frozenset({"block", "warn"})
+
 #: How many schema problems a failed check reports to the model (the first ones, by path).
 MAX_PROBLEMS = 5
 
@@ -42,10 +45,14 @@ class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
     parameters: Mapping[str, object] = msgspec.field(default_factory=lambda: dict(OPEN_PARAMETERS))
     #: How the tool runs: a ``provider`` tool is executed by the model's provider.
     kind: ToolKind = ToolKind.CLIENT
-    #: The tool declares that it changes nothing (MCP ``annotations.readOnlyHint``).
+    #: It changes nothing (MCP ``annotations.readOnlyHint``): a call may overlap an
+    #: indeterminate identical one (OP-9: warned, not blocked).
     read_only: bool = False
-    #: The tool declares that repeating a call has no further effect (MCP ``idempotentHint``).
+    #: Running it twice does what running it once does (MCP ``idempotentHint``): likewise.
     idempotent: bool = False
+    #: What a call meets beside an indeterminate identical one, overriding both flags and the
+    #: engine-wide ``overlap_policy``: ``block`` or ``warn`` (``None``: decided as above).
+    overlap: str | None = None
 
     @classmethod
     def from_model(
@@ -92,6 +99,7 @@ def declared_definition(name: str, tool: object) -> ToolDefinition | None:
         )
     if declared.name != name:
         raise UsageError(f"tool {name!r}: its definition is named {declared.name!r}")
+    _check_overlap(name, declared.overlap)
     try:
         Draft202012Validator.check_schema(dict(declared.parameters))
     except SchemaError as error:
@@ -99,6 +107,25 @@ def declared_definition(name: str, tool: object) -> ToolDefinition | None:
         raise UsageError(problem) from None
     kind = ToolKind(getattr(tool, "kind", ToolKind.CLIENT))
     return declared if declared.kind is kind else msgspec.structs.replace(declared, kind=kind)
+
+
+def _check_overlap(name: str, overlap: str | None) -> None:
+    if overlap is not None and overlap not in OVERLAPS:
+        raise UsageError(f"tool {name!r}: overlap must be 'block' or 'warn', not {overlap!r}")
+
+
+def overlap_of(tool: object, default: str) -> str:
+    """What a call of ``tool`` meets beside an indeterminate identical call (OP-9).
+
+    The tool's declared ``overlap`` if any; else ``warn`` for a tool declared read-only or
+    idempotent; else ``default`` (the engine-wide ``overlap_policy``).
+    """
+    declared = getattr(tool, "definition", None)
+    if not isinstance(declared, ToolDefinition):
+        return default
+    if declared.overlap is not None:
+        return declared.overlap
+    return "warn" if declared.read_only or declared.idempotent else default
 
 
 def offered(tools: Mapping[str, object]) -> tuple[tuple[ToolDefinition, ...], ArgumentsCheck]:
@@ -161,20 +188,25 @@ class FunctionTool:
         description: str | None = None,
         kind: ToolKind = ToolKind.CLIENT,
         deadline_s: float | None = None,
+        read_only: bool = False,
+        idempotent: bool = False,
+        overlap: str | None = None,
     ) -> None:
         """Build the tool; ``name`` defaults to the function's name.
 
         ``deadline_s`` is each call's deadline (default: the engine's ``tool_deadline_s``);
-        at the deadline the call is cancelled and its receipt says so (OP-2).
+        at the deadline the call is cancelled and its receipt says so (OP-2). ``read_only``,
+        ``idempotent`` and ``overlap`` go into its definition (the overlap guard, OP-9).
 
         Raises:
-            UsageError: The function is not async, a parameter has no annotation, or the
-                deadline is not positive.
+            UsageError: The function is not async, a parameter has no annotation, the
+                deadline is not positive, or ``overlap`` is neither ``block`` nor ``warn``.
         """
         if not inspect.iscoroutinefunction(function):
             raise UsageError(f"FunctionTool needs an async function, not {function!r}")
         if deadline_s is not None and not deadline_s > 0:
             raise UsageError(f"deadline_s must be positive, not {deadline_s!r}")
+        _check_overlap(name or function.__name__, overlap)
         self._function = function
         self._kind = kind
         self._deadline_s = deadline_s
@@ -190,7 +222,13 @@ class FunctionTool:
         self._adapter: type[pydantic.BaseModel] = model
         text = description if description is not None else inspect.getdoc(function) or ""
         self._definition = ToolDefinition(
-            name=tool_name, description=text, parameters=model.model_json_schema(), kind=kind
+            name=tool_name,
+            description=text,
+            parameters=model.model_json_schema(),
+            kind=kind,
+            read_only=read_only,
+            idempotent=idempotent,
+            overlap=overlap,
         )
 
     @property

@@ -419,8 +419,17 @@ def test_a_trigger_built_in_code_keeps_its_match() -> None:
 
 
 def test_trace_events_cover_the_contract() -> None:
-    # The contract's 30, ``usage`` (a real model's per-step token counts) and ``op-progress``
-    # (a tool layer's progress, e.g. MCP's); no scenario emits either (docs/trace.md).
-    assert len(TRACE_EVENTS) == 32
-    assert {"stream-start", "owed", "continuation-ended", "tool-call-end", "usage"} <= TRACE_EVENTS
-    assert "op-progress" in TRACE_EVENTS
+    # The contract's 30, ``usage`` (a real model's per-step token counts; docs/trace.md),
+    # ``op-progress`` (a tool layer's progress, e.g. MCP's) and ``op-overlap-warned`` (a
+    # declared read-only or idempotent call ran beside an indeterminate one,
+    # docs/operations.md); no scenario emits them.
+    assert len(TRACE_EVENTS) == 33
+    assert {
+        "stream-start",
+        "owed",
+        "continuation-ended",
+        "tool-call-end",
+        "usage",
+        "op-progress",
+        "op-overlap-warned",
+    } <= TRACE_EVENTS

@@ -154,9 +154,9 @@ async def test_mcp_server_killed_mid_call_is_transport_lost_not_an_answer() -> N
             assert ended.result is None
 
 
-async def test_op3_mcp_server_killed_mid_call_through_the_engine_is_no_capability_error() -> None:
-    """Today's runner records a raising tool ``failed``/``tool_error``; the operations runner
-    maps ToolTransportLost to ``indeterminate`` (the lead tightens this after the merge)."""
+async def test_op3_mcp_server_killed_mid_call_through_the_engine_is_indeterminate() -> None:
+    """The server died holding the call: nobody knows whether it ran (``transport_lost``),
+    never an answer it did not give (``capability_error``)."""
     with anyio.fail_after(BOUND_S):
         async with (
             proxied(restart_backoff_s=BOUND_S) as p,
@@ -168,8 +168,9 @@ async def test_op3_mcp_server_killed_mid_call_through_the_engine_is_no_capabilit
             await p.command("kill")
             await r.engine.wait_idle()
             receipt = await r.receipt(OP)
-            assert receipt.outcome_code != OutcomeCode.CAPABILITY_ERROR
-            assert receipt.state in {OpState.INDETERMINATE, OpState.FAILED}
+            assert receipt.state is OpState.INDETERMINATE
+            assert receipt.outcome_code == OutcomeCode.TRANSPORT_LOST
+            assert receipt.termination_acknowledged is False
 
 
 # ---------------------------------------------------------------- failure 4: restarts
@@ -206,6 +207,25 @@ async def test_mcp_calls_while_the_server_is_down_are_unavailable_never_sent() -
             with pytest.raises(ToolUnavailable, match="is down"):
                 await run(p.tool)
         # Leaving the tools ends the supervisor's 60 s backoff at once (inside the bound).
+
+
+async def test_op12_a_call_while_the_server_is_down_is_failed_unavailable_through_the_engine() -> (
+    None
+):
+    """Nothing was sent: ``failed`` with outcome ``unavailable`` (not ``capability_error``),
+    acknowledged (nothing ran), and the turn goes on to answer."""
+    with anyio.fail_after(BOUND_S):
+        async with (
+            proxied(restart_backoff_s=60.0, max_restart_backoff_s=60.0) as p,
+            op_rig({"M": [step(call(TOOL, **ARGS)), text()]}, extra_tools={TOOL: p.tool}) as r,
+        ):
+            await p.command("kill")
+            await p.server.wait_stopped(1)
+            r.session().send("what time is it")
+            await r.engine.wait_idle()
+            receipt = await r.receipt(OP)
+            assert (receipt.state, receipt.outcome_code) == (OpState.FAILED, "unavailable")
+            assert receipt.termination_acknowledged is True
 
 
 # ---------------------------------------------------------------- failure 5: undecodable bytes

@@ -119,7 +119,7 @@ async def test_op3_after_a_stop_during_a_tool_call_the_next_turn_is_accepted_and
         assert server.refused == 0, server.requests[-1]["messages"]
         assert server.pending == 0
         told = json.loads(_tool_messages(server.requests[-1])["call_d"]["content"])
-    assert told["error"] == "no_result"
+    assert told["error"] == "cancelled"
     assert told["op"] == "dev/1/1/0"
     assert told["receipt"] == "cancelled"  # a FunctionTool acknowledges its cancellation
     assert told["acknowledged"] is True
@@ -145,8 +145,9 @@ async def test_op2_after_a_deadline_the_next_request_is_accepted_and_states_the_
         assert server.refused == 0
         assert server.pending == 0
         told = json.loads(_tool_messages(server.requests[-1])["call_m"]["content"])
-    assert told["op"] == "dev/1/1/0"
-    assert "timeout" in json.dumps(told)
+    assert (told["error"], told["op"]) == ("timeout", "dev/1/1/0")
+    assert (told["receipt"], told["acknowledged"]) == ("timed_out", True)
+    assert "passed its deadline and that it stopped was confirmed" in told["what_is_known"]
 
 
 async def test_op7_after_a_crash_during_a_tool_call_the_model_is_told_at_the_restart(

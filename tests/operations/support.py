@@ -46,8 +46,11 @@ from stream_manager import (
     Tool,
     ToolCallPart,
     ToolContext,
+    ToolDefinition,
     ToolKind,
     ToolResultPart,
+    ToolTransportLost,
+    ToolUnavailable,
     VirtualClock,
 )
 from tests import store_kit
@@ -165,6 +168,13 @@ def provider_result(call_id: str, name: str = "web_search", output: object = "r"
 # ---------------------------------------------------------------- tools
 
 
+_RAISES: dict[str, type[Exception]] = {
+    "runtime": RuntimeError,
+    "lost": ToolTransportLost,
+    "unavailable": ToolUnavailable,
+}
+
+
 @dataclass(eq=False)
 class OpTool:
     """A client tool on the virtual clock whose behaviour the test scripts.
@@ -177,6 +187,10 @@ class OpTool:
     * ``finish``: keep working ``ack_delay_s`` more, then return the result anyway;
     * ``unconfirmed``: stop, but report that the layer below did not confirm termination.
 
+    ``raises_as`` picks what ``raises`` raises: ``runtime`` (a ``RuntimeError``), ``lost`` (the
+    transport broke mid-call, ``ToolTransportLost``) or ``unavailable`` (never sent,
+    ``ToolUnavailable``). ``definition`` is the tool's declaration (e.g. ``read_only``).
+
     ``lose_completion`` records the result through ``context.record_completion`` (OP-5) and then
     never returns it: with ``stuck`` it does not even end when cancelled (until ``release()``).
     """
@@ -187,6 +201,8 @@ class OpTool:
     output: object = "ok"
     fail: str | None = None
     raises: str | None = None
+    raises_as: str = "runtime"
+    definition: ToolDefinition | None = None
     hang: bool = False
     on_cancel: str = "ack"
     ack_delay_s: float = 0.0
@@ -248,7 +264,7 @@ class OpTool:
                 await anyio.sleep_forever()
             message = self._get(call, "raises")
             if message is not None:
-                raise RuntimeError(str(message))
+                raise _RAISES[str(self._get(call, "raises_as"))](str(message))
             if self._get(call, "lose_completion"):
                 context.record_completion(result)
                 if self._get(call, "stuck"):

@@ -1,4 +1,11 @@
-"""A hypothesis state machine over the pure operation lifecycle (``stream_manager._op_states``).
+"""Hypothesis state machines over the pure operation lifecycle.
+
+``OperationMachine`` drives the table (``stream_manager._op_states``); ``LifeMachine`` drives one
+call's lifecycle as the runner decides it (``stream_manager._op_life``): every input in any
+order a runner can produce, its effects performed by a model shell that checks one terminal
+receipt, receipts durable before told, the honest outcomes (an answer before the terminal
+receipt is the answer; a lost transport is ``indeterminate``; an unavailable server is
+``failed`` ``unavailable``) and that no call's result is dropped.
 
 Operations are created ``requested``; rules move them the way the engine does (start, complete,
 fail, request cancellation, acknowledge within the grace interval, let the grace interval run
@@ -18,6 +25,7 @@ state, and every terminal or indeterminate state it entered, and checks:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +41,21 @@ from hypothesis.stateful import (
 )
 
 from persistence import OperationRecord, OpState
-from stream_manager import Capability, ToolKind
+from stream_manager import Capability, ToolCallPart, ToolKind, ToolResultPart
+from stream_manager._op_life import (
+    LINGER,
+    Arm,
+    Effect,
+    Exit,
+    Finish,
+    Hold,
+    OpLife,
+    Phase,
+    RequestCancel,
+    Resolve,
+    Run,
+    Write,
+)
 from stream_manager._op_states import (
     UNCONFIRMED,
     CancelWhy,
@@ -303,4 +325,229 @@ class OperationMachine(RuleBasedStateMachine):
 def test_op8_op3_operation_lifecycle_machine() -> None:
     run_state_machine_as_test(
         OperationMachine, settings=settings(max_examples=300, stateful_step_count=30)
+    )
+
+
+# ---------------------------------------------------------------- the runner's lifecycle
+
+
+@dataclass
+class _Shell:
+    """What a runner would have done with one call's effects."""
+
+    life: OpLife
+    durable: list[OperationRecord] = field(default_factory=list)
+    told: list[OperationRecord] = field(default_factory=list)
+    given: list[ToolResultPart] = field(default_factory=list)
+    held: bool = False
+    dispatched: bool = False
+    exited: bool = False
+    deadline_armed: bool = False
+    grace_armed: bool = False
+    lingering: bool = False
+    #: The answer the execute returned while no terminal receipt was decided, if any.
+    answered_first: ToolResultPart | None = None
+    how: Exit | None = None
+
+
+_EXITS = st.sampled_from(list(Exit))
+_ANSWERS = st.sampled_from(
+    [
+        ToolResultPart(call_id="c", name="a", output={"wrote": 7}),
+        ToolResultPart(call_id="c", name="a", output={"error": "page too big"}, is_error=True),
+    ]
+)
+_OPEN = (Phase.WAITING, Phase.RUNNING, Phase.CANCELLING)
+
+
+class LifeMachine(RuleBasedStateMachine):
+    """``OpLife`` driven by every input in any order a runner can produce; its effects are
+    performed by a model shell that checks what a runner relies on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shells: list[_Shell] = []
+        self.now = 0.0
+
+    def _perform(self, shell: _Shell, effects: Sequence[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Write):
+                shell.durable.append(effect.record)
+            elif isinstance(effect, RequestCancel):
+                assert effect.record.cancel_requested_at is not None
+                shell.durable.append(effect.record)
+            elif isinstance(effect, Resolve):
+                assert shell.lingering
+                assert shell.held
+                assert effect.held.state is S.INDETERMINATE
+                shell.held = False
+                shell.durable.append(effect.record)
+                shell.told.append(effect.record)
+            elif isinstance(effect, Hold):
+                assert effect.record.state is S.INDETERMINATE
+                shell.held = True
+            elif isinstance(effect, Finish):  # the runner writes, then tells, then gives
+                shell.durable.append(effect.record)
+                shell.told.append(effect.record)
+                shell.given.append(effect.result)
+            elif isinstance(effect, Arm):
+                shell.grace_armed = True
+            elif isinstance(effect, Run):
+                assert not shell.dispatched
+                shell.deadline_armed = True
+                shell.dispatched = True
+            elif effect is LINGER:
+                shell.lingering = True
+
+    def _shell(self, n: int) -> _Shell:
+        return self.shells[n % len(self.shells)]
+
+    @rule(running=st.booleans())
+    def create(self, running: bool) -> None:
+        number = len(self.shells)
+        record = requested(
+            op_id=f"s/1/1/{number}",
+            session="s",
+            stream="s/1",
+            call_id="c",
+            capability=Capability(kind=ToolKind.CLIENT, name="a"),
+            target="client:a#0",
+            now=self.now,
+            deadline_at=self.now + 10.0,
+        )
+        if running:  # the step's first call: written running at admission
+            record = advance(record, S.RUNNING, now=self.now)
+        call = ToolCallPart(call_id="c", name="a", args={})
+        self.shells.append(_Shell(OpLife(record, call, grace_s=2.0, closing=False)))
+
+    @rule(seconds=st.sampled_from([0.0, 0.5, 2.0]))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+    @precondition(lambda self: self.shells)
+    @rule(n=ops)
+    def start(self, n: int) -> None:
+        shell = self._shell(n)
+        self._perform(shell, shell.life.start(self.now))
+
+    @precondition(lambda self: any(s.dispatched and not s.exited for s in self.shells))
+    @rule(n=ops, how=_EXITS, answer=_ANSWERS)
+    def execute_ends(self, n: int, how: Exit, answer: ToolResultPart) -> None:
+        live = [s for s in self.shells if s.dispatched and not s.exited]
+        shell = live[n % len(live)]
+        result: ToolResultPart | None = answer if how is Exit.RETURNED else None
+        if how in (Exit.RAISED, Exit.UNAVAILABLE):
+            result = ToolResultPart(call_id="c", name="a", output={"error": "E: x"}, is_error=True)
+        if shell.life.phase in (Phase.RUNNING, Phase.CANCELLING):
+            shell.how = how
+            if how is Exit.RETURNED:
+                shell.answered_first = answer
+        shell.exited = True
+        self._perform(shell, shell.life.exit(self.now, how, result))
+
+    @precondition(lambda self: any(s.dispatched and not s.exited for s in self.shells))
+    @rule(n=ops, answer=_ANSWERS)
+    def completion_recorded(self, n: int, answer: ToolResultPart) -> None:
+        live = [s for s in self.shells if s.dispatched and not s.exited]
+        shell = live[n % len(live)]
+        if shell.life.phase in (Phase.RUNNING, Phase.CANCELLING):
+            shell.answered_first = answer
+            shell.how = Exit.RETURNED
+        self._perform(shell, shell.life.recorded(self.now, answer))
+
+    @precondition(lambda self: any(s.deadline_armed for s in self.shells))
+    @rule(n=ops)
+    def deadline(self, n: int) -> None:
+        armed = [s for s in self.shells if s.deadline_armed]
+        shell = armed[n % len(armed)]
+        self._perform(shell, shell.life.deadline(self.now))
+
+    @precondition(lambda self: self.shells)
+    @rule(n=ops, why=whys)
+    def cancel(self, n: int, why: CancelWhy) -> None:
+        shell = self._shell(n)
+        self._perform(shell, shell.life.cancel(self.now, why))
+
+    @precondition(lambda self: any(s.grace_armed for s in self.shells))
+    @rule(n=ops)
+    def grace_over(self, n: int) -> None:
+        armed = [s for s in self.shells if s.grace_armed]
+        shell = armed[n % len(armed)]
+        self._perform(shell, shell.life.grace_over(self.now))
+
+    @precondition(lambda self: self.shells)
+    @rule(n=ops)
+    def drop(self, n: int) -> None:
+        shell = self._shell(n)
+        self._perform(shell, shell.life.drop(self.now))
+
+    @precondition(lambda self: self.shells)
+    @rule(n=ops)
+    def refuse(self, n: int) -> None:
+        shell = self._shell(n)
+        refused = ToolResultPart(call_id="c", name="a", output={"error": "x"}, is_error=True)
+        effects = shell.life.refuse(self.now, OutcomeCode.INVALID_ARGUMENTS, "not run", refused)
+        self._perform(shell, effects)
+
+    @precondition(lambda self: self.shells)
+    @rule(n=ops)
+    def shutdown(self, n: int) -> None:
+        shell = self._shell(n)
+        self._perform(shell, shell.life.shutdown())
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def one_terminal_receipt(self) -> None:
+        for shell in self.shells:
+            endings = shell.told
+            assert len(endings) <= 2
+            if len(endings) == 2:
+                assert endings[0].state is S.INDETERMINATE
+                assert endings[1].resolved_late
+                assert endings[1].state is not S.INDETERMINATE
+            for record in shell.durable:
+                assert record.op_id == shell.life.record.op_id
+            for told in shell.told:  # every receipt told was durable first
+                assert any(r is told for r in shell.durable)
+
+    @invariant()
+    def never_a_result_dropped(self) -> None:
+        for shell in self.shells:
+            assert len(shell.given) <= 1  # one result per call
+            if shell.life.phase not in _OPEN:
+                assert len(shell.given) == 1
+                assert shell.told  # the model learns it with a durable receipt
+            if shell.given:
+                assert shell.told
+
+    @invariant()
+    def honest_outcomes(self) -> None:
+        for shell in self.shells:
+            if not shell.told:
+                continue
+            first = shell.told[0]
+            if shell.answered_first is not None and shell.how is Exit.RETURNED:
+                # An answer before the terminal receipt is the answer, whatever was requested.
+                assert shell.given == [shell.answered_first]
+                if shell.answered_first.is_error:
+                    assert (first.state, first.outcome_code) == (S.FAILED, "capability_error")
+                else:
+                    assert first.state is S.COMPLETED
+                    assert first.outcome_code in ("ok", "completion_signal_lost")
+            elif shell.how is Exit.LOST:
+                assert (first.state, first.outcome_code) == (S.INDETERMINATE, "transport_lost")
+                assert shell.held
+            elif shell.how is Exit.UNAVAILABLE:
+                assert (first.state, first.outcome_code) == (S.FAILED, "unavailable")
+            if first.state in (S.CANCELLED, S.TIMED_OUT):
+                assert first.termination_acknowledged
+            if first.state is S.INDETERMINATE:
+                assert not first.termination_acknowledged
+                assert shell.held or len(shell.told) == 2
+
+
+def test_op8_op3_the_runners_lifecycle_machine() -> None:
+    run_state_machine_as_test(
+        LifeMachine, settings=settings(max_examples=300, stateful_step_count=40)
     )
