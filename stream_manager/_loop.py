@@ -53,7 +53,7 @@ from stream_manager._request import (
 from stream_manager._stream import ActiveStream, StreamState
 from stream_manager.errors import ErrorType, UnknownModel, WriteFailed
 from stream_manager.ports import Clock, Model, Tool, ToolKind
-from stream_manager.tools import offered
+from stream_manager.tools import ToolOffer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -83,7 +83,7 @@ class StreamManager:
     ) -> None:
         initial_budget(None, max_stream_steps)  # validates it
         tools = dict(tools or {})
-        definitions, arguments = offered(tools)
+        offer = ToolOffer(tools)
         self._fallbacks = {k: tuple(v) for k, v in (fallbacks or {}).items()}
         self.max_stream_steps = max_stream_steps
         self._events = Emitter(observers)
@@ -97,7 +97,7 @@ class StreamManager:
             salt=receipt_salt,
             policy=overlap_policy,
             emit=self._events.emit,
-            arguments=arguments,
+            arguments=offer,
         )
         self._processor = StreamProcessor(
             models=models,
@@ -106,7 +106,7 @@ class StreamManager:
             completion_tools=tuple(
                 name for name, tool in tools.items() if tool.kind == ToolKind.COMPLETION
             ),
-            tool_definitions=definitions,
+            offer=offer,
         )
         self._streams: dict[str, ActiveStream] = {}
         self._locks: dict[str, anyio.Lock] = {}

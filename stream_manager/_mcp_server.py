@@ -141,6 +141,8 @@ class McpServer:
         self._factory = session_factory
         self._session: ClientSession | None = None
         self.listing: dict[str, mcp_types.Tool] = {}
+        #: Moves each time ``listing`` changes (``ToolOffer`` re-reads the definitions then).
+        self.generation = 0
         self.starts = 0
         self.stops = 0
         self._changed = anyio.Event()
@@ -261,6 +263,8 @@ class McpServer:
                 sorted(listing),
                 sorted(self.listing),
             )
+        if listing != self.listing:
+            self.generation += 1  # the tools' definitions changed: the engine's offer follows
         self._session, self.listing = session, listing
         self.starts += 1
         self._note()

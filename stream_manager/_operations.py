@@ -105,7 +105,7 @@ from stream_manager.errors import (
     WriteFailed,
 )
 from stream_manager.ports import Capability, Clock, Tool, ToolContext, ToolKind
-from stream_manager.tools import ArgumentsCheck, overlap_of
+from stream_manager.tools import ArgumentsCheck, ToolOffer, overlap_of
 
 log = logging.getLogger("turnkeeper.operations")
 
@@ -127,7 +127,7 @@ class OperationRunner:
         owner: Callable[[], str | None] | None = None,
         salt: str = "turnkeeper",
         policy: OverlapPolicy = OverlapPolicy.BLOCK,
-        arguments: ArgumentsCheck | None = None,
+        arguments: ArgumentsCheck | ToolOffer | None = None,
     ) -> None:
         self._tools = tools
         #: The declared schemas a call's arguments must pass before it runs.

@@ -71,7 +71,7 @@ from stream_manager._validate import malformed
 from stream_manager.errors import ErrorType, ModelError, WriteFailed, is_retryable
 from stream_manager.ports import Model, ModelRequest
 from stream_manager.redaction import redact
-from stream_manager.tools import ToolDefinition
+from stream_manager.tools import ToolOffer
 
 log = logging.getLogger("turnkeeper.stream")
 
@@ -119,14 +119,14 @@ class StreamProcessor:
         operations: OperationRunner,
         events: Emitter,
         completion_tools: tuple[str, ...],
-        tool_definitions: tuple[ToolDefinition, ...] = (),
+        offer: ToolOffer | None = None,
     ) -> None:
         self._models = dict(models)
         self._ops = operations
         self._events = events
         self._completion_tools = completion_tools
         #: What every model request offers (``ModelRequest.tools``).
-        self._tool_definitions = tool_definitions
+        self._offer = offer if offer is not None else ToolOffer({})
         #: Stream id -> the stream's own group for tool tasks (when no engine group is bound).
         self._groups: dict[str, anyio.abc.TaskGroup] = {}
 
@@ -207,7 +207,7 @@ class StreamProcessor:
                 correlation=request.correlation,
                 extra_system_context=request.extra_system_context,
                 thinking_level=host.thinking_for_step(),  # a mid-turn change applies here
-                tools=self._tool_definitions,
+                tools=self._offer.current(),  # a re-listed server's tools from now on
             )
             step = await self._step(stream, self._models[stream.model], model_request, required)
             if step.soft_stopped or (stream.hard_reason is not None and _fails(step)):

@@ -298,6 +298,12 @@ class McpTool:
         return self._definition
 
     @property
+    def definition_generation(self) -> int:
+        """Moves when :attr:`definition` may have changed (a supervised server re-listed)."""
+        server = self.server
+        return 0 if server is None else server.generation
+
+    @property
     def server(self) -> McpServer | None:
         """The supervised server the tool calls through (``None``: a fixed session)."""
         return self._source if isinstance(self._source, McpServer) else None

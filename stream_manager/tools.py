@@ -16,6 +16,7 @@ with a ``failed`` receipt; the tool never runs and the loop goes on.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, get_type_hints
 
@@ -25,6 +26,8 @@ from jsonschema import Draft202012Validator, SchemaError
 
 from persistence import ToolKind, UsageError
 from stream_manager._parts import ToolCallPart, ToolResultPart
+
+log = logging.getLogger("turnkeeper.stream")
 
 #: The schema of a tool that declares none: any JSON object.
 OPEN_PARAMETERS: Mapping[str, object] = {"type": "object"}
@@ -140,6 +143,54 @@ def offered(tools: Mapping[str, object]) -> tuple[tuple[ToolDefinition, ...], Ar
         for name, found in declared.items()
     )
     return definitions, ArgumentsCheck(d for d in declared.values() if d is not None)
+
+
+class ToolOffer:
+    """What every request offers of ``tools``, kept current, and the check of their schemas.
+
+    A tool whose definition can change while the engine runs (a supervised MCP server's tools,
+    re-listed at each restart) says so with a ``definition_generation`` that moves when it
+    does; at each request the offer reads those generations and, when one moved, builds the
+    definitions and the arguments check again, so a changed list is offered from the next
+    request on. Such a tool whose definition is ``None`` (its server no longer lists it) is left
+    out. A re-listing that declares a bad definition is logged and the last offer kept.
+    """
+
+    __slots__ = ("_generations", "_live", "_tools", "arguments", "definitions")
+
+    def __init__(self, tools: Mapping[str, object]) -> None:
+        self._tools = dict(tools)
+        self._live = tuple(t for t in self._tools.values() if hasattr(t, "definition_generation"))
+        self.definitions, self.arguments = offered(self._tools)
+        self._generations = self._read()
+
+    def _read(self) -> tuple[object, ...]:
+        return tuple(getattr(tool, "definition_generation", None) for tool in self._live)
+
+    def current(self) -> tuple[ToolDefinition, ...]:
+        """The definitions to offer now (re-built when a live tool's generation moved)."""
+        if self._live:
+            generations = self._read()
+            if generations != self._generations:
+                self._generations = generations
+                self._rebuild()
+        return self.definitions
+
+    def _rebuild(self) -> None:
+        listed = {
+            name: tool
+            for name, tool in self._tools.items()
+            if not hasattr(tool, "definition_generation")
+            or getattr(tool, "definition", None) is not None
+        }
+        try:
+            self.definitions, self.arguments = offered(listed)
+        except UsageError as error:
+            log.warning("the tools' new definitions are not offered: %s", error)
+
+    def problems(self, call: ToolCallPart) -> list[str]:
+        """What is wrong with ``call``'s arguments against the current schemas."""
+        return self.arguments.problems(call)
 
 
 class ArgumentsCheck:

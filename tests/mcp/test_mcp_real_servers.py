@@ -25,7 +25,13 @@ import anyio
 import pytest
 
 from persistence import OpState
-from stream_manager import OpProgress, OutcomeCode, ToolCallPart, ToolResultPart
+from stream_manager import (
+    OpProgress,
+    OutcomeCode,
+    ScriptedModel,
+    ToolCallPart,
+    ToolResultPart,
+)
 from stream_manager.errors import TerminationUnconfirmed, ToolTransportLost, ToolUnavailable
 from stream_manager.mcp import McpServer, McpTool, stdio_tools
 from stream_manager.ports import ToolContext
@@ -196,6 +202,28 @@ async def test_mcp_dead_server_is_restarted_and_its_tools_listed_again(
                 await run(other, {})
     changed = [r.getMessage() for r in caplog.records if "tool list changed" in r.getMessage()]
     assert len(changed) == 1, changed
+
+
+async def test_mcp_a_restarted_servers_changed_list_is_offered_from_the_next_request_on() -> None:
+    """The engine's offer follows the re-listing: a tool the restarted server no longer lists
+    is not offered to the next model request (the engine was not rebuilt)."""
+    with anyio.fail_after(BOUND_S):
+        async with (
+            proxied(restart_backoff_s=0.05, max_restart_backoff_s=0.1) as p,
+            op_rig({"M": [text(), text()]}, extra_tools=dict(p.tools)) as r,
+        ):
+            r.session().send("first")
+            await r.engine.wait_idle()
+            (p.control / "hidden").write_text(OTHER)
+            await p.command("kill")
+            await p.server.wait_started(2)
+            r.session().send("second")
+            await r.engine.wait_idle()
+            model = r.models["M"]
+            assert isinstance(model, ScriptedModel)
+            offered = [sorted(t.name for t in q.tools) for q in model.requests]
+    assert offered[0] == sorted(p.tools)
+    assert offered[1] == sorted(set(p.tools) - {OTHER})
 
 
 async def test_mcp_calls_while_the_server_is_down_are_unavailable_never_sent() -> None:
