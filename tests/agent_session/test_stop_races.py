@@ -8,10 +8,15 @@ move made twice).
 
 from __future__ import annotations
 
-from agent_session import EngineEvent, EntryDequeued, Phase
+import anyio
+
+from agent_session import ContinuationEnded, EngineEvent, EntryDequeued, Phase
+from agent_session.harness.fakes import Faults, FaultyStore
 from message_queue import EntryKind
+from persistence import CutState, MemoryStore, RowKind
 from stream_manager import (
     LoopStopped,
+    Persisted,
     ScriptStep,
     StreamAborted,
     StreamFailed,
@@ -19,6 +24,8 @@ from stream_manager import (
     ToolCallPart,
 )
 from tests.agent_session.support import T_, HookTool, X, session_rig
+from tests.agent_session.test_as_queue_stream_rules import _resume_held
+from tests.agent_session.test_as_send_rules import CUT_SCRIPT, BlockingGate, wake_tool
 
 
 async def test_sm14_a_hard_stop_landing_while_a_step_fails_aborts_the_stream() -> None:
@@ -75,3 +82,53 @@ async def test_as13_an_entry_queued_inside_the_dequeued_event_queues_behind_it()
         assert session.phase is Phase.IDLE
         assert len(r.of(StreamAborted)) == 0
         assert len(session.queue) == 0
+
+
+async def test_as23_a_partial_whose_write_failed_is_told_as_a_store_write_error() -> None:
+    """The aborted stream's partial could not be written: nothing of it is durable, and the
+    host hears so (``stream-error`` type ``store_write`` after ``stream-abort``); it is never
+    treated as written."""
+    faults = Faults()
+    store = FaultyStore(MemoryStore(), faults)
+    async with session_rig({"M": [ScriptStep(text="half an answer", hang=True)]}, store=store) as r:
+        session = r.session()
+
+        def fail_the_partial(event: EngineEvent) -> None:
+            if isinstance(event, StreamAborted):
+                faults.arm("store_write", 1)  # the next commit is the partial row
+
+        r.on(fail_the_partial)
+        session.send("go")
+        await anyio.wait_all_tasks_blocked()
+        session.stop()
+        await r.settle()
+        names = r.names()
+        assert names.index("stream-abort") < names.index("stream-error")
+        (failed,) = r.of(StreamFailed)
+        assert failed.type == "store_write"
+        assert [row.kind for row in await r.history()] == [RowKind.USER]
+        assert not any(isinstance(e, Persisted) and e.what == "partial" for e in r.events)
+
+
+async def test_ps6_a_withdrawal_whose_write_failed_is_written_by_the_idle_sweep() -> None:
+    """A Stop withdraws a continuation whose resume is preparing, and that record's write
+    fails. Nothing else writes before the session is idle again: the idle sweep retries the
+    change, so the store says withdrawn and a restart could not resume the stopped turn."""
+    faults = Faults()
+    store = FaultyStore(MemoryStore(), faults)
+    gate = BlockingGate("resume")
+    async with session_rig(
+        {"M": CUT_SCRIPT}, tools=[wake_tool(lambda: r)], gate=gate, store=store
+    ) as r:
+        await _resume_held(r, gate)
+        faults.arm("store_write", 1)  # the withdrawal's write
+        r.session().stop()
+        gate.hold.release()
+        await r.settle()
+        assert r.session().phase is Phase.IDLE
+        (ended,) = r.of(ContinuationEnded)
+        assert (ended.how, ended.why) == ("withdrawn", "user stop")
+        rows = await r.history()
+    (carrying,) = [row for row in rows if row.cut is not None]
+    assert carrying.cut is not None
+    assert carrying.cut.state is CutState.WITHDRAWN

@@ -9,7 +9,9 @@ record's change, a recovery write). Every faulted run must:
 * leave no session busy (the runner's "did not reach quiescence" is the wedge);
 * strand no queued entry: each one queued is dequeued, cancelled or cleared by the end;
 * tell nothing that is not durable: a continuation told ended is not owed in the store, and
-  none is told owed before the row carrying its record was written.
+  none is told owed before the row carrying its record was written;
+* resume no cut twice: a resume told ``failed`` (its consumed record was not written) runs no
+  step of its stream.
 
 A run may still end with a scenario-level error (its script expected the unfaulted path and
 ran out of steps, or an action found no entry to withdraw) or with failed expectations: the
@@ -94,6 +96,27 @@ def _owed_untold_durable(trace: list[dict[str, Any]]) -> list[str]:
     return wrong
 
 
+def _failed_resumes_that_ran(trace: list[dict[str, Any]]) -> list[str]:
+    """Streams of a resume told ``failed`` that still ran a step: a cut resumed twice.
+
+    A resume whose consumed record could not be written is told ``failed`` and its stream must
+    end before its first step: the cut is still owed and the next attempt resumes it, so a
+    stream that ran anyway would run the cut's steps (and tools) a second time.
+    """
+    launched: dict[str, str] = {}  # session -> the stream its latest resume launched
+    dead: set[str] = set()
+    wrong: list[str] = []
+    for line in trace:
+        event = line["event"]
+        if event == "stream-start" and line["cause"] == "resume":
+            launched[line["session"]] = line["stream"]
+        elif event == "resume" and line["outcome"] == "failed" and line["session"] in launched:
+            dead.add(launched.pop(line["session"]))
+        elif event == "step" and line["stream"] in dead:
+            wrong.append(f"{line['session']} {line['stream']} step {line['n']}")
+    return wrong
+
+
 async def _told_but_owed(store: MemoryStore, trace: list[dict[str, Any]]) -> list[str]:
     """Cuts told ended whose durable record still says owed (told before durable)."""
     ended = {
@@ -141,6 +164,9 @@ async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Pa
         stranded = _stranded_entries(result.trace)
         if stranded:
             problems.append(f"{where}: queued entries stranded: {stranded}")
+        ran = _failed_resumes_that_ran(result.trace)
+        if ran:
+            problems.append(f"{where}: a resume told failed ran its stream: {ran}")
         untold = _owed_untold_durable(result.trace)
         if untold:
             problems.append(f"{where}: told owed with no durable cut record: {untold}")
