@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from agent_session import ContinuationOwed, Engine, EngineConfig, Phase, Recovered
+from agent_session.harness.fakes import Faults, FaultyStore
 from message_queue import Correlation
 from persistence import (
     CutRecord,
@@ -484,3 +485,21 @@ def test_r61_an_engine_config_a_store_could_not_read_back_is_refused(
     read back as damage; the config is refused at construction, naming the field."""
     with pytest.raises(UsageError, match=f"^EngineConfig.{field} must be"):
         EngineConfig(**{field: value})  # type: ignore[arg-type]
+
+
+async def test_ps6_an_abandon_whose_write_failed_is_not_told_and_is_planned_again() -> None:
+    """Recovery decides to void a cut with no steps left; that write fails at startup. An
+    abandon is its write: nothing is told, the record stays owed, and the next start (whose
+    write succeeds) abandons it and tells so."""
+    store = MemoryStore()
+    await seed(store, record=cut(remaining=0))
+    faults = Faults()
+    faults.arm("store_write", 1)
+    async with session_rig({"M": []}, store=FaultyStore(store, faults), sessions=()) as r:
+        await r.settle()
+        assert r.of(Recovered) == []
+        assert [h.row_id for h in await store_kit.owed(store)] == ["s1:r2"]
+    async with session_rig({"M": []}, store=store, sessions=()) as r:
+        await r.settle()
+        assert [e.action for e in r.of(Recovered)] == ["abandon"]
+        assert await store_kit.owed(store) == []

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import anyio
 
-from agent_session import ContinuationEnded, EngineEvent, EntryDequeued, Phase
+from agent_session import (
+    ContinuationEnded,
+    ContinuationOwed,
+    EngineConfig,
+    EngineEvent,
+    EntryDequeued,
+    Phase,
+    ResumeAttempted,
+)
 from agent_session.harness.fakes import Faults, FaultyStore
 from message_queue import EntryKind
 from persistence import CutState, MemoryStore, RowKind
@@ -22,8 +30,9 @@ from stream_manager import (
     StreamFailed,
     StreamStarted,
     ToolCallPart,
+    ToolCallStarted,
 )
-from tests.agent_session.support import T_, HookTool, X, session_rig
+from tests.agent_session.support import T_, HookTool, P, X, session_rig
 from tests.agent_session.test_as_queue_stream_rules import _resume_held
 from tests.agent_session.test_as_send_rules import CUT_SCRIPT, BlockingGate, wake_tool
 
@@ -132,3 +141,59 @@ async def test_ps6_a_withdrawal_whose_write_failed_is_written_by_the_idle_sweep(
     (carrying,) = [row for row in rows if row.cut is not None]
     assert carrying.cut is not None
     assert carrying.cut.state is CutState.WITHDRAWN
+
+
+async def test_st3_a_soft_stop_cut_whose_partial_failed_to_write_owes_nothing() -> None:
+    """The soft-stop cut's one write (the partial carrying the cut record, R58) failed: no
+    record is durable, so nothing is told owed, nothing is owed, and no resume follows; the
+    host hears ``store_write``, and the queued wake goes next as after any abort."""
+    faults = Faults()
+    store = FaultyStore(MemoryStore(), faults)
+    async with session_rig({"M": [T_("bash"), P("web"), X("the wake's turn")]}, store=store) as r:
+        session = r.session()
+
+        def wake_then_fail(event: EngineEvent) -> None:
+            if isinstance(event, ToolCallStarted) and event.provider and len(session.queue) == 0:
+                session.enqueue("search done", kind=EntryKind.WAKE, entry="w")
+            elif isinstance(event, StreamAborted):
+                faults.arm("store_write", 1)  # the partial row that carries the cut record
+
+        r.on(wake_then_fail)
+        session.send("search the web")
+        await r.settle()
+        assert not session.owes()
+        assert r.of(ContinuationOwed) == []
+        assert [e.type for e in r.of(StreamFailed)] == ["store_write"]
+        assert [e.entry for e in r.of(EntryDequeued)] == ["w"]
+        assert r.of(ResumeAttempted) == []
+        assert [row.kind for row in await r.history()] == [
+            RowKind.USER,
+            RowKind.USER,
+            RowKind.ASSISTANT,
+        ]
+
+
+async def test_st3_r65_a_soft_stop_cut_with_no_steps_left_writes_no_record() -> None:
+    """The provider-tool soft stop lands on the turn's last step (2 of 2 spent): the partial
+    is written without a cut record, nothing is owed, and the wake goes next."""
+    async with session_rig(
+        {"M": [T_("bash"), P("web"), X("the wake's turn")]},
+        config=EngineConfig(max_stream_steps=2),
+    ) as r:
+        session = r.session()
+
+        def wake(event: EngineEvent) -> None:
+            if isinstance(event, ToolCallStarted) and event.provider and len(session.queue) == 0:
+                session.enqueue("search done", kind=EntryKind.WAKE, entry="w")
+
+        r.on(wake)
+        session.send("search the web")
+        await r.settle()
+        (aborted,) = r.of(StreamAborted)
+        assert (aborted.reason, aborted.remaining) == ("queued-message", 0)
+        assert r.of(ContinuationOwed) == []
+        assert not session.owes()
+        rows = await r.history()
+        (partial,) = [row for row in rows if row.kind is RowKind.PARTIAL]
+        assert partial.cut is None
+        assert [e.entry for e in r.of(EntryDequeued)] == ["w"]
