@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence import OperationRecord, OpState
-from stream_manager._parts import Part, ToolCallPart, ToolResultPart
+from stream_manager._parts import Finish, Part, ToolCallPart, ToolResultPart
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -42,6 +42,13 @@ _KNOWN = {
 }
 
 
+def failed_result(call: ToolCallPart, error: str, **extra: object) -> ToolResultPart:
+    """A structured failed result for ``call``: the model sees why, the loop goes on."""
+    return ToolResultPart(
+        call_id=call.call_id, name=call.name, output={"error": error, **extra}, is_error=True
+    )
+
+
 def receipt_answer(
     call: ToolCallPart,
     record: OperationRecord | None,
@@ -54,36 +61,51 @@ def receipt_answer(
     ``error`` names what happened (``timeout``, ``cancelled``; ``no_result`` by default) and
     ``detail`` adds a sentence.
     """
+    fields: dict[str, object] = {}
     if record is None:
-        output: dict[str, object] = {"error": error, "what_is_known": _NEVER_RECORDED}
+        fields["what_is_known"] = _NEVER_RECORDED
     else:
-        output = {
-            "error": error,
+        fields |= {
             "op": record.op_id,
             "receipt": record.state.value,
             "acknowledged": record.termination_acknowledged,
             "what_is_known": _KNOWN[record.state],
         }
         if record.outcome_code is not None:
-            output["outcome"] = record.outcome_code
+            fields["outcome"] = record.outcome_code
         if record.explanation is not None:
-            output["explanation"] = record.explanation
+            fields["explanation"] = record.explanation
     if detail is not None:
-        output["detail"] = detail
-    return ToolResultPart(call_id=call.call_id, name=call.name, output=output, is_error=True)
+        fields["detail"] = detail
+    return failed_result(call, error, **fields)
 
 
 def unanswered_calls(parts: Sequence[Part]) -> list[ToolCallPart]:
     """The client calls among ``parts`` that no result among them answers, in order."""
+    return [call for _, call in _open_calls(parts)]
+
+
+def answer_open_calls(parts: list[Part], *, mid_step: bool) -> None:
+    """Answer every client call of an aborted stream's ``parts`` that has no result.
+
+    A call of the step the stop cut mid-flight (``mid_step``: after the last finish) was never
+    made; any other one reached the operations runner, whose answers came first, so what is
+    left is answered as unknown.
+    """
+    step_start = max((i + 1 for i, part in enumerate(parts) if isinstance(part, Finish)), default=0)
+    for index, call in _open_calls(parts):
+        if mid_step and index >= step_start:
+            parts.append(failed_result(call, "no_result", what_is_known=_NOT_MADE))
+        else:
+            parts.append(receipt_answer(call, None))
+
+
+def _open_calls(parts: Sequence[Part]) -> list[tuple[int, ToolCallPart]]:
     answered = {p.call_id for p in parts if isinstance(p, ToolResultPart)}
     return [
-        p
-        for p in parts
-        if isinstance(p, ToolCallPart) and not p.provider_executed and p.call_id not in answered
+        (index, part)
+        for index, part in enumerate(parts)
+        if isinstance(part, ToolCallPart)
+        and not part.provider_executed
+        and part.call_id not in answered
     ]
-
-
-def not_made_answer(call: ToolCallPart) -> ToolResultPart:
-    """The result that answers a call of a step the stream stopped in: it was never made."""
-    output = {"error": "no_result", "what_is_known": _NOT_MADE}
-    return ToolResultPart(call_id=call.call_id, name=call.name, output=output, is_error=True)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from persistence import OperationRecord, OpState
-from stream_manager._op_answers import receipt_answer
+from stream_manager._op_answers import failed_result, receipt_answer
 from stream_manager._op_states import (
     TRANSPORT_LOST,
     UNCONFIRMED,
@@ -43,13 +43,6 @@ from stream_manager._op_states import (
     cancel_requested,
 )
 from stream_manager._parts import ToolCallPart, ToolResultPart
-
-
-def failed_result(call: ToolCallPart, error: str, **extra: object) -> ToolResultPart:
-    """A structured failed result for ``call``: the model sees why, the loop goes on."""
-    return ToolResultPart(
-        call_id=call.call_id, name=call.name, output={"error": error, **extra}, is_error=True
-    )
 
 
 class Phase(enum.Enum):

@@ -18,7 +18,8 @@ import anyio
 import msgspec
 
 from persistence import OperationRecord
-from stream_manager._op_life import Effect, OpLife, failed_result
+from stream_manager._op_answers import failed_result
+from stream_manager._op_life import Effect, OpLife
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.clock import Timer
 from stream_manager.ports import Capability, Tool

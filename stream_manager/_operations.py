@@ -63,7 +63,7 @@ from stream_manager._events import (
     Persisted,
     StreamEvent,
 )
-from stream_manager._op_answers import receipt_answer
+from stream_manager._op_answers import failed_result, receipt_answer
 from stream_manager._op_life import (
     Abandon,
     Arm,
@@ -76,7 +76,6 @@ from stream_manager._op_life import (
     Resolve,
     Run,
     Write,
-    failed_result,
 )
 from stream_manager._op_parts import (
     Flag,

@@ -39,7 +39,7 @@ from stream_manager._events import (
 )
 from stream_manager._events import StreamEnded as StreamEndedEvent
 from stream_manager._fallback import NoHop, plan_hop
-from stream_manager._op_answers import not_made_answer, receipt_answer, unanswered_calls
+from stream_manager._op_answers import answer_open_calls
 from stream_manager._op_parts import Spawn
 from stream_manager._op_states import CancelWhy
 from stream_manager._operations import OperationRunner
@@ -541,7 +541,7 @@ class StreamProcessor:
 
     def _abort(self, stream: ActiveStream) -> Aborted:
         """SM-14: abort cleanup; a step cut mid-flight counts as spent (SM-9)."""
-        _answer_open_calls(stream.parts, mid_step=stream.step_open)
+        answer_open_calls(stream.parts, mid_step=stream.step_open)
         if stream.step_open:
             stream.step_open = False
             stream.budget = stream.budget.charge()
@@ -567,24 +567,6 @@ class StreamProcessor:
         return Aborted(
             stream=stream.id, reason=reason, metadata=metadata, parts=tuple(stream.parts)
         )
-
-
-def _answer_open_calls(parts: list[Part], *, mid_step: bool) -> None:
-    """Answer every client call of an aborted stream that has no result (``_op_answers``).
-
-    A call of the step the stop cut mid-flight (after the last finish) was never made; any
-    other one reached the operations runner, whose answers came first, so what is left is
-    answered as unknown.
-    """
-    open_calls = unanswered_calls(parts)
-    if not open_calls:
-        return
-    ends = [index for index, part in enumerate(parts) if isinstance(part, Finish)]
-    step_start = ends[-1] + 1 if ends else 0
-    made = {id(p) for p in parts[:step_start]} if mid_step else {id(p) for p in parts}
-    for call in open_calls:
-        made_call = id(call) in made
-        parts.append(receipt_answer(call, None) if made_call else not_made_answer(call))
 
 
 def _fails(step: _Step) -> bool:

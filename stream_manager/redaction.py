@@ -58,31 +58,6 @@ class Shape(NamedTuple):
 # The families the shapes claim, declared once (``tests/test_redaction.py`` holds a positive and
 # a negative row for each name). In a key name, ``_`` stands for ``_``, ``-`` or nothing, so
 # ``api_key`` covers ``api-key``, ``apikey`` and ``API_KEY``.
-#: The key-value shape's keys: a value after ``=`` or ``:``, or after a space behind a flag's
-#: dashes (``--password VALUE``, ``-api-key VALUE``).
-KEYS: Final = (
-    "aws_secret_access_key",
-    "secret_access_key",
-    "aws_secret_key",
-    "client_secret",
-    "api_key",
-    "access_token",
-    "refresh_token",
-    "id_token",
-    "auth_token",
-    "private_key",
-    "session_id",
-    "session",
-    "set_cookie",
-    "cookie",
-    "password",
-    "passwd",
-    "passphrase",
-    "pwd",
-    "secret",
-    "token",
-    "auth",
-)
 #: Keys that are identifiers, never words of prose: their value goes after a bare space too,
 #: when it looks like a credential (a digit in it, or 20 characters).
 SPACED_KEYS: Final = (
@@ -96,6 +71,22 @@ SPACED_KEYS: Final = (
     "id_token",
     "auth_token",
     "private_key",
+)
+#: The key-value shape's keys: a value after ``=`` or ``:``, or after a space behind a flag's
+#: dashes (``--password VALUE``, ``-api-key VALUE``); a name before any name it contains.
+KEYS: Final = (
+    *SPACED_KEYS,
+    "session_id",
+    "session",
+    "set_cookie",
+    "cookie",
+    "password",
+    "passwd",
+    "passphrase",
+    "pwd",
+    "secret",
+    "token",
+    "auth",
 )
 #: The schemes an ``Authorization`` header's value may start with (kept readable).
 AUTH_SCHEMES: Final = ("bearer", "basic", "token", "digest", "negotiate", "apikey")

@@ -14,7 +14,7 @@ import pytest
 from agent_session._rows import decode_body
 from persistence import OperationRecord, OpState, RowKind
 from stream_manager import ModelRequest, Part, TextPart, ToolCallPart
-from stream_manager._op_answers import not_made_answer, receipt_answer, unanswered_calls
+from stream_manager._op_answers import receipt_answer, unanswered_calls
 from tests.agent_session.support import session_rig
 from tests.persistence.helpers import client
 
@@ -63,7 +63,7 @@ def test_op3_a_stopped_call_is_answered_from_its_receipt(
 def test_unanswered_calls_skips_answered_and_provider_calls() -> None:
     provider = ToolCallPart(call_id="p", name="web", args={}, provider_executed=True)
     answered = ToolCallPart(call_id="x", name="read", args={})
-    parts: list[Part] = [provider, answered, not_made_answer(answered), CALL]
+    parts: list[Part] = [provider, answered, receipt_answer(answered, None), CALL]
     assert unanswered_calls(parts) == [CALL]
 
 
