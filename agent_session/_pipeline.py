@@ -100,9 +100,11 @@ class SendPipeline:
         self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
         if self._disposed():
             return _DISPOSED
-        if turn.canceled():
-            return await self._rollback(turn, row, then)
-        # AS-8: the point of no return. A row that does not continue the cut turn supersedes it.
+        if turn.canceled() and not await self._row_stays(row):
+            return self._cancel_before_acceptance(turn)
+        # AS-8: the point of no return (a withdrawn entry whose row could not be taken back
+        # crosses it too: the row is durable, so the entry is accepted like any other).
+        # A row that does not continue the cut turn supersedes it.
         await self._perform(machine.supersede(turn, "superseded by a send (R35)"))
         refused = await self._accept(turn)
         if refused is not None:
@@ -194,24 +196,13 @@ class SendPipeline:
                 log.warning("on_canceled of %s failed: %r", turn.entry_id, error)
         return CanceledBeforeAcceptance(reason)
 
-    async def _rollback(self, turn: TurnInput, row: HistoryRow, then: Successors) -> PipelineResult:
-        """AS-3: delete exactly this send's rows; if that fails and the row stays, accept."""
+    async def _row_stays(self, row: HistoryRow) -> bool:
+        """AS-3: delete exactly this send's row; whether it is still in history after that."""
         try:
             deleted = (await self._store.commit(Boundary(delete=(row.row_id,)))).deleted
         except TurnkeeperError:
             deleted = 0
-        if deleted == 0:
-            remaining = {r.row_id for r in await self._store.rows()}
-            if row.row_id in remaining:
-                log.warning("rollback of %s failed; accepting the entry", row.row_id)
-                return await self._accept_anyway(turn, then)
-        return self._cancel_before_acceptance(turn)
-
-    async def _accept_anyway(self, turn: TurnInput, then: Successors) -> PipelineResult:
-        refused = await self._accept(turn)
-        if refused is not None:
-            return refused
-        context = StreamContext(
-            model=self._machine.model, cause=turn.cause, correlation=turn.correlation
-        )
-        return await self._launch_accepted(context, then)
+        if deleted == 0 and row.row_id in {r.row_id for r in await self._store.rows()}:
+            log.warning("rollback of %s failed; accepting the entry", row.row_id)
+            return True
+        return False

@@ -12,7 +12,7 @@ The helpers here (callback recorder, hookable store and gates, ``put``) are shar
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import anyio
@@ -54,11 +54,16 @@ from persistence import (
     UsageError,
 )
 from stream_manager import (
+    Finish,
+    FinishReason,
+    ModelRequest,
+    Part,
     ScriptStep,
     StreamAborted,
     StreamEnded,
     StreamFailed,
     StreamStarted,
+    TextPart,
     ToolCallPart,
 )
 from tests.agent_session.support import T_, FailingGate, HookTool, Rig, X, session_rig
@@ -338,6 +343,22 @@ async def test_as2_the_sweep_runs_after_the_idle_handlers_synchronous_work() -> 
         assert r.of(ResumeAttempted) == []
 
 
+class SeeingModel:
+    """Answers every step with ``ok`` and keeps each request it was given."""
+
+    def __init__(self, model_id: str) -> None:
+        self.id = model_id
+        self.requests: list[ModelRequest] = []
+
+    def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
+        self.requests.append(request)
+        return self._answer()
+
+    async def _answer(self) -> AsyncIterator[Part]:
+        yield TextPart(text="ok")
+        yield Finish(reason=FinishReason.STOP)
+
+
 # ---------------------------------------------------------------- AS-3
 
 
@@ -383,6 +404,35 @@ async def test_as3_q12_a_failed_rollback_whose_row_remains_accepts_the_entry() -
         assert causes(r) == ["queue"]
         assert await texts(r) == [(RowKind.USER, "wake W"), (RowKind.ASSISTANT, "ok")]
         assert r.of(EntryCanceled) == []
+
+
+async def test_as3_an_entry_accepted_after_a_failed_rollback_keeps_its_turn_settings() -> None:
+    """A failed rollback accepts the entry: its turn is the turn any accepted entry gets.
+
+    The model sees the send's options, the session's thinking level and the live scratchpad,
+    exactly as the same entry accepted without a withdrawal would have.
+    """
+    token = CancelToken()
+    store = HookStore()
+    store.delete_reports = 0  # the atomic delete fails and deletes nothing
+
+    async def withdraw_during_append(rows: Sequence[HistoryRow]) -> None:
+        if any(decode_body(row).entry_kind == "wake" for row in rows):
+            token.cancel("consumed")
+
+    store.before_append = withdraw_during_append
+    model = SeeingModel("M2")
+    async with session_rig({"M": []}, models=[model], store=store) as r:
+        session = r.session()
+        session.set_scratchpad("SCRATCH-7")
+        session.set_thinking("low")
+        options = SendOptions(model="M2", thinking_level="high")
+        session.enqueue_message(wake("W", token=token, options=options))
+        await r.settle()
+        assert [(q.extra_system_context, q.thinking_level) for q in model.requests] == [
+            ("SCRATCH-7", "high")
+        ]
+        assert causes(r) == ["queue"]
 
 
 async def test_as3_a_failed_rollback_whose_row_is_gone_still_cancels() -> None:
