@@ -44,7 +44,8 @@ class CutRecords:
 
     def __init__(self) -> None:
         self._rows: dict[str, str] = {}  # cut stream id -> the row carrying its record
-        #: Changes to commit, in decision order (the shell's flush writes, then tells).
+        #: Changes decided and not yet durable, in decision order: the machine's next
+        #: ``Commit`` of records takes them all (one boundary); a failed one puts them back.
         self.pending: list[CutChange] = []  # a list: an idle session's deque would cost 760 B
         #: A normal cut's ``owed``, told once the row carrying its record commits (R60).
         self.untold_owed: ContinuationOwed | None = None
@@ -85,14 +86,6 @@ class CutRecords:
         state, told = ended
         self.pending.append(CutChange(row_id, state, told))
         return True
-
-    def take(self) -> CutChange | None:
-        """The oldest change waiting for its write."""
-        return self.pending.pop(0) if self.pending else None
-
-    def put_back(self, change: CutChange) -> None:
-        """``change``'s write failed: it is the oldest again, written (and told) at a retry."""
-        self.pending.insert(0, change)
 
     def untold(self) -> bool:
         """Whether a decision waits to be told (an ``owed``, or an end whose row never came)."""

@@ -1,10 +1,11 @@
 """What the turn machine asks its shell to do: the effects, performed in order.
 
 The machine (``_machine``) decides and returns these; the session shell (``_session``) performs
-them one after the other and feeds what comes back (a committed row, the end of a flush) to the
-machine as its next input (:class:`Feed`). Effects are plain frozen values (msgspec Structs: a
-turn makes dozens of them, and a Struct is made four times faster than a frozen dataclass): a
-test can read what the machine decided without an event loop, a store or a stream.
+them one after the other and feeds what comes back (a :class:`Commit`'s ``then`` or ``failed``
+input, a :class:`Next` follow-up) to the machine as its next input. Effects are plain frozen
+values holding no closures (msgspec Structs: a turn makes dozens of them, and a Struct is made
+four times faster than a frozen dataclass), so an effect list prints and compares: a test can
+read what the machine decided without an event loop, a store or a stream.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import msgspec
 
 from agent_session._continuation import Marker
 from agent_session._events import EngineEvent
+from agent_session._inputs import Input, WriteFailure
 from agent_session._turn import TurnInput
 from message_queue import CancelToken, EntryCallbacks
-from persistence import HistoryRow
-from stream_manager import AbortReason
+from persistence import Boundary
+from stream_manager import AbortReason, Persisted
 
 
 class Emit(msgspec.Struct, frozen=True):
@@ -28,34 +30,42 @@ class Emit(msgspec.Struct, frozen=True):
     event: EngineEvent
 
 
-class Flush(msgspec.Struct, frozen=True):
-    """Make every queued cut-record change durable, in order, telling each after its commit.
+class Commit(msgspec.Struct, frozen=True):
+    """Make ``boundary`` durable in one transaction; then report, tell and go on.
 
-    Awaited where it stands: the effects after it run once the changes are durable. From a
-    synchronous host call (nothing to await) it and everything after it run in a task.
+    The shell's one writer commits it and, once ``COMMIT`` returned, emits ``tell`` in order
+    (decided, durable, told: a ``persisted`` report among them) and gives the machine
+    ``then``. When nothing of it was written (a failed write is a result like any other) it
+    gives the machine ``failed`` with the error filled in, and tells nothing. ``exact``: a
+    delete that took fewer rows than it names counts as failed.
+
+    Awaited where it stands: the effects after it run once it is settled. From a synchronous
+    host call (nothing to await) it runs in a task and the effects after it run at once.
     """
 
+    boundary: Boundary
+    tell: tuple[EngineEvent | Persisted, ...] = ()
+    then: Input | None = None
+    failed: WriteFailure | None = None
+    #: What the boundary is, for the log line of a failed write.
+    what: str = "boundary"
+    exact: bool = False
 
-class CommitRows(msgspec.Struct, frozen=True):
-    """Append ``rows`` in one write, report it as ``persisted`` ``what``, then feed ``then``.
 
-    ``then`` is the machine's next input: ``None`` when the rows are durable, else the failed
-    write's message (nothing of it was written; a failed write is a result like any other).
+class Next(msgspec.Struct, frozen=True):
+    """Give the machine ``input`` once the effects before this one are done.
+
+    A rule that tells something and then goes on splits there: the rest of its decision is
+    this input, handled where it stands in the effect list.
     """
 
-    rows: tuple[HistoryRow, ...]
-    what: str
-    then: Callable[[str | None], list[Effect]]
+    input: Input
 
 
-class Feed(msgspec.Struct, frozen=True):
-    """Give the machine its next input once the effects before this one are done.
+class Reply(msgspec.Struct, frozen=True):
+    """The machine's answer to the call or adapter that gave it this decision's input."""
 
-    ``step`` is the machine's continuation of the decision it split at an await (a commit, a
-    flush); it returns the effects to perform next.
-    """
-
-    step: Callable[[], list[Effect]]
+    value: object
 
 
 class ScheduleSweep(msgspec.Struct, frozen=True):
@@ -102,9 +112,9 @@ class CancelRemoved(msgspec.Struct, frozen=True):
 
 Effect = (
     Emit
-    | Flush
-    | CommitRows
-    | Feed
+    | Commit
+    | Next
+    | Reply
     | ScheduleSweep
     | StopStream
     | AbortPrepared
@@ -131,6 +141,8 @@ class Perform(Protocol):
     start is left there instead of in a task of its own.
     """
 
-    def __call__(self, effects: list[Effect], then: Successors | None = None, /) -> Awaitable[None]:
-        """Perform ``effects``."""
+    def __call__(
+        self, effects: list[Effect], then: Successors | None = None, /
+    ) -> Awaitable[object]:
+        """Perform ``effects``; return the machine's last ``Reply`` (``None`` without one)."""
         ...

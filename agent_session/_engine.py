@@ -21,6 +21,7 @@ from agent_session._recovery import Abandon, plan_recovery
 from agent_session._rows import RowBody, encode_body, restart_note
 from agent_session._rows import row_id as history_row_id
 from agent_session._session import AgentSession
+from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from persistence import (
     Boundary,
@@ -114,6 +115,8 @@ class Engine:
         #: The store's owner token, read once when the engine opened it: every commit of the
         #: engine carries it, so a store that changed owners since refuses them (StaleOwner).
         self._owner: str | None = None
+        #: The one writer (``_writer``): the engine's own writes go through it too.
+        self._writer = Writer(self.store, None)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -121,6 +124,7 @@ class Engine:
         stack = AsyncExitStack()
         await stack.enter_async_context(self.store)
         self._owner = self.store.owner
+        self._writer = Writer(self.store, self._owner)
         self._group = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
         self.manager.operations.bind(self._spawn)
@@ -162,7 +166,7 @@ class Engine:
             rows = () if note is None else (note,)
             boundary = Boundary(rows=rows, operations=tuple(of_session))
             try:
-                await self.store.commit(session, boundary, owner=self._owner)
+                await self._writer.write(session, boundary)
             except (TurnkeeperError, OSError) as error:  # still open in the store: held here
                 log.warning("receipts of %s not closed at startup: %s", clip(session), error)
                 for held in of_session:
@@ -338,7 +342,7 @@ class Engine:
         for sid, changes in by_session.items():
             try:
                 boundary = Boundary(cut_states=tuple(changes))
-                await self.store.commit(sid, boundary, owner=self._owner)
+                await self._writer.write(sid, boundary)
             except (TurnkeeperError, OSError) as error:
                 log.error(
                     "recovery of session %s: its records were not written: %s", clip(sid), error
@@ -394,7 +398,7 @@ class Engine:
         if model not in self._models:
             raise UsageError(f"unknown model {model!r} for session {session_id!r}")
         record = SessionRecord(id=session_id, model=model)
-        await self.store.commit(session_id, Boundary(create=record), owner=self._owner)
+        await self._writer.write(session_id, Boundary(create=record))
         loaded = await self.store.load(session_id)
         rows = () if loaded is None else loaded.rows
         envelopes = () if loaded is None else loaded.envelopes

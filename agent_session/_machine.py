@@ -23,10 +23,11 @@ of the rest of the decision.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, assert_never
 
 import msgspec
 
+from agent_session import _inputs as _in
 from agent_session._continuation import (
     Continuation,
     EndedHow,
@@ -48,12 +49,12 @@ from agent_session._effects import (
     AbortPrepared,
     AbortResume,
     CancelRemoved,
-    CommitRows,
+    Commit,
     Dispatch,
     Effect,
     Emit,
-    Feed,
-    Flush,
+    Next,
+    Reply,
     ScheduleSweep,
     StopStream,
 )
@@ -61,6 +62,7 @@ from agent_session._effects import StartResume as StartResumeEffect
 from agent_session._events import (
     ContinuationEnded,
     ContinuationOwed,
+    EngineEvent,
     EntryCanceled,
     EntryDequeued,
     PhaseChanged,
@@ -68,11 +70,18 @@ from agent_session._events import (
     ResumeAttempted,
 )
 from agent_session._phases import Phase, next_phase
-from agent_session._rows import body_from_parts, cut_record, encode_body
+from agent_session._rows import (
+    CONTINUE_TEXT,
+    RowBody,
+    body_from_parts,
+    cut_record,
+    encode_body,
+    needs_continue_sentinel,
+)
 from agent_session._thinking import ThinkingHolder
 from agent_session._turn import StreamContext, TurnInput
 from message_queue import DispatchMode, EntryKind, MessageQueue, SendFailure, SendOptions
-from persistence import CutState, HistoryRow, RowKind
+from persistence import Boundary, CutState, CutStateChange, HistoryRow, RowKind, TurnEnvelope
 from stream_manager import (
     Aborted,
     AbortReason,
@@ -80,18 +89,28 @@ from stream_manager import (
     ErrorKind,
     ErrorType,
     Failed,
+    Persisted,
     QueuedStopReport,
     Refused,
     StartCause,
     StreamFailed,
+    StreamInfo,
     StreamOutcome,
     Withdrawn,
+    WriteFailed,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from message_queue import CancelToken, Correlation, EntryCallbacks, EntrySnapshot
+
+_FLUSH = Next(_in.FlushRecords())
+_DRAIN = Next(_in.Drain())
+_DRAIN_IF_IDLE = Next(_in.DrainIfIdle())
+_SWEEP_WANTED = Next(_in.SweepWanted())
+_IDLE_FROM_PREPARING = Next(_in.ToIdleFrom((Phase.PREPARING,)))
+_IDLE_FROM_COMPLETING = Next(_in.ToIdleFrom((Phase.COMPLETING,)))
 
 _STATE_OF: dict[EndedHow, CutState] = {
     EndedHow.WITHDRAWN: CutState.WITHDRAWN,
@@ -251,10 +270,6 @@ class TurnMachine:
             self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after the write
         return effects
 
-    def take_change(self) -> CutChange | None:
-        """The oldest record change waiting for its write (the shell writes, then tells)."""
-        return None if self._records is None else self._records.take()
-
     @property
     def records(self) -> CutRecords:
         """Which row carries each cut's record and what is not yet written or told."""
@@ -286,18 +301,18 @@ class TurnMachine:
         entry = self.queue.dequeue_next()
         token = entry.cancel_token
         self.dispatching = (entry.entry_id, token) if token is not None else None
-
-        def dispatch() -> list[Effect]:
-            turn = TurnInput.from_dequeued(entry)
-            stamp, self._stamp = self._stamp, None
-            if stamp is not None and stamp[0] == entry.entry_id and turn.correlation is None:
-                turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
-            return [Dispatch(turn, token)]
-
+        turn = TurnInput.from_dequeued(entry)
         # AS-13: PREPARING at once, told after the dequeue: an observer of either event that
         # queues more input finds the session busy, so that input queues behind this entry.
         moved = self._move(Phase.PREPARING)
-        return [Emit(EntryDequeued(session=self.id, entry=entry.entry_id)), *moved, Feed(dispatch)]
+        dequeued = Emit(EntryDequeued(session=self.id, entry=entry.entry_id))
+        return [dequeued, *moved, Next(_in.DispatchEntry(turn, token))]
+
+    def _dispatch_entry(self, turn: TurnInput, token: CancelToken | None) -> list[Effect]:
+        stamp, self._stamp = self._stamp, None
+        if stamp is not None and stamp[0] == turn.entry_id and turn.correlation is None:
+            turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
+        return [Dispatch(turn, token)]
 
     def dispatched(self, token: CancelToken | None) -> None:
         """The dequeued entry was accepted, cancelled or failed: it is past AS-3."""
@@ -354,7 +369,7 @@ class TurnMachine:
             Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason=reason)) for c in removed
         ]
         effects.append(CancelRemoved(tuple(removed), reason))
-        effects.append(Feed(self._schedule_sweep))
+        effects.append(_SWEEP_WANTED)
         return effects
 
     def clear(self, reason: str, *, hard_stop: bool) -> list[Effect]:
@@ -370,8 +385,8 @@ class TurnMachine:
         removed = self.queue.clear()
         cleared = QueueCleared(session=self.id, entries=tuple(before), hard_stop=hard_stop)
         effects.append(Emit(cleared))
-        effects.append(Feed(lambda: self.removed(removed, reason, before)))
-        effects.append(Flush())
+        effects.append(Next(_in.Removed(tuple(removed), reason, before)))
+        effects.append(_FLUSH)
         return effects
 
     def restore(self) -> tuple[str, list[Effect]]:
@@ -380,8 +395,8 @@ class TurnMachine:
         restored = self.queue.restore_to_input()
         cleared = QueueCleared(session=self.id, entries=tuple(before), hard_stop=False)
         effects: list[Effect] = [Emit(cleared)]
-        effects.append(Feed(lambda: self.removed(restored.removed, "restored to input", before)))
-        effects.append(Flush())
+        removed = _in.Removed(tuple(restored.removed), "restored to input", before)
+        effects += [Next(removed), _FLUSH]
         return restored.text, effects
 
     def remove_dedupe(self, prefix: str, reason: str) -> tuple[int, list[Effect]]:
@@ -389,7 +404,7 @@ class TurnMachine:
         before = {e.id: e for e in self.queue}
         removal = self.queue.remove_by_dedupe_key_prefix(prefix)
         effects = self.removed(removal.removed_entries, reason, before)
-        effects.append(Flush())
+        effects.append(_FLUSH)
         return removal.removed_messages, effects
 
     # ------------------------------------------------------------ the sweep
@@ -405,17 +420,17 @@ class TurnMachine:
         action = plan_sweep(self.continuation, snapshot, self._resume_cap)
         if isinstance(action, ForfeitAtCap):
             why = f"{action.failed_attempts} resume attempts failed before a stream started (R21)"
-            return [*self._end(EndedHow.FORFEITED, why), Flush()]
+            return [*self._end(EndedHow.FORFEITED, why), _FLUSH]
         if isinstance(action, StartResume):
             self.continuation = apply_sweep(self.continuation, action)
-
-            def start() -> list[Effect]:
-                self.thinking = ThinkingHolder(action.marker.thinking_level)
-                self._resume_armed = True
-                return [StartResumeEffect(action.marker, action.attempt)]
-
-            return [*self._move(Phase.PREPARING), Feed(start)]  # R7: claimed before any await
+            armed = Next(_in.ArmResume(action.marker, action.attempt))
+            return [*self._move(Phase.PREPARING), armed]  # R7: claimed before any await
         return []
+
+    def _arm_resume(self, marker: Marker, attempt: int) -> list[Effect]:
+        self.thinking = ThinkingHolder(marker.thinking_level)
+        self._resume_armed = True
+        return [StartResumeEffect(marker, attempt)]
 
     def sweep_due(self) -> list[Effect]:
         """The scheduled sweep runs: an idle session with queued entries drains them first.
@@ -440,11 +455,7 @@ class TurnMachine:
         self.continuation = resume_failed(self.continuation)
         self._resume_armed = False
         told = ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
-        return [
-            Emit(told),
-            Feed(lambda: self._to_idle_from(Phase.PREPARING)),
-            Feed(self.drain_if_idle),
-        ]
+        return [Emit(told), _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
 
     def resume_unreadable(self, marker: Marker, attempt: int) -> list[Effect]:
         """R61: the history the resume needs is damaged; retrying cannot mend it.
@@ -458,11 +469,7 @@ class TurnMachine:
         if self._records is not None:
             self._records.forget(marker.cut)  # no later end may write the record either
         told = ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
-        return [
-            Emit(told),
-            Feed(lambda: self._to_idle_from(Phase.PREPARING)),
-            Feed(self.drain_if_idle),
-        ]
+        return [Emit(told), _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
 
     def resume_context(self, marker: Marker, attempt: int) -> StreamContext:
         """The stream context of a resume of ``marker`` (ST-8, ST-12, ST-13)."""
@@ -506,34 +513,22 @@ class TurnMachine:
         leaves preflight, and the sweep it held back runs again (R3).
         """
         if turn.dispatched:
-            return [
-                *self._to_idle_from(Phase.PREPARING),
-                Feed(self.drain_if_idle),
-            ]
+            return [*self._to_idle_from(Phase.PREPARING), _DRAIN_IF_IDLE]
         self.release_preflight()
-        return [
-            *self._to_idle_from(Phase.PREPARING),
-            Feed(self._schedule_sweep),
-            Feed(self.drain_if_idle),
-        ]
+        return [*self._to_idle_from(Phase.PREPARING), _SWEEP_WANTED, _DRAIN_IF_IDLE]
 
     def supersede(self, turn: TurnInput, why: str) -> list[Effect]:
         """R35: a durable row that does not continue the cut turn withdraws its continuation."""
         marker = self.continuation.marker
         if marker is None or _continues(turn, marker):
             return []
-        return [*self._end(EndedHow.WITHDRAWN, why), Flush()]
+        return [*self._end(EndedHow.WITHDRAWN, why), _FLUSH]
 
     def accepted(self, turn: TurnInput) -> list[Effect]:
         """AS-10: an accepted direct send claims PREPARING (a drained entry already holds it)."""
         if turn.dispatched:
             return []
-
-        def released() -> list[Effect]:
-            self.release_preflight()
-            return []
-
-        return [*self._move(Phase.PREPARING), Feed(released)]
+        return [*self._move(Phase.PREPARING), Next(_in.ReleasePreflight())]
 
     def turn_context(self, turn: TurnInput) -> StreamContext:
         """AS-9: the accepted turn's stream context, with a fresh thinking holder."""
@@ -578,7 +573,7 @@ class TurnMachine:
         """
         self._soft_stop = False
         self._active_tools.clear()
-        return [*self._move(Phase.STREAMING), Feed(lambda: self._consume(stream, cause))]
+        return [*self._move(Phase.STREAMING), Next(_in.Consume(stream, cause))]
 
     def _consume(self, stream: str, cause: StartCause) -> list[Effect]:
         before = self.continuation
@@ -600,6 +595,50 @@ class TurnMachine:
             self._resume_armed = False
         return []
 
+    # ------------------------------------------------------------ cut records made durable
+
+    def _records_commit(
+        self, changes: tuple[CutChange, ...], then: _in.Input, failed: _in.WriteFailure
+    ) -> Commit:
+        """One boundary for ``changes`` (PS-6); each is reported and told after ``COMMIT``."""
+        tell: list[EngineEvent] = []
+        for change in changes:
+            tell.append(Persisted(session=self.id, what="cut-void", id=change.row_id))
+            if change.told is not None:
+                tell.append(change.told)
+        moved = tuple(CutStateChange(row_id=c.row_id, state=c.state) for c in changes)
+        return Commit(
+            Boundary(cut_states=moved),
+            tell=tuple(tell),
+            then=then,
+            failed=failed,
+            what="cut record",
+        )
+
+    def _take_changes(self) -> tuple[CutChange, ...]:
+        records = self._records
+        if records is None or not records.pending:
+            return ()
+        changes = tuple(records.pending)
+        records.pending.clear()
+        return changes
+
+    def _flush(self) -> list[Effect]:
+        """Every decided record change, in one boundary; decided meanwhile, in the next."""
+        changes = self._take_changes()
+        if not changes:
+            return []
+        return [
+            self._records_commit(changes, _in.RecordsWritten(changes), _in.RecordsFailed(changes))
+        ]
+
+    def _start_reached(self) -> list[Effect]:
+        """The stream waits before its first step: the consumed record is made durable."""
+        changes = self._take_changes()
+        if not changes:
+            return self.started_durable()
+        return [self._records_commit(changes, _in.StartWritten(changes), _in.StartFailed(changes))]
+
     def started_durable(self) -> list[Effect]:
         """The stream's start is durable: tell the resume's ``started``."""
         if self._records is None:
@@ -608,18 +647,34 @@ class TurnMachine:
         started, self._records.untold_resume = self._records.untold_resume, None
         return [Emit(started)] if started is not None else []
 
-    def change_failed(self, change: CutChange) -> list[Effect]:
-        """A cut record's change could not be written: nothing of it is told.
+    def _start_failed(self, failed: _in.StartFailed) -> list[Effect]:
+        """The start was not durable: the cut is owed still; no step of the stream may run."""
+        told = self._changes_failed(failed.changes)
+        error = WriteFailed(f"the start of the stream could not be written: {failed.error}")
+        error.__cause__ = failed.error
+        return [*told, Reply(error)]
+
+    def _changes_failed(self, changes: tuple[CutChange, ...]) -> list[Effect]:
+        """Record changes could not be written: nothing of them is told.
 
         A consumed record (a stream starting) puts the marker back: the cut is still owed, as
         the store says, and the stream fails before its first step (a resume's attempt is
         told ``failed``). An end (withdrawn, forfeited, voided) stands: the marker is gone and
         the change is written, then told, at the next flush (the idle sweep retries it).
         """
+        effects: list[Effect] = []
+        again: list[CutChange] = []
+        for change in changes:
+            effects += self._change_failed(change, again)
+        records = self.records
+        records.pending[:0] = again  # the oldest again, written (and told) at a retry
+        return effects
+
+    def _change_failed(self, change: CutChange, again: list[CutChange]) -> list[Effect]:
         records = self.records
         before = records.consumed_from
         if change.state is not CutState.CONSUMED or before is None:
-            records.put_back(change)
+            again.append(change)
             return []
         records.consumed_from = None
         self.continuation = resume_settled(before)
@@ -671,7 +726,7 @@ class TurnMachine:
         self._active_tools.clear()
         if self.phase is Phase.PREPARING and self._resume_armed:
             why = f"{reason} stop before the resume started"
-            return [*self._end(EndedHow.WITHDRAWN, why), Flush()]
+            return [*self._end(EndedHow.WITHDRAWN, why), _FLUSH]
         return []
 
     def queued_stop(self, report: QueuedStopReport) -> None:
@@ -722,6 +777,28 @@ class TurnMachine:
         body = body_from_parts(ended.parts, finish=ended.finish, model=ended.model)
         return self.new_row(RowKind.ASSISTANT, encode_body(body), stream=ended.stream, cut=record)
 
+    def _final_ready(self, ended: Ended) -> list[Effect]:
+        row = self.final_row(ended)
+        what = "cut" if row.cut is not None else "assistant"
+        return [
+            Commit(
+                Boundary(rows=(row,)),
+                tell=(Persisted(session=self.id, what=what, id=row.row_id),),
+                then=_in.FinalWritten(row),
+                failed=_in.FinalFailed(ended, row),
+                what="final row",
+            )
+        ]
+
+    def _final_failed(self, failed: _in.FinalFailed) -> list[Effect]:
+        """A failed final row ends the stream in a ``store_write`` error."""
+        self.final_failed(failed.ended)
+        error = WriteFailed(
+            f"the final row {failed.row.row_id} could not be written: {failed.error}"
+        )
+        error.__cause__ = failed.error
+        return [Reply(error)]
+
     def final_written(self, row: HistoryRow) -> list[Effect]:
         """The final row is durable: a cut's ``owed`` is told now.
 
@@ -731,12 +808,11 @@ class TurnMachine:
         if row.cut is None or row.stream is None:
             return []
         owed, self.records.untold_owed = self.records.untold_owed, None
-        stream, row_id = row.stream, row.row_id
+        durable = _in.CutRowDurable(row.stream, row.row_id)
+        return [Emit(owed), Next(durable)] if owed is not None else self._cut_row_durable(durable)
 
-        def written() -> list[Effect]:
-            return [Flush()] if self.records.written(stream, row_id) else []
-
-        return [Emit(owed), Feed(written)] if owed is not None else written()
+    def _cut_row_durable(self, durable: _in.CutRowDurable) -> list[Effect]:
+        return [_FLUSH] if self.records.written(durable.stream, durable.row_id) else []
 
     def _tell_unwritten(self) -> list[Effect]:
         """A turn's outcome came and no row took the cut's record: tell what stayed untold."""
@@ -749,42 +825,36 @@ class TurnMachine:
 
     def outcome(self, outcome: StreamOutcome, context: StreamContext) -> list[Effect]:
         """A launched turn's outcome: what stayed untold is told, then the outcome's path."""
+        return [*self._tell_unwritten(), Next(_in.AfterTelling(outcome, context))]
 
-        def after_telling() -> list[Effect]:
-            if self.disposed:
-                return []
-            if isinstance(outcome, Ended):
-                return self._ended()
-            if isinstance(outcome, Aborted):
-                return self._aborted(outcome)
-            if isinstance(outcome, Failed):
-                return self._failed()
-            return self.not_started(outcome, context)
-
-        return [*self._tell_unwritten(), Feed(after_telling)]
+    def _after_telling(self, outcome: StreamOutcome, context: StreamContext) -> list[Effect]:
+        if self.disposed:
+            return []
+        if isinstance(outcome, Ended):
+            return self._ended()
+        if isinstance(outcome, Aborted):
+            return self._aborted(outcome)
+        if isinstance(outcome, Failed):
+            return self._failed()
+        return self.not_started(outcome, context)
 
     def _ended(self) -> list[Effect]:
         """AS-24: a normal end; the queue's next entry takes over, else the session idles."""
-        return [
-            *self._move(Phase.COMPLETING),
-            Feed(self.drain),
-            Feed(lambda: self._to_idle_from(Phase.COMPLETING)),
-        ]
+        return [*self._move(Phase.COMPLETING), _DRAIN, _IDLE_FROM_COMPLETING]
 
     def _failed(self) -> list[Effect]:
         """AS-25, R25: a stream error withdraws the continuation; the error path owns it."""
+        return [*self._move(Phase.COMPLETING), Next(_in.FailedTurnSettles())]
 
-        def withdraw() -> list[Effect]:
-            self.continuation = resume_settled(self.continuation)
-            why = "the stream failed; the error path owns it (R25)"
-            return [
-                *self._end(EndedHow.WITHDRAWN, why),
-                Flush(),
-                Feed(lambda: self._to_idle_from(Phase.COMPLETING)),
-                Feed(self.drain_if_idle),  # nothing queued waits on a failed turn
-            ]
-
-        return [*self._move(Phase.COMPLETING), Feed(withdraw)]
+    def _failed_turn_settles(self) -> list[Effect]:
+        self.continuation = resume_settled(self.continuation)
+        why = "the stream failed; the error path owns it (R25)"
+        return [
+            *self._end(EndedHow.WITHDRAWN, why),
+            _FLUSH,
+            _IDLE_FROM_COMPLETING,
+            _DRAIN_IF_IDLE,  # nothing queued waits on a failed turn
+        ]
 
     def not_started(self, outcome: Refused | Withdrawn, context: StreamContext) -> list[Effect]:
         """The launch never reached stream-start (AS-10, ST-10)."""
@@ -799,10 +869,8 @@ class TurnMachine:
             told = ResumeAttempted(session=self.id, cut=resume[0], attempt=resume[1], outcome=how)
             effects.append(Emit(told))
             if refused is not None:
-                why = f"admission refused: {refused}"
-                effects.append(Feed(lambda: self._end(EndedHow.FORFEITED, why)))
-        effects.append(Feed(lambda: self._to_idle_from(Phase.PREPARING)))
-        effects.append(Feed(self.drain_if_idle))
+                effects.append(Next(_in.Forfeit(f"admission refused: {refused}")))
+        effects += [_IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
         return effects
 
     def _aborted(self, aborted: Aborted) -> list[Effect]:
@@ -812,7 +880,7 @@ class TurnMachine:
         R58); ``owed`` is told after it commits (R60).
         """
         moved = self._move(Phase.COMPLETING) if self.phase is Phase.STREAMING else []
-        return [*moved, Feed(lambda: self._commit_partial(aborted))]
+        return [*moved, Next(_in.CommitPartial(aborted))]
 
     def _commit_partial(self, aborted: Aborted) -> list[Effect]:
         """B6: the partial row, with the cut record when it owes.
@@ -842,16 +910,17 @@ class TurnMachine:
             row = self.new_row(
                 RowKind.PARTIAL, encode_body(body), stream=aborted.stream, cut=record
             )
-            written = row
-
-            def then(failed: str | None) -> list[Effect]:
-                if failed is None:
-                    return self._abort_written(aborted, written, owes=owes)
-                return self._abort_unwritten(aborted, failed)
-
-            effects.append(CommitRows((row,), "cut" if owes else "partial", then))
+            persisted = Persisted(session=self.id, what="cut" if owes else "partial", id=row.row_id)
+            effects.append(
+                Commit(
+                    Boundary(rows=(row,)),
+                    tell=(persisted,),
+                    then=_in.AbortWritten(aborted, row, owes),
+                    failed=_in.PartialFailed(aborted),
+                )
+            )
             return effects
-        effects.append(Feed(lambda: self._abort_written(aborted, None, owes=owes)))
+        effects.append(Next(_in.AbortWritten(aborted, None, owes)))
         return effects
 
     def _abort_unwritten(self, aborted: Aborted, failed: str) -> list[Effect]:
@@ -868,7 +937,7 @@ class TurnMachine:
             type=ErrorType.STORE_WRITE.value,
             message=failed,
         )
-        return [Emit(error), Feed(lambda: self._abort_written(aborted, None, owes=False))]
+        return [Emit(error), Next(_in.AbortWritten(aborted, None, owes=False))]
 
     def _abort_written(
         self, aborted: Aborted, row: HistoryRow | None, *, owes: bool
@@ -895,19 +964,19 @@ class TurnMachine:
         elif owes and row is not None:  # written for a cut that the hard stop took back
             self.records.change_row(row.row_id, CutState.VOIDED)
         if soft_stop:
-            effects.append(Feed(self._classify_cutter))
-        effects.append(Flush())
-        effects.append(Feed(lambda: self._abort_settled(soft_stop=soft_stop)))
+            effects.append(Next(_in.ClassifyCutter()))
+        effects.append(_FLUSH)
+        effects.append(Next(_in.AbortSettled(soft_stop)))
         return effects
 
     def _abort_settled(self, *, soft_stop: bool) -> list[Effect]:
         effects: list[Effect] = []
         if soft_stop:
-            effects.append(Feed(self.drain))  # AS-28: the cutter, or cancel withdrawn entries
+            effects.append(_DRAIN)  # AS-28: the cutter, or cancel withdrawn entries
         elif self.send_now_pending:
             self.send_now_pending = False
-            effects.append(Feed(self.drain))  # AS-18: the user's prioritized entry goes next
-        effects.append(Feed(lambda: self._to_idle_from(Phase.COMPLETING)))
+            effects.append(_DRAIN)  # AS-18: the user's prioritized entry goes next
+        effects.append(_IDLE_FROM_COMPLETING)
         return effects
 
     def _classify_cutter(self) -> list[Effect]:
@@ -954,7 +1023,7 @@ class TurnMachine:
         if not self.queue.prioritize_next_user_entry():
             return False, []
         effects = self._end(EndedHow.WITHDRAWN, "send now")  # a user interrupt withdraws (R6)
-        effects.append(Flush())
+        effects.append(_FLUSH)
         if self.phase is Phase.IDLE:
             return True, [*effects, *self.drain_if_idle()]
         self.send_now_pending = True
@@ -964,8 +1033,7 @@ class TurnMachine:
 
     def edit_begins(self) -> list[Effect]:
         """AS-6: withdraw the continuation and hold the drain back for the edit."""
-        effects = [*self._end(EndedHow.WITHDRAWN, "history edited"), Flush()]
-        return effects
+        return [*self._end(EndedHow.WITHDRAWN, "history edited"), _FLUSH]
 
     def edit_interrupts(self) -> list[Effect]:
         """AS-6: a running (or preparing) turn is interrupted and its partial dropped."""
@@ -1005,6 +1073,249 @@ class TurnMachine:
     def disposal_done(self) -> list[Effect]:
         """The stream is stopped: the phase is DISPOSED."""
         return [] if self.phase is Phase.DISPOSED else self._move(Phase.DISPOSED)
+
+    # ------------------------------------------------------------ writes of sends and launches
+
+    def _user_row_wanted(self, turn: TurnInput) -> list[Effect]:
+        """AS-7: the send's user row; the adapter is answered the row once it is durable."""
+        body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
+        row = self.new_row(RowKind.USER, encode_body(body))
+        persisted = Persisted(session=self.id, what="user-row", id=row.row_id)
+        return [
+            Commit(
+                Boundary(rows=(row,)),
+                tell=(persisted,),
+                then=_in.Answer(row),
+                failed=_in.AnswerError(),
+                what="user row",
+            )
+        ]
+
+    def _rollback(self, row: HistoryRow) -> list[Effect]:
+        """AS-3: exactly this send's row goes; a delete that took nothing counts as failed."""
+        return [
+            Commit(
+                Boundary(delete=(row.row_id,)),
+                then=_in.Answer(None),
+                failed=_in.AnswerError(),
+                what=f"rollback of {row.row_id}",
+                exact=True,
+            )
+        ]
+
+    def _history_loaded(self, rows: tuple[HistoryRow, ...]) -> list[Effect]:
+        """R34: a history ending in tool results gets the ``Continue`` sentinel first."""
+        if not needs_continue_sentinel(rows):
+            return [Reply(rows)]
+        sentinel = self.new_row(RowKind.SENTINEL, encode_body(RowBody(text=CONTINUE_TEXT)))
+        persisted = Persisted(session=self.id, what="sentinel", id=sentinel.row_id)
+        return [
+            Commit(
+                Boundary(rows=(sentinel,)),
+                tell=(persisted,),
+                then=_in.Answer((*rows, sentinel)),
+                failed=_in.AnswerError(),
+                what="sentinel",
+            )
+        ]
+
+    def _sentinel_unwanted(self, sentinel: HistoryRow) -> list[Effect]:
+        """R34: a launch that failed or never started leaves no orphan sentinel."""
+        boundary = Boundary(delete=(sentinel.row_id,))
+        return [Commit(boundary, failed=_in.Ignored(), what=f"removal of {sentinel.row_id}")]
+
+    def _envelope_ready(self, info: StreamInfo) -> list[Effect]:
+        """B3: the durable turn envelope, written when the stream is constructed."""
+        context = self.context
+        envelope = TurnEnvelope(
+            session=info.session,
+            stream=info.stream,
+            model=info.model,
+            budget=info.budget,
+            cause=context.cause.value,
+            handle=context.correlation.handle_id if context.correlation else None,
+        )
+        persisted = Persisted(session=info.session, what="envelope", id=info.stream)
+        return [
+            Commit(
+                Boundary(envelope=envelope),
+                tell=(persisted,),
+                failed=_in.AnswerError(),
+                what="envelope",
+            )
+        ]
+
+    def _delete_rows(self, row_ids: tuple[str, ...], what: str, *, answer: bool) -> list[Effect]:
+        """AS-6, R27: history rows go (an edit's truncation; a discard of everything)."""
+        failed = _in.AnswerError() if answer else _in.Ignored()
+        return [Commit(Boundary(delete=row_ids), failed=failed, what=what)]
+
+    # ------------------------------------------------------------ the one entry point
+
+    def handle(self, given: _in.Input) -> list[Effect]:  # noqa: C901
+        """Take one input; return the effects the shell must perform, in order.
+
+        Every input of ``_inputs`` has a case; ``assert_never`` makes mypy prove it. The most
+        frequent inputs of a turn come first (a ``match`` tries its cases in order).
+        """
+        match given:
+            case _in.ToIdleFrom(phases):
+                return self._to_idle_from(*phases)
+            case _in.Drain():
+                return self.drain()
+            case _in.DrainIfIdle():
+                return self.drain_if_idle()
+            case _in.FlushRecords() | _in.RecordsWritten():
+                return self._flush()
+            case _in.SweepWanted():
+                return self._schedule_sweep()
+            case _in.Answer(value):
+                return [Reply(value)]
+            case _in.AnswerError(error):
+                return [Reply(error)]
+            case _in.Ignored():
+                return []
+            case _in.AfterTelling(outcome, context):
+                return self._after_telling(outcome, context)
+            case _in.Consume(stream, cause):
+                return self._consume(stream, cause)
+            case _in.StreamBegan(stream, cause):
+                return self.stream_started(stream, cause)
+            case _in.ToolStarted(call):
+                self.tool_started(call)
+                return []
+            case _in.ToolEnded(call, provider):
+                return self.tool_ended(call, provider=provider)
+            case _in.HistoryLoaded(rows):
+                return self._history_loaded(rows)
+            case _in.Launching(context):
+                self.launching(context)
+                return []
+            case _in.EnvelopeReady(info):
+                return self._envelope_ready(info)
+            case _in.StartReached():
+                return self._start_reached()
+            case _in.StartWritten():
+                return self._start_reached()  # what was decided while the start was written
+            case _in.StartFailed():
+                return self._start_failed(given)
+            case _in.FinalReady(ended):
+                return self._final_ready(ended)
+            case _in.FinalWritten(row):
+                return self.final_written(row)
+            case _in.FinalFailed():
+                return self._final_failed(given)
+            case _in.CutRowDurable():
+                return self._cut_row_durable(given)
+            case _in.Outcome(outcome, context):
+                return self.outcome(outcome, context)
+            case _in.UserRowWanted(turn):
+                return self._user_row_wanted(turn)
+            case _in.Supersede(turn, why):
+                return self.supersede(turn, why)
+            case _in.TurnAccepted(turn):
+                return self.accepted(turn)
+            case _in.ReleasePreflight():
+                self.release_preflight()
+                return []
+            case _in.DispatchEntry(turn, token):
+                return self._dispatch_entry(turn, token)
+            case _in.Dispatched(token):
+                self.dispatched(token)
+                return []
+            case _in.SendWentNowhere(turn):
+                return self.send_went_nowhere(turn)
+            case _in.Queued():
+                return self.queued()
+            case _in.DirectSend():
+                self.direct_send()
+                return []
+            case _in.QueuedStop(report):
+                self.queued_stop(report)
+                return []
+            case _in.CommitPartial(aborted):
+                return self._commit_partial(aborted)
+            case _in.PartialFailed(aborted, error):
+                return self._abort_unwritten(aborted, str(error))
+            case _in.AbortWritten(aborted, row, owes):
+                return self._abort_written(aborted, row, owes=owes)
+            case _in.AbortSettled(soft_stop):
+                return self._abort_settled(soft_stop=soft_stop)
+            case _in.ClassifyCutter():
+                return self._classify_cutter()
+            case _in.FailedTurnSettles():
+                return self._failed_turn_settles()
+            case _in.Forfeit(why):
+                return self._end(EndedHow.FORFEITED, why)
+            case _in.RecordsFailed(changes):
+                return self._changes_failed(changes)
+            case _in.NotStarted(outcome, context):
+                return self.not_started(outcome, context)
+            case _in.SyntheticAbort(reason):
+                return self.synthetic_abort(reason)
+            case _in.SentinelUnwanted(sentinel):
+                return self._sentinel_unwanted(sentinel)
+            case _in.Rollback(row):
+                return self._rollback(row)
+            case _in.SweepDue():
+                return self.sweep_due()
+            case _in.Sweep():
+                return self.sweep()
+            case _in.ArmResume(marker, attempt):
+                return self._arm_resume(marker, attempt)
+            case _in.ResumeFailed(marker, attempt):
+                return self.resume_failed(marker, attempt)
+            case _in.ResumeUnreadable(marker, attempt):
+                return self.resume_unreadable(marker, attempt)
+            case _in.Removed(removed, reason, before):
+                return self.removed(list(removed), reason, before)
+            case _in.Withdraw(entry, reason):
+                return [Reply(self.withdraw(entry, reason))]
+            case _in.Clear(reason, hard_stop):
+                return self.clear(reason, hard_stop=hard_stop)
+            case _in.Restore():
+                text, effects = self.restore()
+                return [Reply(text), *effects]
+            case _in.RemoveDedupe(prefix, reason):
+                count, effects = self.remove_dedupe(prefix, reason)
+                return [Reply(count), *effects]
+            case _in.Stop():
+                return self.stop()
+            case _in.HardStop():
+                return self.hard_stop()
+            case _in.SendNow():
+                sent, effects = self.send_now()
+                return [Reply(sent), *effects]
+            case _in.SetThinking(level):
+                self.set_thinking(level)
+                return []
+            case _in.EditBegins():
+                return self.edit_begins()
+            case _in.EditInterrupts():
+                return self.edit_interrupts()
+            case _in.EditSettled():
+                self.edit_settled()
+                return []
+            case _in.Truncate(row_ids):
+                return self._delete_rows(row_ids, "history truncation", answer=True)
+            case _in.EditDone():
+                self.edit_done()
+                return []
+            case _in.Discard():
+                return self.discard()
+            case _in.DiscardHistory(row_ids):
+                return self._delete_rows(row_ids, "history discard", answer=False)
+            case _in.Dispose():
+                return self.dispose()
+            case _in.DisposedNow():
+                return self.disposed_now()
+            case _in.DisposalDone():
+                return self.disposal_done()
+            case _in.AdoptOwed(marker, row_id):
+                self.adopt_owed(marker, row_id)
+                return []
+            case _:
+                assert_never(given)
 
 
 def _continues(turn: TurnInput, marker: Marker) -> bool:

@@ -2,9 +2,11 @@
 
 Gate, validate, persist the user row, cross the point of no return (AS-8), accept, launch.
 The producer may withdraw the message until that point: its cancel signal is checked before
-anything and after every await, and a withdrawn message takes back exactly its own row. Each
-decision that changes the session (a superseded continuation, PREPARING claimed, the turn's
-context) is the turn machine's; the pipeline performs the awaits between them.
+anything and after every await, and a withdrawn message takes back exactly its own row. The
+pipeline is an I/O adapter: every decision that changes the session (the user row and its
+rollback, a superseded continuation, PREPARING claimed, the turn's context) is the turn
+machine's, made from the input the pipeline gives it; the pipeline performs the awaits between
+them and reads the machine's reply (a durable row, or the write's error).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from agent_session import _inputs as _in
 from agent_session._events import EntryCanceled
-from agent_session._rows import RowBody, encode_body
 from agent_session._turn import (
     Accepted,
     CanceledBeforeAcceptance,
@@ -23,8 +25,8 @@ from agent_session._turn import (
 )
 from agent_session.ports import PreStreamFailure
 from message_queue import EntryKind, SendFailure
-from persistence import Boundary, HistoryRow, RowKind, TurnkeeperError
-from stream_manager import ErrorKind, Persisted, StreamFailed
+from persistence import HistoryRow, TurnkeeperError
+from stream_manager import ErrorKind, StreamFailed
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -60,6 +62,8 @@ class SendPipeline:
         self._machine = machine
         self._store = store
         self._gate = gate
+        #: What the pipeline itself found (a cancellation, a failure before the stream): never
+        #: a write, which only the machine decides and the writer tells.
         self._emit = emit
         self._perform = perform
         self._launch = launch
@@ -92,12 +96,9 @@ class SendPipeline:
         failure = machine.validate(turn)
         if failure is not None:
             return SendRefused(failure)
-        row = self._user_row(turn)
-        try:
-            await self._store.commit(Boundary(rows=(row,)))
-        except TurnkeeperError as error:
-            return SendRefused(SendFailure(type="store_write", message=str(error)))
-        self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
+        row = await self._perform(machine.handle(_in.UserRowWanted(turn)))
+        if not isinstance(row, HistoryRow):
+            return SendRefused(SendFailure(type="store_write", message=str(row)))
         if self._disposed():
             return _DISPOSED
         if turn.canceled() and not await self._row_stays(row):
@@ -105,7 +106,7 @@ class SendPipeline:
         # AS-8: the point of no return (a withdrawn entry whose row could not be taken back
         # crosses it too: the row is durable, so the entry is accepted like any other).
         # A row that does not continue the cut turn supersedes it.
-        await self._perform(machine.supersede(turn, "superseded by a send (R35)"))
+        await self._perform(machine.handle(_in.Supersede(turn, "superseded by a send (R35)")))
         refused = await self._accept(turn)
         if refused is not None:
             return refused
@@ -123,7 +124,7 @@ class SendPipeline:
             except Exception as error:
                 log.warning("on_accepted of %s failed: %r", turn.entry_id, error)
                 return SendRefused(SendFailure(type="on_accepted", message=str(error)))
-        await self._perform(self._machine.accepted(turn))
+        await self._perform(self._machine.handle(_in.TurnAccepted(turn)))
         return None
 
     async def _launch_accepted(self, context: StreamContext, then: Successors) -> PipelineResult:
@@ -147,7 +148,7 @@ class SendPipeline:
                 )
             )
             return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
-        await self._perform(self._machine.outcome(outcome, context), then)
+        await self._perform(self._machine.handle(_in.Outcome(outcome, context)), then)
         return Accepted()
 
     async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
@@ -159,14 +160,12 @@ class SendPipeline:
         machine = self._machine
         failure = SendFailure(type="pre_stream", message=str(error))
         if turn.kind is EntryKind.USER and machine.validate(turn) is None:
-            row = self._user_row(turn)
-            try:
-                await self._store.commit(Boundary(rows=(row,)))
-            except TurnkeeperError as written:  # the row is lost with the send: say both
-                message = f"{error}; the message was not kept: {written}"
+            row = await self._perform(machine.handle(_in.UserRowWanted(turn)))
+            if not isinstance(row, HistoryRow):  # the row is lost with the send: say both
+                message = f"{error}; the message was not kept: {row}"
                 return SendRefused(SendFailure(type="store_write", message=message))
-            self._emit(Persisted(session=machine.id, what="user-row", id=row.row_id))
-            await self._perform(machine.supersede(turn, "superseded by a refused send's row (R35)"))
+            why = "superseded by a refused send's row (R35)"
+            await self._perform(machine.handle(_in.Supersede(turn, why)))
             self._emit(
                 StreamFailed(
                     session=machine.id,
@@ -178,10 +177,6 @@ class SendPipeline:
                 )
             )
         return SendRefused(failure)
-
-    def _user_row(self, turn: TurnInput) -> HistoryRow:
-        body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
-        return self._machine.new_row(RowKind.USER, encode_body(body))
 
     def _cancel_before_acceptance(self, turn: TurnInput) -> CanceledBeforeAcceptance:
         reason = (turn.cancel_token.reason if turn.cancel_token else None) or "withdrawn"
@@ -198,11 +193,8 @@ class SendPipeline:
 
     async def _row_stays(self, row: HistoryRow) -> bool:
         """AS-3: delete exactly this send's row; whether it is still in history after that."""
-        try:
-            deleted = (await self._store.commit(Boundary(delete=(row.row_id,)))).deleted
-        except TurnkeeperError:
-            deleted = 0
-        if deleted == 0 and row.row_id in {r.row_id for r in await self._store.rows()}:
+        failed = await self._perform(self._machine.handle(_in.Rollback(row)))
+        if failed is not None and row.row_id in {r.row_id for r in await self._store.rows()}:
             log.warning("rollback of %s failed; accepting the entry", row.row_id)
             return True
         return False

@@ -27,20 +27,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 import anyio
+import msgspec
 
+from agent_session import _inputs as _in
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
     CancelRemoved,
-    CommitRows,
+    Commit,
     Dispatch,
     Effect,
     Emit,
-    Feed,
-    Flush,
+    Next,
+    Reply,
     ScheduleSweep,
     StartResume,
     StopStream,
@@ -59,6 +61,7 @@ from agent_session._phases import Phase
 from agent_session._pipeline import SendPipeline
 from agent_session._session_store import SessionStore
 from agent_session._turn import Accepted, SendRefused, TurnInput
+from agent_session._writer import Writer
 from agent_session.ports import PreStreamFailure
 from message_queue import (
     CancelToken,
@@ -74,9 +77,7 @@ from message_queue import (
     notify_all_canceled,
 )
 from persistence import (
-    Boundary,
     CorruptRecord,
-    CutStateChange,
     Store,
     TurnkeeperError,
     UsageError,
@@ -84,7 +85,6 @@ from persistence import (
 from stream_manager import (
     AbortReason,
     AbortSignal,
-    Persisted,
     Refused,
     StreamAborted,
     StreamEvent,
@@ -126,6 +126,7 @@ class AgentSession:
         "_spawn",
         "_store",
         "_tasks",
+        "_writer",
         "id",
     )
 
@@ -147,7 +148,9 @@ class AgentSession:
     ) -> None:
         self.id = session_id
         #: This session's view of the store port, fenced by the engine's owner token.
-        self._store = SessionStore(store, session_id, owner)
+        self._store = SessionStore(store, session_id)
+        #: The one writer of this session's durable decisions (the machine's ``Commit``s).
+        self._writer = Writer(store, owner)
         self._manager = manager
         self._gate = gate
         self._emit = emit
@@ -229,68 +232,95 @@ class AgentSession:
 
     # ------------------------------------------------------------ performing effects
 
-    def _do(self, effects: list[Effect], *, hold_resume: bool = False) -> StartResume | None:
-        """Perform ``effects`` from a synchronous call: a flush runs in a task of its own.
+    def _do(self, effects: list[Effect], *, hold_resume: bool = False) -> object:
+        """Perform ``effects`` from a synchronous call: a write runs in a task of its own.
 
-        A ``Feed`` is expanded in place (its effects run before the ones after it), in a loop
-        rather than by recursion: a turn feeds the machine a few dozen times. Effects are final
-        Structs, so ``type() is`` picks the kind (cheaper than ``isinstance`` on this hot path).
-        With ``hold_resume``, a resume that is the last effect is returned instead of started
-        in a task of its own: the caller (the sweep's task) runs it.
+        A ``Next`` is handled in place (its effects run before the ones after it), in a loop
+        rather than by recursion: a turn gives the machine a few dozen inputs. Returns the
+        last ``Reply`` (the machine's answer to the call). With ``hold_resume``, a resume that
+        is the last effect is returned instead of started in a task of its own: the caller
+        (the sweep's task) runs it. Effects are final Structs, so ``type() is`` picks the
+        kind (cheaper than ``isinstance`` on this hot path).
         """
-        queue, index = effects, 0
+        machine = self._machine
+        queue, index, reply = effects, 0, None
         while index < len(queue):
             effect = queue[index]
             index += 1
-            if type(effect) is Emit:  # the most frequent kinds first
-                self._tell(effect.event)
-            elif type(effect) is Feed:
-                fed = effect.step()
+            kind = type(effect)
+            if kind is Emit:  # the most frequent kinds first
+                self._tell(effect.event)  # type: ignore[union-attr]
+            elif kind is Next:
+                given = effect.input  # type: ignore[union-attr]
+                if type(given) is _in.FlushRecords:  # written in a task, taken there
+                    if machine.pending:
+                        self._run(self._performer([effect]))
+                    continue
+                fed = machine.handle(given)
                 queue = fed if index == len(queue) else [*fed, *queue[index:]]
                 index = 0
-            elif type(effect) is Flush:
-                if self._machine.pending:
-                    self._run(self._flush_in_task)
-            elif type(effect) is CommitRows:
-                raise AssertionError("a synchronous input cannot commit rows")  # pragma: no cover
-            elif hold_resume and type(effect) is StartResume and index == len(queue):
+            elif kind is Reply:
+                reply = effect.value  # type: ignore[union-attr]
+            elif kind is Commit:  # nothing to await here: the write and what follows, in a task
+                self._run(self._performer([effect]))
+            elif hold_resume and kind is StartResume and index == len(queue):
                 return effect
             else:
                 self._act(effect)
-        return None
+        return reply
 
-    async def _perform(self, effects: list[Effect], then: Successors | None = None) -> None:
-        """Perform ``effects`` in order, awaiting each write where it stands (``Feed``: see _do).
+    async def _perform(self, effects: list[Effect], then: Successors | None = None) -> object:
+        """Perform ``effects`` in order, awaiting each write where it stands (``Next``: _do).
 
         ``then`` is the running task's successors (``Perform``), given only where the effects
-        are the last thing the task does.
+        are the last thing the task does. Returns the last ``Reply``.
         """
-        queue, index = effects, 0
+        machine = self._machine
+        queue, index, reply = effects, 0, None
         while index < len(queue):
             effect = queue[index]
             index += 1
-            if type(effect) is Emit:
-                self._tell(effect.event)
-            elif type(effect) is Feed:
-                fed = effect.step()
+            kind = type(effect)
+            if kind is Emit:
+                self._tell(effect.event)  # type: ignore[union-attr]
+            elif kind is Next:
+                fed = machine.handle(effect.input)  # type: ignore[union-attr]
                 queue = fed if index == len(queue) else [*fed, *queue[index:]]
                 index = 0
-            elif type(effect) is Flush:
-                if self._machine.pending:
-                    await self._flush()
-            elif type(effect) is CommitRows:
-                rows = effect.rows
-                try:
-                    await self._store.commit(Boundary(rows=rows))
-                except (TurnkeeperError, OSError) as error:  # a result like any other
-                    log.warning("session %s: %s rows not written: %s", self.id, effect.what, error)
-                    fed = effect.then(str(error))
-                else:
-                    self._emit(Persisted(session=self.id, what=effect.what, id=rows[-1].row_id))
-                    fed = effect.then(None)
+            elif kind is Reply:
+                reply = effect.value  # type: ignore[union-attr]
+            elif kind is Commit:
+                fed = await self._commit(effect)  # type: ignore[arg-type]
                 queue, index = [*fed, *queue[index:]], 0
             else:
                 self._act(effect, then)
+        return reply
+
+    def _performer(self, effects: list[Effect]) -> Work:
+        """``effects`` as a task's work (what a synchronous call cannot await)."""
+
+        async def perform(then: Successors) -> None:
+            await self._perform(effects, then)
+
+        return perform
+
+    async def _commit(self, effect: Commit) -> list[Effect]:
+        """The one writer: commit the boundary, then tell, then give the machine the result.
+
+        Nothing is told before ``COMMIT`` returned; a failed write tells nothing and gives the
+        machine the effect's ``failed`` input with the error (a result like any other).
+        """
+        try:
+            await self._writer.write(self.id, effect.boundary, exact=effect.exact)
+        except (TurnkeeperError, OSError) as error:
+            log.warning("session %s: %s not written: %s", self.id, effect.what, error)
+            failed = effect.failed
+            if failed is None:
+                return []
+            return self._machine.handle(msgspec.structs.replace(failed, error=error))
+        for event in effect.tell:
+            self._tell(event)
+        return [] if effect.then is None else self._machine.handle(effect.then)
 
     def _tell(self, event: EngineEvent) -> None:
         """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase."""
@@ -305,46 +335,28 @@ class AgentSession:
 
     def _act(self, effect: Effect, then: Successors | None = None) -> None:
         """Perform an effect that neither tells, writes nor feeds: it acts on something."""
-        if type(effect) is ScheduleSweep:
-            self._run(self._sweep, then)
-        elif type(effect) is StopStream:
-            self._manager.request_stop_nowait(self.id, soft=effect.soft, reason=effect.reason)
-        elif type(effect) is AbortPrepared:
-            if self._prepared_abort is not None:
-                self._prepared_abort.fire(effect.reason)
-        elif type(effect) is AbortResume:
-            if self._resume_abort is not None:  # its continuation ended: a system stop
-                self._resume_abort.fire(AbortReason.SYSTEM)
-        elif type(effect) is Dispatch:
-            self._dispatch(effect.turn, effect.token, then)
-        elif type(effect) is StartResume:
-            self._run(self._armed(effect), then)
-        elif type(effect) is CancelRemoved:
-            for entry_id, error in notify_all_canceled(list(effect.removed), effect.reason):
-                log.warning("cancellation callback of %s failed: %r", entry_id, error)
-
-    async def _flush_in_task(self, then: Successors) -> None:
-        await self._flush()  # a failure is the machine's input already; nothing waits on it
-
-    async def _flush(self) -> str | None:
-        """Make every queued cut-record change durable, in order; then tell each.
-
-        A failed write is the machine's input (``change_failed``): the flush stops there and
-        returns the failure's message (``None`` when every change is durable).
-        """
-        machine, boundaries = self._machine, self._store
-        while (change := machine.take_change()) is not None:
-            moved = CutStateChange(row_id=change.row_id, state=change.state)
-            try:
-                await boundaries.commit(Boundary(cut_states=(moved,)))
-            except (TurnkeeperError, OSError) as error:
-                log.warning("session %s: cut record %s not written: %s", self.id, moved, error)
-                await self._perform(machine.change_failed(change))
-                return str(error)
-            self._emit(Persisted(session=self.id, what="cut-void", id=change.row_id))
-            if change.told is not None:
-                self._emit(change.told)
-        return None
+        match effect:
+            case ScheduleSweep():
+                self._run(self._sweep, then)
+            case StopStream(reason, soft):
+                self._manager.request_stop_nowait(self.id, soft=soft, reason=reason)
+            case AbortPrepared(reason):
+                if self._prepared_abort is not None:
+                    self._prepared_abort.fire(reason)
+            case AbortResume():
+                if self._resume_abort is not None:  # its continuation ended: a system stop
+                    self._resume_abort.fire(AbortReason.SYSTEM)
+            case Dispatch(turn, token):
+                self._dispatch(turn, token, then)
+            case StartResume():
+                self._run(self._armed(effect), then)
+            case CancelRemoved(removed, reason):
+                for entry_id, error in notify_all_canceled(list(removed), reason):
+                    log.warning("cancellation callback of %s failed: %r", entry_id, error)
+            case Emit() | Next() | Reply() | Commit():
+                raise AssertionError(f"{effect!r} is the interpreter's")  # pragma: no cover
+            case _:
+                assert_never(effect)
 
     # ------------------------------------------------------------ collaborators
 
@@ -365,9 +377,7 @@ class AgentSession:
             self._machine,
             store=self._store,
             manager=self._manager,
-            emit=self._emit,
             perform=self._perform,
-            flush=self._flush,
         )
 
     # ------------------------------------------------------------ tasks and idleness
@@ -471,15 +481,15 @@ class AgentSession:
 
     def on_stream_event(self, event: StreamEvent) -> None:
         """React to the stream manager's events for this session (AS-19 to AS-21, AS-27)."""
-        machine = self._machine
+        handle = self._machine.handle
         if isinstance(event, StreamStarted):
-            self._do(machine.stream_started(event.stream, event.cause))
+            self._do(handle(_in.StreamBegan(event.stream, event.cause)))
         elif isinstance(event, ToolCallStarted):
-            machine.tool_started(event.call)
+            handle(_in.ToolStarted(event.call))
         elif isinstance(event, ToolCallEnded):
-            self._do(machine.tool_ended(event.call, provider=event.provider))
+            self._do(handle(_in.ToolEnded(event.call, event.provider)))
         elif isinstance(event, StreamAborted) and not event.stream:
-            self._do(machine.synthetic_abort(event.reason))
+            self._do(handle(_in.SyntheticAbort(event.reason)))
 
     # ------------------------------------------------------------ turns
 
@@ -492,7 +502,7 @@ class AgentSession:
             try:
                 result = await self._pipeline().run(turn, after)
             finally:
-                self._machine.dispatched(token)  # accepted, cancelled or failed: past AS-3
+                self._machine.handle(_in.Dispatched(token))  # accepted, cancelled or failed
             if isinstance(result, SendRefused) and turn.callbacks is not None:
                 callback = turn.callbacks.on_accepted_pre_stream_failure
                 if callback is not None:
@@ -503,7 +513,7 @@ class AgentSession:
                             "on_accepted_pre_stream_failure of %s failed: %r", turn.entry_id, error
                         )
             if not isinstance(result, Accepted):
-                await self._perform(self._machine.send_went_nowhere(turn), after)
+                await self._perform(self._machine.handle(_in.SendWentNowhere(turn)), after)
 
         self._run(dispatch, then)
 
@@ -517,10 +527,11 @@ class AgentSession:
 
         Record changes whose write failed are written again first (told once durable).
         """
-        if self._machine.pending:
-            await self._flush()
-        start = self._do(self._machine.sweep_due(), hold_resume=True)
-        if start is not None:
+        machine = self._machine
+        if machine.pending:
+            await self._perform(machine.handle(_in.FlushRecords()))
+        start = self._do(machine.handle(_in.SweepDue()), hold_resume=True)
+        if isinstance(start, StartResume):
             await self._armed(start)(then)
 
     def _armed(self, start: StartResume) -> Work:
@@ -536,8 +547,8 @@ class AgentSession:
         session's own) until the resumed turn and the work it leaves are done; its outcome is
         reported as its ``resume`` event meanwhile. Startup recovery sweeps this way.
         """
-        start = self._do(self._machine.sweep(), hold_resume=True)
-        if start is None:
+        start = self._do(self._machine.handle(_in.Sweep()), hold_resume=True)
+        if not isinstance(start, StartResume):
             return False
         self._tasks += 1
         self._busy()
@@ -551,7 +562,7 @@ class AgentSession:
         (consumed when a stream starts, voided when the continuation is withdrawn or
         forfeited). Nothing starts yet: :meth:`sweep_here` (or the next idle transition) does.
         """
-        self._machine.adopt_owed(marker, row_id)
+        self._machine.handle(_in.AdoptOwed(marker, row_id))
 
     async def _resume(
         self, marker: Marker, attempt: int, abort: AbortSignal, then: Successors
@@ -581,16 +592,17 @@ class AgentSession:
                 marker.cut,
                 error,
             )
-            await self._perform(machine.resume_unreadable(marker, attempt), then)
+            await self._perform(machine.handle(_in.ResumeUnreadable(marker, attempt)), then)
             return
         except (PreStreamFailure, TurnkeeperError, OSError) as error:
             log.info("resume of %s failed before its stream started: %s", marker.cut, error)
-            await self._perform(machine.resume_failed(marker, attempt), then)
+            await self._perform(machine.handle(_in.ResumeFailed(marker, attempt)), then)
             return
         if isinstance(outcome, Refused | Withdrawn):
-            await self._perform([*machine.not_started(outcome, context), Flush()], then)
+            not_started = machine.handle(_in.NotStarted(outcome, context))
+            await self._perform([*not_started, Next(_in.FlushRecords())], then)
         else:
-            await self._perform(machine.outcome(outcome, context), then)
+            await self._perform(machine.handle(_in.Outcome(outcome, context)), then)
 
     # ------------------------------------------------------------ the queue
 
@@ -678,7 +690,7 @@ class AgentSession:
         outcome = self._queue(message, key=dedupe_key)
         if isinstance(outcome, Rejected):
             raise UsageError(f"session {self.id}: {outcome.detail}")
-        self._do(self._machine.queued())
+        self._do(self._machine.handle(_in.Queued()))
         return outcome
 
     def withdraw(self, entry: str, reason: str = "withdrawn") -> bool:
@@ -694,7 +706,7 @@ class AgentSession:
             UnknownEntry: no queued or dispatching entry has that id.
             InvalidEntry: the entry has no cancel token.
         """
-        return self._machine.withdraw(entry, reason)
+        return self._do(self._machine.handle(_in.Withdraw(entry, reason))) is True
 
     def clear_queue(self, reason: str = "cleared", *, hard_stop: bool = False) -> None:
         """AS-16: clear the queue; a hard-stop clear forfeits the owed continuation first (R23).
@@ -703,13 +715,13 @@ class AgentSession:
         entries hear of it after any forfeit (R32); then the sweep runs.
         """
         self._alive()
-        self._do(self._machine.clear(reason, hard_stop=hard_stop))
+        self._do(self._machine.handle(_in.Clear(reason, hard_stop)))
 
     def remove_dedupe(self, prefix: str, reason: str = "removed") -> int:
         """AS-16: remove the queued messages whose dedupe keys start with ``prefix``."""
         self._alive()
-        removed, effects = self._machine.remove_dedupe(prefix, reason)
-        self._do(effects)
+        removed = self._do(self._machine.handle(_in.RemoveDedupe(prefix, reason)))
+        assert isinstance(removed, int)
         return removed
 
     def restore_queue(self) -> str:
@@ -719,8 +731,8 @@ class AgentSession:
             The restored text (empty when nothing user-authored was queued).
         """
         self._alive()
-        text, effects = self._machine.restore()
-        self._do(effects)
+        text = self._do(self._machine.handle(_in.Restore()))
+        assert isinstance(text, str)
         return text
 
     # ------------------------------------------------------------ sending
@@ -746,13 +758,13 @@ class AgentSession:
             if isinstance(outcome, Rejected):
                 raise UsageError(f"session {self.id}: {outcome.detail}")
             return
-        machine.direct_send()  # R3: the sweep yields until this send claims or fails
+        machine.handle(_in.DirectSend())  # R3: the sweep yields until this send claims or fails
         turn = TurnInput(text=text, entry_id=entry, options=options)
 
         async def direct(then: Successors) -> None:
             result = await self._pipeline().run(turn, then)
             if not isinstance(result, Accepted):
-                await self._perform(machine.send_went_nowhere(turn), then)
+                await self._perform(machine.handle(_in.SendWentNowhere(turn)), then)
 
         self._run(direct)
 
@@ -761,7 +773,7 @@ class AgentSession:
     def set_thinking(self, level: str) -> None:
         """Change the thinking level: mid-turn it is applied at the next step; else from now."""
         self._alive()
-        self._machine.set_thinking(level)
+        self._machine.handle(_in.SetThinking(level))
 
     def set_scratchpad(self, text: str | None) -> None:
         """The live scratchpad text passed to every request (never persisted, R26)."""
@@ -780,13 +792,13 @@ class AgentSession:
             entries are cancelled, never given back.
         """
         self._alive()
-        self._do(self._machine.stop())
+        self._do(self._machine.handle(_in.Stop()))
         return self.restore_queue()
 
     def hard_stop(self) -> None:
         """TD-7: a task hard stop: clear the queue with ``hard_stop`` first, then stop (system)."""
         self._alive()
-        self._do(self._machine.hard_stop())
+        self._do(self._machine.handle(_in.HardStop()))
 
     def send_now(self) -> bool:
         """AS-18: send the oldest queued user message now, interrupting what runs (``user``).
@@ -795,9 +807,7 @@ class AgentSession:
             ``False`` when no user-authored entry is queued (nothing changes).
         """
         self._alive()
-        sent, effects = self._machine.send_now()
-        self._do(effects)
-        return sent
+        return self._do(self._machine.handle(_in.SendNow())) is True
 
     async def edit(self, row_id: str, text: str) -> str:
         """AS-6: replace user row ``row_id`` and everything after it with a new send of ``text``.
@@ -818,16 +828,18 @@ class AgentSession:
         failure = machine.validate(TurnInput(text=text))
         if failure is not None:  # AS-5: validated before any history change
             raise UsageError(f"session {self.id}: {failure.message}")
-        await self._perform(machine.edit_begins())
+        await self._perform(machine.handle(_in.EditBegins()))
         try:
-            self._do(machine.edit_interrupts())
+            self._do(machine.handle(_in.EditInterrupts()))
             await self.wait_idle()
-            machine.edit_settled()
+            machine.handle(_in.EditSettled())
             restored = self.restore_queue()
-            doomed = [row.row_id for row in await self._store.rows() if row.seq >= target.seq]
-            await self._store.commit(Boundary(delete=tuple(doomed)))
+            doomed = tuple(row.row_id for row in await self._store.rows() if row.seq >= target.seq)
+            failed = await self._perform(machine.handle(_in.Truncate(doomed)))
+            if isinstance(failed, Exception):
+                raise failed
         finally:
-            machine.edit_done()
+            machine.handle(_in.EditDone())
         self.send(text)
         return restored
 
@@ -843,16 +855,17 @@ class AgentSession:
         self._alive()
         if self.busy:
             raise UsageError(f"session {self.id}: history can be discarded only while idle")
-        self._do(self._machine.discard())
+        machine = self._machine
+        self._do(machine.handle(_in.Discard()))
 
         async def discard(then: Successors) -> None:
-            await self._flush()
-            boundaries = self._store
+            await self._perform([Next(_in.FlushRecords())])
             try:
-                rows = await boundaries.rows()
-                await boundaries.commit(Boundary(delete=tuple(row.row_id for row in rows)))
+                rows = await self._store.rows()
             except (TurnkeeperError, OSError) as error:  # the history stays as it was
                 log.warning("session %s: history not discarded: %s", self.id, error)
+                return
+            await self._perform(machine.handle(_in.DiscardHistory(tuple(r.row_id for r in rows))))
 
         self._run(discard)
 
@@ -861,8 +874,8 @@ class AgentSession:
         machine = self._machine
         if machine.disposed:
             return
-        await self._perform([*machine.dispose(), Flush()])
-        self._do(machine.disposed_now())
+        await self._perform([*machine.handle(_in.Dispose()), Next(_in.FlushRecords())])
+        self._do(machine.handle(_in.DisposedNow()))
         await self._manager.stop_stream(self.id, reason=AbortReason.SYSTEM)
-        self._do(machine.disposal_done())
+        self._do(machine.handle(_in.DisposalDone()))
         self._check_idle()

@@ -1,30 +1,21 @@
-"""One session's view of the store port: its boundaries, committed under the engine's owner."""
+"""One session's read view of the store port: its history (writes go through ``_writer``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from persistence import Boundary, Committed, HistoryRow, Store
+    from persistence import HistoryRow, Store
 
 
 class SessionStore:
-    """Commits one session's durable boundaries and loads its history, fenced by ``owner``."""
+    """Loads one session's history rows."""
 
-    __slots__ = ("_owner", "_session", "_store")
+    __slots__ = ("_session", "_store")
 
-    def __init__(self, store: Store, session: str, owner: str | None) -> None:
+    def __init__(self, store: Store, session: str) -> None:
         self._store = store
         self._session = session
-        self._owner = owner
-
-    async def commit(self, boundary: Boundary) -> Committed:
-        """Make ``boundary`` durable in one transaction (all of it or nothing).
-
-        Raises:
-            StaleOwner: the store has another owner now; nothing is written.
-        """
-        return await self._store.commit(self._session, boundary, owner=self._owner)
 
     async def rows(self) -> list[HistoryRow]:
         """The session's history rows, by seq (empty for a session the store does not hold)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
+import msgspec
 from hypothesis import settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -37,17 +38,18 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from agent_session import _inputs as _in
 from agent_session._continuation import CONSUMED_CUTS_BOUND, Marker
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
     CancelRemoved,
-    CommitRows,
+    Commit,
     Dispatch,
     Effect,
     Emit,
-    Feed,
-    Flush,
+    Next,
+    Reply,
     ScheduleSweep,
     StartResume,
     StopStream,
@@ -125,21 +127,21 @@ class Shell:
     #: Cuts whose carrying row was never written (its write failed): nothing durable to wait for.
     unwritten: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
+    #: The next commit fails (nothing of it is written; its ``failed`` input is handled).
+    fail_next: bool = False
 
     def perform(self, effects: list[Effect], *, sync: bool) -> None:
         for effect in effects:
-            if isinstance(effect, Flush):
-                if sync:
+            if isinstance(effect, Next):
+                if sync and isinstance(effect.input, _in.FlushRecords):
                     self.flush_due = self.flush_due or bool(self.machine.pending)
                 else:
-                    self.flush()
-            elif isinstance(effect, Feed):
-                self.perform(effect.step(), sync=sync)
-            elif isinstance(effect, CommitRows):
-                assert not sync, "a synchronous input committed rows"
-                for row in effect.rows:
-                    self.commit_row(row)
-                self.perform(effect.then(None), sync=sync)
+                    self.perform(self.machine.handle(effect.input), sync=sync)
+            elif isinstance(effect, Commit):
+                assert not sync, "a synchronous input committed (not through a flush)"
+                self.commit(effect)
+            elif isinstance(effect, Reply):
+                pass
             elif isinstance(effect, Emit):
                 self.tell(effect.event)
             elif isinstance(effect, ScheduleSweep):
@@ -162,16 +164,29 @@ class Shell:
             if isinstance(effect, AbortPrepared) and self.stream and not self.stream.started:
                 self.stream.hard_stop = effect.reason
 
-    def commit_row(self, row: HistoryRow) -> None:
-        self.rows[row.row_id] = row
-        if row.cut is not None:
-            self.states[row.row_id] = row.cut.state
+    def commit(self, effect: Commit) -> None:
+        """The one writer: all of the boundary or nothing; told after, then the result."""
+        if self.fail_next:
+            self.fail_next = False
+            if effect.failed is not None:
+                error = OSError("disk full")
+                failed = msgspec.structs.replace(effect.failed, error=error)
+                self.perform(self.machine.handle(failed), sync=False)
+            return
+        boundary = effect.boundary
+        for row in boundary.rows:
+            self.rows[row.row_id] = row
+            if row.cut is not None:
+                self.states[row.row_id] = row.cut.state
+        for change in boundary.cut_states:
+            self.states[change.row_id] = change.state
+        for event in effect.tell:
+            self.tell(event)
+        if effect.then is not None:
+            self.perform(self.machine.handle(effect.then), sync=False)
 
     def flush(self) -> None:
-        while (change := self.machine.take_change()) is not None:
-            self.states[change.row_id] = change.state
-            if change.told is not None:
-                self.tell(change.told)
+        self.perform(self.machine.handle(_in.FlushRecords()), sync=False)
 
     def rows_of(self, cut: str) -> list[str]:
         return [r.row_id for r in self.rows.values() if r.stream == cut and r.cut is not None]
@@ -207,7 +222,7 @@ class Shell:
             return
         if stream is not None:
             stream.hard_stop = stream.hard_stop or effect.reason
-        self.perform(self.machine.synthetic_abort(effect.reason), sync=True)
+        self.perform(self.machine.handle(_in.SyntheticAbort(effect.reason)), sync=True)
 
 
 class TurnMachineTest(RuleBasedStateMachine):
@@ -253,7 +268,7 @@ class TurnMachineTest(RuleBasedStateMachine):
         self.enqueue(cutter, False)
         self.stream_ends(remaining, cut=True)
         if withdrawn:
-            self.machine.withdraw(f"e{self.entries}", "withdrawn")
+            self.machine.handle(_in.Withdraw(f"e{self.entries}", "withdrawn"))
             self.pipeline_runs(accept=True)  # the withdrawn entry cancels before acceptance
             for failed in range(failures + 1):
                 if self.shell.sweep_due:
@@ -271,7 +286,7 @@ class TurnMachineTest(RuleBasedStateMachine):
 
     def launch(self, context: StreamContext) -> None:
         assert self.shell.stream is None, "two streams at once"
-        self.machine.launching(context)
+        self.machine.handle(_in.Launching(context))
         self.shell.stream = Stream(self.machine.next_stream_id(), context)
 
     def outcome(self, outcome: Ended | Aborted | Failed | Refused | Withdrawn) -> None:
@@ -279,9 +294,10 @@ class TurnMachineTest(RuleBasedStateMachine):
         assert stream is not None
         self.shell.stream = None
         if isinstance(outcome, Refused | Withdrawn) and stream.context.resume_of is not None:
-            self.run([*self.machine.not_started(outcome, stream.context), Flush()])
+            not_started = self.machine.handle(_in.NotStarted(outcome, stream.context))
+            self.run([*not_started, Next(_in.FlushRecords())])
         else:
-            self.run(self.machine.outcome(outcome, stream.context))
+            self.run(self.machine.handle(_in.Outcome(outcome, stream.context)))
 
     def meta(self, remaining: int) -> AbortMetadata:
         return AbortMetadata(
@@ -309,12 +325,12 @@ class TurnMachineTest(RuleBasedStateMachine):
                 metadata=metadata,
             )
         )
-        self.sync(self.machine.queued())
+        self.sync(self.machine.handle(_in.Queued()))
 
     @precondition(lambda self: not self.machine.busy and self.direct is None)
     @rule()
     def send_directly(self) -> None:
-        self.machine.direct_send()
+        self.machine.handle(_in.DirectSend())
         self.direct = TurnInput(text="direct", options=None)
 
     @rule(
@@ -324,21 +340,21 @@ class TurnMachineTest(RuleBasedStateMachine):
     def host_acts(self, action: str, data: st.DataObject) -> None:
         machine = self.machine
         if action == "stop":
-            self.sync(machine.stop())
-            self.sync(machine.restore()[1])
+            self.sync(machine.handle(_in.Stop()))
+            self.sync(machine.handle(_in.Restore()))
         elif action == "hard stop":
-            self.sync(machine.hard_stop())
+            self.sync(machine.handle(_in.HardStop()))
         elif action == "send now":
-            self.sync(machine.send_now()[1])
+            self.sync(machine.handle(_in.SendNow()))
         elif action == "clear":
-            self.sync(machine.clear("cleared", hard_stop=False))
+            self.sync(machine.handle(_in.Clear("cleared", hard_stop=False)))
         elif action == "discard" and not machine.busy:
-            self.sync(machine.discard())
-            self.run([Flush()])
+            self.sync(machine.handle(_in.Discard()))
+            self.run([Next(_in.FlushRecords())])
         elif action == "withdraw":
             ids = [e.id for e in machine.queue if not e.withdrawn]
             if ids:
-                machine.withdraw(data.draw(st.sampled_from(ids)), "withdrawn")
+                machine.handle(_in.Withdraw(data.draw(st.sampled_from(ids)), "withdrawn"))
 
     @precondition(lambda self: self.shell.flush_due)
     @rule()
@@ -358,8 +374,8 @@ class TurnMachineTest(RuleBasedStateMachine):
         in_flight = machine.continuation.resume_in_flight
         at_cap = machine.continuation.failed_attempts >= CAP
         resumes = len(self.shell.resumes)
-        self.sync(machine.sweep_due())
-        assert machine.sweep() == [], "the sweep is not idempotent (ST-7)"
+        self.sync(machine.handle(_in.SweepDue()))
+        assert machine.handle(_in.Sweep()) == [], "the sweep is not idempotent (ST-7)"
         if blocked or in_flight or marker is None:
             assert len(self.shell.resumes) == resumes, "a resume started while blocked (ST-7, R3)"
         elif at_cap:  # R21: forfeited exactly at the cap, never resumed
@@ -382,16 +398,16 @@ class TurnMachineTest(RuleBasedStateMachine):
             dispatch = self.shell.dispatches.pop(0)
             turn, token = dispatch.turn, dispatch.token
             canceled = turn.canceled() or not accept
-            machine.dispatched(token)
+            machine.handle(_in.Dispatched(token))
         else:
             assert self.direct is not None
             turn, token, self.direct = self.direct, None, None
             canceled = not accept
         if canceled or self.shell.stream is not None:
-            self.run(machine.send_went_nowhere(turn))
+            self.run(machine.handle(_in.SendWentNowhere(turn)))
             return
-        self.run(machine.supersede(turn, "superseded by a send (R35)"))
-        self.run(machine.accepted(turn))
+        self.run(machine.handle(_in.Supersede(turn, "superseded by a send (R35)")))
+        self.run(machine.handle(_in.TurnAccepted(turn)))
         self.launch(machine.turn_context(turn))
 
     @precondition(lambda self: self.shell.resumes and self.shell.stream is None)
@@ -404,7 +420,7 @@ class TurnMachineTest(RuleBasedStateMachine):
             self.launch(context)
             self.outcome(Withdrawn(AbortReason.SYSTEM))
         elif fails:
-            self.run(self.machine.resume_failed(marker, resume.attempt))
+            self.run(self.machine.handle(_in.ResumeFailed(marker, resume.attempt)))
         else:
             self.launch(context)
 
@@ -424,14 +440,14 @@ class TurnMachineTest(RuleBasedStateMachine):
             owed = self.machine.continuation.marker
             if owed is not None:
                 self.consumed.append(owed.cut)  # ST-4: this stream consumes it
-            self.sync(self.machine.stream_started(stream.id, stream.context.cause))
-            self.run([Flush(), Feed(self.machine.started_durable)])
+            self.sync(self.machine.handle(_in.StreamBegan(stream.id, stream.context.cause)))
+            self.run(self.machine.handle(_in.StartReached()))
 
     @precondition(lambda self: self.shell.stream is not None and self.shell.stream.started)
     @rule(provider=st.booleans())
     def a_tool_runs(self, provider: bool) -> None:
-        self.machine.tool_started("call-1")
-        self.sync(self.machine.tool_ended("call-1", provider=provider))
+        self.machine.handle(_in.ToolStarted("call-1"))
+        self.sync(self.machine.handle(_in.ToolEnded("call-1", provider)))
 
     @precondition(lambda self: self.shell.stream is not None and self.shell.stream.started)
     @rule(remaining=st.integers(0, 4), cut=st.booleans(), write_fails=st.booleans())
@@ -449,7 +465,7 @@ class TurnMachineTest(RuleBasedStateMachine):
                 steps_remaining=remaining,
                 fallback_progress=PROGRESS,
             )
-            self.machine.queued_stop(report)
+            self.machine.handle(_in.QueuedStop(report))
         ended = Ended(
             stream=stream.id,
             model="fallback-c",
@@ -461,12 +477,10 @@ class TurnMachineTest(RuleBasedStateMachine):
             queued_stop=report,
             parts=(TextPart(text="answer"),),
         )
-        row = self.machine.final_row(ended)
         if write_fails:
             self.shell.unwritten.add(stream.id)
-        else:
-            self.shell.commit_row(row)
-            self.run(self.machine.final_written(row))
+            self.shell.fail_next = True
+        self.run(self.machine.handle(_in.FinalReady(ended)))
         self.outcome(ended)
 
     @precondition(lambda self: self.shell.stream is not None and self.shell.stream.started)
