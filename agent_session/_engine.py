@@ -18,9 +18,8 @@ import anyio.abc
 
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
-from agent_session._rows import RowBody, encode_body, restart_note
-from agent_session._rows import row_id as history_row_id
 from agent_session._session import AgentSession
+from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from persistence import (
@@ -31,7 +30,6 @@ from persistence import (
     OperationRecord,
     OpState,
     Resolution,
-    RowKind,
     SessionRecord,
     Store,
     TurnkeeperError,
@@ -43,13 +41,11 @@ from stream_manager import (
     Model,
     OverlapPolicy,
     Persisted,
-    ReceiptWritten,
     StreamEvent,
     StreamManager,
     SystemClock,
     Tool,
 )
-from stream_manager._op_states import OutcomeCode, advance
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -142,57 +138,38 @@ class Engine:
     async def _recover_operations(self) -> None:
         """OP-7: what a previous process left open is indeterminate (``process_restart``).
 
-        Each session's receipts are closed in one write with a system row that tells its
-        model what became of those calls (``docs/operations.md``: every call's fate reaches the
-        model); indeterminate receipts then feed the overlap guard (OP-9).
+        The stale receipts and their sessions' histories are read first; the plan
+        (``agent_session._startup_receipts``) then closes each session's receipts in one write
+        with a system row that tells its model what became of those calls
+        (``docs/operations.md``: every call's fate reaches the model). Only the written
+        sessions' ``receipt`` events are told, in the store's order; indeterminate receipts
+        then feed the overlap guard (OP-9).
         """
         runner = self.manager.operations
         stale = await self.store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
         now = self.clock.now()
-        by_session: dict[str, list[OperationRecord]] = {}
-        for record in stale.records:
-            closed = advance(
-                record,
-                OpState.INDETERMINATE,
-                now=now,
-                outcome=OutcomeCode.PROCESS_RESTART,
-                acknowledged=False,
-                explanation="the process stopped while it was open; termination not confirmed",
-            )
-            by_session.setdefault(closed.session, []).append(closed)
+        histories = {
+            session: await self._restart_history(session) for session in sessions_of(stale.records)
+        }
+        plan = plan_startup_receipts(stale.records, histories, now)
         written: set[str] = set()
-        for session, of_session in by_session.items():
-            note = await self._restart_note(session, of_session)
-            rows = () if note is None else (note,)
-            boundary = Boundary(rows=rows, operations=tuple(of_session))
+        for write in plan.writes:
             try:
-                await self._writer.write(session, boundary)
+                await self._writer.write(write.session, write.boundary)
             except (TurnkeeperError, OSError) as error:  # still open in the store: held here
-                log.warning("receipts of %s not closed at startup: %s", clip(session), error)
-                for held in of_session:
+                log.warning("receipts of %s not closed at startup: %s", clip(write.session), error)
+                for held in write.boundary.operations:
                     runner.remember_indeterminate(held)
                 continue
-            written.update(done.op_id for done in of_session)
-        for record in stale.records:  # told in the store's order, once durable
-            if record.op_id in written:
-                self._emit(
-                    ReceiptWritten(
-                        session=record.session,
-                        op=record.op_id,
-                        tool=record.capability.name,
-                        state=OpState.INDETERMINATE.value,
-                        acknowledged=False,
-                        resolved_late=False,
-                    )
-                )
+            written.add(write.session)
+        for event in plan.told(written):  # told in the store's order, once durable
+            self._emit(event)
         open_ones = await self.store.receipts(states=frozenset({OpState.INDETERMINATE}))
         for record in open_ones.records:
             runner.remember_indeterminate(record)
 
-    async def _restart_note(
-        self, session: str, closed: Sequence[OperationRecord]
-    ) -> HistoryRow | None:
-        """The system row telling ``session``'s model which calls the restart left unknown.
+    async def _restart_history(self, session: str) -> tuple[HistoryRow, ...] | None:
+        """``session``'s rows, where the restart note goes after them.
 
         ``None`` when the session's history cannot be read (unknown, or damaged: reported where
         it is read) and so has no place for the row.
@@ -202,16 +179,7 @@ class Engine:
         except (TurnkeeperError, OSError) as error:
             log.warning("no restart note for %s: %s", clip(session), error)
             return None
-        if loaded is None:
-            return None
-        seq = 1 + max((row.seq for row in loaded.rows), default=0)
-        return HistoryRow(
-            session=session,
-            seq=seq,
-            row_id=history_row_id(session, seq),
-            kind=RowKind.SYSTEM,
-            body=encode_body(RowBody(text=restart_note(closed))),
-        )
+        return None if loaded is None else loaded.rows
 
     async def resolve_operation(
         self, op_id: str, *, as_: Resolution | str, note: str
