@@ -456,6 +456,18 @@ class ClassifyCutter(_S, frozen=True):
     """AS-28 step 4: the next live entry continues the cut turn, or supersedes it."""
 
 
+class WithRecords(_S, frozen=True):
+    """A row's result (``first``) and the record changes that rode in its boundary (item 3).
+
+    Record changes decided and not yet durable when the machine commits a stream's row go in
+    the row's transaction: both are durable, or neither is.
+    """
+
+    first: Input | None
+    changes: tuple[CutChange, ...]
+    error: Exception | None = None
+
+
 class Answer(_S, frozen=True):
     """Reply ``value`` to the adapter that asked (a write it waited for is durable)."""
 
@@ -545,6 +557,7 @@ Input: TypeAlias = (
     | AbortWritten
     | AbortSettled
     | ClassifyCutter
+    | WithRecords
     | Answer
     | AnswerError
     | Ignored
@@ -552,5 +565,5 @@ Input: TypeAlias = (
 
 #: The inputs a failed write feeds back (the writer fills in ``error``).
 WriteFailure: TypeAlias = (
-    AnswerError | StartFailed | FinalFailed | RecordsFailed | PartialFailed | Ignored
+    AnswerError | WithRecords | StartFailed | FinalFailed | RecordsFailed | PartialFailed | Ignored
 )

@@ -615,6 +615,37 @@ class TurnMachine:
             what="cut record",
         )
 
+    def _with_records(self, commit: Commit) -> Commit:
+        """Record changes decided and not yet durable ride in this row's boundary (item 3).
+
+        One transaction: the row and the changes are durable together, or neither is; the
+        changes are told after the row's own report, in decision order.
+        """
+        changes = self._take_changes()
+        if not changes:
+            return commit
+        records = self._records_commit(changes, _in.Ignored(), _in.Ignored())
+        boundary = msgspec.structs.replace(
+            commit.boundary,
+            cut_states=(*commit.boundary.cut_states, *records.boundary.cut_states),
+        )
+        return msgspec.structs.replace(
+            commit,
+            boundary=boundary,
+            tell=(*commit.tell, *records.tell),
+            then=_in.WithRecords(commit.then, changes),
+            failed=_in.WithRecords(commit.failed, changes),
+        )
+
+    def _with_records_settled(self, settled: _in.WithRecords) -> list[Effect]:
+        first, error = settled.first, settled.error
+        if error is None:
+            return [] if first is None else self.handle(first)
+        effects = self._changes_failed(settled.changes)
+        if first is not None:
+            effects += self.handle(msgspec.structs.replace(first, error=error))
+        return effects
+
     def _take_changes(self) -> tuple[CutChange, ...]:
         records = self._records
         if records is None or not records.pending:
@@ -780,15 +811,14 @@ class TurnMachine:
     def _final_ready(self, ended: Ended) -> list[Effect]:
         row = self.final_row(ended)
         what = "cut" if row.cut is not None else "assistant"
-        return [
-            Commit(
-                Boundary(rows=(row,)),
-                tell=(Persisted(session=self.id, what=what, id=row.row_id),),
-                then=_in.FinalWritten(row),
-                failed=_in.FinalFailed(ended, row),
-                what="final row",
-            )
-        ]
+        commit = Commit(
+            Boundary(rows=(row,)),
+            tell=(Persisted(session=self.id, what=what, id=row.row_id),),
+            then=_in.FinalWritten(row),
+            failed=_in.FinalFailed(ended, row),
+            what="final row",
+        )
+        return [self._with_records(commit)]
 
     def _final_failed(self, failed: _in.FinalFailed) -> list[Effect]:
         """A failed final row ends the stream in a ``store_write`` error."""
@@ -911,14 +941,14 @@ class TurnMachine:
                 RowKind.PARTIAL, encode_body(body), stream=aborted.stream, cut=record
             )
             persisted = Persisted(session=self.id, what="cut" if owes else "partial", id=row.row_id)
-            effects.append(
-                Commit(
-                    Boundary(rows=(row,)),
-                    tell=(persisted,),
-                    then=_in.AbortWritten(aborted, row, owes),
-                    failed=_in.PartialFailed(aborted),
-                )
+            commit = Commit(
+                Boundary(rows=(row,)),
+                tell=(persisted,),
+                then=_in.AbortWritten(aborted, row, owes),
+                failed=_in.PartialFailed(aborted),
+                what="partial row",
             )
+            effects.append(self._with_records(commit))
             return effects
         effects.append(Next(_in.AbortWritten(aborted, None, owes)))
         return effects
@@ -1169,6 +1199,8 @@ class TurnMachine:
                 return self._flush()
             case _in.SweepWanted():
                 return self._schedule_sweep()
+            case _in.WithRecords():
+                return self._with_records_settled(given)
             case _in.Answer(value):
                 return [Reply(value)]
             case _in.AnswerError(error):
