@@ -33,14 +33,16 @@ from agent_session._events import (
     QueueCleared,
     Recovered,
     ResumeAttempted,
+    SessionBroken,
     SessionEvent,
 )
-from agent_session._phases import IllegalTransition, Phase
+from agent_session._phases import BrokenSession, IllegalTransition, Phase
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session.ports import EngineConfig, OpenGate, PreStreamFailure, PreStreamGate
 
 __all__ = [
     "AgentSession",
+    "BrokenSession",
     "Continuation",
     "ContinuationEnded",
     "ContinuationOwed",
@@ -64,6 +66,7 @@ __all__ = [
     "QueueCleared",
     "Recovered",
     "ResumeAttempted",
+    "SessionBroken",
     "SessionDisposed",
     "SessionEvent",
     "SweepSnapshot",

@@ -244,7 +244,7 @@ class Engine:
 
     # ------------------------------------------------------------ sessions
 
-    async def recover(self) -> int:
+    async def recover(self, *, only: str | None = None) -> int:
         """PS-6: resume every turn a previous process left owed; return how many.
 
         One scan of the store finds each session whose latest cut record is still owed; each
@@ -257,16 +257,19 @@ class Engine:
         record fails validation is abandoned with the store's message and nothing is written
         (R61). A failed write of the records a plan ends is logged; that session's abandon is
         not told, and the next startup plans it again. Runs at start unless
-        ``EngineConfig.recover_at_start`` is off.
+        ``EngineConfig.recover_at_start`` is off. ``only``: plan that one session alone
+        (:meth:`reopen_session`).
         """
         scan = await self.store.scan_recoverable()
-        for session_id, problem in scan.corrupt:
+        corrupt = [(sid, why) for sid, why in scan.corrupt if only in (None, sid)]
+        cuts = [found for found in scan.cuts if only in (None, found.session.id)]
+        for session_id, problem in corrupt:
             log.error("recovery of session %s abandoned: %s", clip(session_id), clip(problem, 2000))
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
         resumed: list[AgentSession] = []
         voids: list[tuple[str, str, CutState]] = []
         told: list[Recovered] = []  # told once the voids they decided are durable
-        for found in scan.cuts:
+        for found in cuts:
             sid = found.session.id
             if sid in self._sessions:
                 continue  # already open here: its own bookkeeping stands
@@ -375,6 +378,27 @@ class Engine:
             next_seq=1 + max((r.seq for r in rows), default=0),
             next_stream=1 + max((_stream_number(e.stream) for e in envelopes), default=0),
         )
+
+    async def reopen_session(self, session_id: str) -> AgentSession:
+        """Dispose the open session ``session_id`` and open it again from the store.
+
+        The way back for a session that broke (phase ``broken``, ``BrokenSession``), and for
+        any session a host wants rebuilt from what is durable: the new session's history,
+        sequence numbers and owed cut are the store's. An owed cut is planned and resumed as
+        at startup (a ``recovered`` event); a broken session's disposal forfeits nothing, so
+        the cut its turn owed is still there.
+
+        Raises:
+            UsageError: no such session is open.
+        """
+        old = self.session(session_id)
+        await old.dispose()
+        del self._sessions[session_id]
+        await self.recover(only=session_id)
+        reopened = self._sessions.get(session_id)
+        if reopened is None:  # nothing owed (or abandoned): a plain open
+            reopened = await self.open_session(session_id, model=old.model)
+        return reopened
 
     def _make_session(
         self, record: SessionRecord, *, next_seq: int, next_stream: int

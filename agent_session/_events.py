@@ -96,6 +96,20 @@ class Recovered(_Event, frozen=True, kw_only=True, tag="recovered"):
         msgspec.structs.force_setattr(self, "why", redact(self.why))
 
 
+class SessionBroken(_Event, frozen=True, kw_only=True, tag="session-broken"):
+    """An internal error broke the session (told once); it takes no input but disposal."""
+
+    #: The phase the session was in when it broke.
+    phase: Phase
+    #: The input whose handling failed (its type's name).
+    input: str
+    #: The error, redacted (``Type: message``).
+    error: str
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "error", redact(self.error))
+
+
 SessionEvent = (
     PhaseChanged
     | EntryQueued
@@ -107,6 +121,7 @@ SessionEvent = (
     | ContinuationEnded
     | ResumeAttempted
     | Recovered
+    | SessionBroken
 )
 
 EngineEvent = SessionEvent | StreamEvent
@@ -124,5 +139,6 @@ __all__ = [
     "QueueCleared",
     "Recovered",
     "ResumeAttempted",
+    "SessionBroken",
     "SessionEvent",
 ]

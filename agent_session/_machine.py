@@ -68,8 +68,9 @@ from agent_session._events import (
     PhaseChanged,
     QueueCleared,
     ResumeAttempted,
+    SessionBroken,
 )
-from agent_session._phases import Phase, next_phase
+from agent_session._phases import BrokenSession, Phase, next_phase
 from agent_session._rows import (
     CONTINUE_TEXT,
     RowBody,
@@ -81,7 +82,15 @@ from agent_session._rows import (
 from agent_session._thinking import ThinkingHolder
 from agent_session._turn import StreamContext, TurnInput
 from message_queue import DispatchMode, EntryKind, MessageQueue, SendFailure, SendOptions
-from persistence import Boundary, CutState, CutStateChange, HistoryRow, RowKind, TurnEnvelope
+from persistence import (
+    Boundary,
+    CutState,
+    CutStateChange,
+    HistoryRow,
+    RowKind,
+    TurnEnvelope,
+    UsageError,
+)
 from stream_manager import (
     Aborted,
     AbortReason,
@@ -135,6 +144,7 @@ class TurnMachine:
         "_soft_stop",
         "_stamp",
         "_stream_n",
+        "broken",
         "context",
         "continuation",
         "defer_drain",
@@ -169,6 +179,8 @@ class TurnMachine:
         self._resume_cap = resume_attempt_cap
         self.queue = queue if queue is not None else MessageQueue()
         self.phase = Phase.IDLE
+        #: Why the machine broke (``Type: message``), or ``None`` while it works (BROKEN).
+        self.broken: str | None = None
         self.continuation = Continuation()
         self.disposed = False
         self._seq = next_seq
@@ -298,13 +310,14 @@ class TurnMachine:
             return []  # AS-15: an edit is waiting; it restores the queue itself
         if self.queue.is_empty:
             return self._schedule_sweep()  # AS-14
+        # AS-13: PREPARING at once (claimed first: a move the table refuses takes nothing off
+        # the queue), told after the dequeue: an observer of either event that queues more
+        # input finds the session busy, so that input queues behind this entry.
+        moved = self._move(Phase.PREPARING)
         entry = self.queue.dequeue_next()
         token = entry.cancel_token
         self.dispatching = (entry.entry_id, token) if token is not None else None
         turn = TurnInput.from_dequeued(entry)
-        # AS-13: PREPARING at once, told after the dequeue: an observer of either event that
-        # queues more input finds the session busy, so that input queues behind this entry.
-        moved = self._move(Phase.PREPARING)
         dequeued = Emit(EntryDequeued(session=self.id, entry=entry.entry_id))
         return [dequeued, *moved, Next(_in.DispatchEntry(turn, token))]
 
@@ -1182,11 +1195,62 @@ class TurnMachine:
 
     # ------------------------------------------------------------ the one entry point
 
-    def handle(self, given: _in.Input) -> list[Effect]:  # noqa: C901
+    def handle(self, given: _in.Input) -> list[Effect]:
         """Take one input; return the effects the shell must perform, in order.
 
-        Every input of ``_inputs`` has a case; ``assert_never`` makes mypy prove it. The most
-        frequent inputs of a turn come first (a ``match`` tries its cases in order).
+        An internal error while deciding (an illegal phase move halfway through, a broken
+        invariant: an engine bug) breaks the machine (:meth:`_break`) instead of leaving it in
+        whatever state it reached. A host's bad call (``UsageError``: an unknown entry) is
+        raised before anything changes and breaks nothing.
+
+        Raises:
+            BrokenSession: the machine is broken; it takes only disposal.
+            UsageError: the input names something that does not exist.
+        """
+        if self.broken is not None:
+            return self._while_broken(given)
+        try:
+            return self._decide(given)
+        except UsageError:
+            raise
+        except Exception as error:  # an engine bug: stop here, loudly, once
+            return self._break(given, error)
+
+    def _break(self, given: _in.Input, error: Exception) -> list[Effect]:
+        """Move to BROKEN, say so once, and stop whatever runs (nothing more is decided)."""
+        was = self.phase
+        self.phase = Phase.BROKEN
+        self.broken = f"{type(error).__name__}: {error}"
+        self.sweep_scheduled = False
+        broken = SessionBroken(
+            session=self.id, phase=was, input=type(given).__name__, error=self.broken
+        )
+        return [
+            Emit(PhaseChanged(session=self.id, from_=was, to=Phase.BROKEN)),
+            Emit(broken),
+            AbortPrepared(AbortReason.SYSTEM),
+            AbortResume(),
+            StopStream(AbortReason.SYSTEM),
+        ]
+
+    def _while_broken(self, given: _in.Input) -> list[Effect]:
+        """A broken machine takes disposal only, and decides nothing durable on the way.
+
+        The owed continuation is not forfeited: the store's records stand as they are, for
+        the reopened session to pick up.
+        """
+        if isinstance(given, _in.Dispose):
+            return []
+        if isinstance(given, _in.DisposedNow):
+            return self.disposed_now()
+        if isinstance(given, _in.DisposalDone):
+            return self.disposal_done()
+        raise BrokenSession(self.id, self.broken or "broken")
+
+    def _decide(self, given: _in.Input) -> list[Effect]:  # noqa: C901
+        """One input's decision: every input of ``_inputs`` has a case (``assert_never``).
+
+        The most frequent inputs of a turn come first (a ``match`` tries its cases in order).
         """
         match given:
             case _in.ToIdleFrom(phases):

@@ -4,7 +4,10 @@
 and is doing pre-stream work (validation, persistence, history, request, registration).
 ``STREAMING``: a stream emitted ``stream-start``. ``COMPLETING``: the session is processing a
 stream's end, abort or error; a new turn may start from here and takes ownership.
-``DISPOSED``: torn down; nothing leaves it.
+``DISPOSED``: torn down; nothing leaves it. ``BROKEN``: an internal error (an engine bug: an
+illegal move halfway through a decision) stopped the session; it refuses every input but
+disposal (:class:`BrokenSession`), and the host reopens it from the store
+(``Engine.reopen_session``). Any phase may break; that move is not a rule of this table.
 
 Every move to ``IDLE`` schedules the stranded-turn sweep (AS-2); that is the session shell's
 job, not this table's.
@@ -26,6 +29,7 @@ class Phase(StrEnum):
     STREAMING = "streaming"
     COMPLETING = "completing"
     DISPOSED = "disposed"
+    BROKEN = "broken"
 
 
 _P = Phase
@@ -42,6 +46,7 @@ TRANSITIONS: Final[frozenset[tuple[Phase, Phase]]] = frozenset(
         (_P.COMPLETING, _P.IDLE),
         (_P.COMPLETING, _P.PREPARING),  # a drained entry or follow-up takes the turn over
         (_P.COMPLETING, _P.DISPOSED),
+        (_P.BROKEN, _P.DISPOSED),  # a broken session is disposed, then reopened from the store
     }
 )
 
@@ -54,6 +59,20 @@ class IllegalTransition(TurnkeeperError):
         self.session = session
         self.current = current
         self.to = to
+
+
+class BrokenSession(TurnkeeperError):
+    """The session broke on an internal error; it takes no input but disposal.
+
+    ``Engine.reopen_session`` disposes it and opens it again from what the store holds.
+    """
+
+    def __init__(self, session: str, why: str) -> None:
+        super().__init__(
+            f"session {session} is broken ({why}); reopen it from the store (Engine.reopen_session)"
+        )
+        self.session = session
+        self.why = why
 
 
 def next_phase(session: str, current: Phase, to: Phase) -> Phase:

@@ -54,10 +54,11 @@ from agent_session._events import (
     EntryQueued,
     EntryWithdrawn,
     PhaseChanged,
+    SessionBroken,
 )
 from agent_session._launcher import StreamLauncher
 from agent_session._machine import TurnMachine
-from agent_session._phases import Phase
+from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
 from agent_session._session_store import SessionStore
 from agent_session._turn import Accepted, SendRefused, TurnInput
@@ -103,6 +104,9 @@ if TYPE_CHECKING:
     from message_queue import MessageQueue
 
 log = logging.getLogger("turnkeeper.session")
+
+#: Phases in which nothing more will run by itself (``wait_idle`` returns).
+_SETTLED = frozenset({Phase.IDLE, Phase.DISPOSED, Phase.BROKEN})
 
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
@@ -251,13 +255,18 @@ class AgentSession:
             if kind is Emit:  # the most frequent kinds first
                 self._tell(effect.event)  # type: ignore[union-attr]
             elif kind is Next:
+                if machine.broken is not None:
+                    continue  # the rest of a broken decision is void
                 given = effect.input  # type: ignore[union-attr]
                 if type(given) is _in.FlushRecords:  # written in a task, taken there
                     if machine.pending:
                         self._run(self._performer([effect]))
                     continue
                 fed = machine.handle(given)
-                queue = fed if index == len(queue) else [*fed, *queue[index:]]
+                if index == len(queue) or machine.broken is not None:
+                    queue = fed
+                else:
+                    queue = [*fed, *queue[index:]]
                 index = 0
             elif kind is Reply:
                 reply = effect.value  # type: ignore[union-attr]
@@ -284,14 +293,20 @@ class AgentSession:
             if kind is Emit:
                 self._tell(effect.event)  # type: ignore[union-attr]
             elif kind is Next:
+                if machine.broken is not None:
+                    continue  # the rest of a broken decision is void
                 fed = machine.handle(effect.input)  # type: ignore[union-attr]
-                queue = fed if index == len(queue) else [*fed, *queue[index:]]
+                if index == len(queue) or machine.broken is not None:
+                    queue = fed
+                else:
+                    queue = [*fed, *queue[index:]]
                 index = 0
             elif kind is Reply:
                 reply = effect.value  # type: ignore[union-attr]
             elif kind is Commit:
                 fed = await self._commit(effect)  # type: ignore[arg-type]
-                queue, index = [*fed, *queue[index:]], 0
+                queue = fed if machine.broken is not None else [*fed, *queue[index:]]
+                index = 0
             else:
                 self._act(effect, then)
         return reply
@@ -310,27 +325,39 @@ class AgentSession:
         Nothing is told before ``COMMIT`` returned; a failed write tells nothing and gives the
         machine the effect's ``failed`` input with the error (a result like any other).
         """
+        machine = self._machine
         try:
             await self._writer.write(self.id, effect.boundary, exact=effect.exact)
         except (TurnkeeperError, OSError) as error:
             log.warning("session %s: %s not written: %s", self.id, effect.what, error)
             failed = effect.failed
-            if failed is None:
+            if failed is None or machine.broken is not None:
                 return []
-            return self._machine.handle(msgspec.structs.replace(failed, error=error))
+            return machine.handle(msgspec.structs.replace(failed, error=error))
         for event in effect.tell:
             self._tell(event)
-        return [] if effect.then is None else self._machine.handle(effect.then)
+        if effect.then is None or machine.broken is not None:
+            return []
+        return machine.handle(effect.then)
 
     def _tell(self, event: EngineEvent) -> None:
         """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase."""
         if type(event) is PhaseChanged:
-            if event.to is Phase.IDLE or event.to is Phase.DISPOSED:
+            if event.to is Phase.IDLE or event.to is Phase.DISPOSED or event.to is Phase.BROKEN:
                 self._emit(event)
                 self._check_idle()
                 return
             if self._idle is None:  # busy from now on (``_busy``, inlined)
                 self._idle = anyio.Event()
+        elif type(event) is SessionBroken:  # told once, by the machine that broke
+            log.error(
+                "session %s broke in phase %s on %s: %s; it takes no input but disposal "
+                "(Engine.reopen_session opens it again from the store)",
+                self.id,
+                event.phase,
+                event.input,
+                event.error,
+            )
         self._emit(event)
 
     def _act(self, effect: Effect, then: Successors | None = None) -> None:
@@ -384,7 +411,7 @@ class AgentSession:
 
     def _check_idle(self) -> None:
         if (
-            self._machine.phase in (Phase.IDLE, Phase.DISPOSED)
+            self._machine.phase in _SETTLED
             and self._tasks == 0
             and not self._machine.sweep_scheduled
         ):
@@ -441,6 +468,8 @@ class AgentSession:
             then: Successors = []
             try:
                 await work(then)
+            except BrokenSession as error:  # told once already, where it broke
+                log.debug("session %s: work stopped: %s", self.id, error)
             except Exception:  # a bug here must not take the engine's other sessions down
                 log.exception("session %s: a task failed: %s", self.id, self.describe())
             except BaseException:  # cancelled (the engine is closing): the successors never run
@@ -474,13 +503,18 @@ class AgentSession:
                 return
 
     def _alive(self) -> None:
-        if self._machine.disposed:
+        machine = self._machine
+        if machine.disposed:
             raise SessionDisposed(f"session {self.id!r} is disposed")
+        if machine.broken is not None:
+            raise BrokenSession(self.id, machine.broken)
 
     # ------------------------------------------------------------ stream events
 
     def on_stream_event(self, event: StreamEvent) -> None:
         """React to the stream manager's events for this session (AS-19 to AS-21, AS-27)."""
+        if self._machine.broken is not None:
+            return  # it takes no input now; the stream is being stopped
         handle = self._machine.handle
         if isinstance(event, StreamStarted):
             self._do(handle(_in.StreamBegan(event.stream, event.cause)))

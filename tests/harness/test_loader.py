@@ -420,10 +420,11 @@ def test_a_trigger_built_in_code_keeps_its_match() -> None:
 
 def test_trace_events_cover_the_contract() -> None:
     # The contract's 30, ``usage`` (a real model's per-step token counts; docs/trace.md),
-    # ``op-progress`` (a tool layer's progress, e.g. MCP's) and ``op-overlap-warned`` (a
+    # ``op-progress`` (a tool layer's progress, e.g. MCP's), ``op-overlap-warned`` (a
     # declared read-only or idempotent call ran beside an indeterminate one,
-    # docs/operations.md); no scenario emits them.
-    assert len(TRACE_EVENTS) == 33
+    # docs/operations.md) and ``session-broken`` (an engine bug broke a session,
+    # docs/session.md); no scenario emits them.
+    assert len(TRACE_EVENTS) == 34
     assert {
         "stream-start",
         "owed",
@@ -432,4 +433,5 @@ def test_trace_events_cover_the_contract() -> None:
         "usage",
         "op-progress",
         "op-overlap-warned",
+        "session-broken",
     } <= TRACE_EVENTS
