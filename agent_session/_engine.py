@@ -102,6 +102,7 @@ class Engine:
             receipt_salt=self.config.receipt_salt,
             overlap_policy=OverlapPolicy(self.config.overlap_policy),
             observers=[self._on_stream_event],
+            cleanup_s=self.config.cleanup_s,
         )
         self._sessions: dict[str, AgentSession] = {}
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
@@ -130,7 +131,7 @@ class Engine:
                 await self.recover()
         except BaseException:
             self._stack = None
-            self._group.cancel_scope.cancel()
+            self._group.cancel_scope.cancel("the engine did not start")
             await stack.aclose()
             raise
         return self
@@ -210,7 +211,7 @@ class Engine:
             return
         assert self._group is not None
         self.manager.operations.close()  # from here on, no late resolution is written
-        self._group.cancel_scope.cancel()
+        self._group.cancel_scope.cancel("the engine is shutting down")
         await stack.__aexit__(exc_type, exc, tb)
         self._group = None
 

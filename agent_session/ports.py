@@ -7,6 +7,7 @@ from typing import Protocol
 import msgspec
 
 from persistence import MAX_STEPS, TurnkeeperError, UsageError
+from stream_manager import CLEANUP_S
 
 
 class PreStreamFailure(TurnkeeperError):
@@ -50,6 +51,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: started or its attempt failed): no thundering herd of stream starts at the provider,
     #: and a bounded set of starts in flight (a cheaper heap for the garbage collector).
     recovery_concurrency: int = 64
+    #: How long one shielded cleanup (a stop's receipts, a start or final write, closing a
+    #: stream) may take, in seconds on the engine's clock, before it is cut short and logged:
+    #: a host store that hangs cannot hang the engine's exit (``docs/architecture.md``).
+    cleanup_s: float = CLEANUP_S
 
     def __post_init__(self) -> None:
         """Refuse a policy the engine cannot keep (one line naming the field)."""
@@ -59,3 +64,5 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise UsageError("EngineConfig.resume_attempt_cap must be at least 1")
         if self.recovery_concurrency < 1:
             raise UsageError("EngineConfig.recovery_concurrency must be at least 1")
+        if not self.cleanup_s > 0:  # NaN too
+            raise UsageError("EngineConfig.cleanup_s must be a positive number of seconds")

@@ -17,6 +17,7 @@ awaits, no clock.
 
 from stream_manager._abort import AbortSignal
 from stream_manager._budget import StepBudget, initial_budget
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
 from stream_manager._events import (
     AbortReason,
     ErrorKind,
@@ -115,12 +116,14 @@ from stream_manager.tools import (
 )
 
 __all__ = [
+    "CLEANUP_S",
     "REDACTED",
     "AbortMetadata",
     "AbortReason",
     "AbortSignal",
     "Aborted",
     "ArgumentsCheck",
+    "BoundedCleanup",
     "CallBehaviours",
     "CancelWhy",
     "Capability",
@@ -205,6 +208,7 @@ __all__ = [
     "VirtualClock",
     "Withdrawn",
     "WriteFailed",
+    "bounded_cleanup",
     "decide_stop",
     "definition_of",
     "initial_budget",

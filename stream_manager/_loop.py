@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from persistence import UsageError
 from stream_manager._budget import StepBudget, initial_budget
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
 from stream_manager._events import (
     AbortReason,
     Emitter,
@@ -51,7 +53,7 @@ from stream_manager._request import (
     hears_milestones,
 )
 from stream_manager._stream import ActiveStream, StreamState
-from stream_manager.errors import ErrorType, UnknownModel, WriteFailed
+from stream_manager.errors import UnknownModel, WriteFailed
 from stream_manager.ports import Clock, Model, Tool, ToolKind
 from stream_manager.tools import ToolOffer
 
@@ -80,8 +82,13 @@ class StreamManager:
         receipt_salt: str = "turnkeeper",
         overlap_policy: OverlapPolicy = OverlapPolicy.BLOCK,
         observers: Iterable[Observer] = (),
+        cleanup_s: float = CLEANUP_S,
     ) -> None:
         initial_budget(None, max_stream_steps)  # validates it
+        if not cleanup_s > 0:
+            raise UsageError(f"cleanup_s must be a positive number of seconds, not {cleanup_s!r}")
+        self._clock = clock
+        self._cleanup_s = cleanup_s
         tools = dict(tools or {})
         offer = ToolOffer(tools)
         self._fallbacks = {k: tuple(v) for k, v in (fallbacks or {}).items()}
@@ -98,6 +105,7 @@ class StreamManager:
             policy=overlap_policy,
             emit=self._events.emit,
             arguments=offer,
+            cleanup_s=cleanup_s,
         )
         self._processor = StreamProcessor(
             models=models,
@@ -107,10 +115,20 @@ class StreamManager:
                 name for name, tool in tools.items() if tool.kind == ToolKind.COMPLETION
             ),
             offer=offer,
+            clock=clock,
+            cleanup_s=cleanup_s,
         )
         self._streams: dict[str, ActiveStream] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._counters: dict[str, int] = {}
+
+    def bounded_cleanup(self, what: str, *, beyond_s: float = 0.0) -> BoundedCleanup:
+        """A shielded scope for the cleanup ``what``, cut short after the engine's bound.
+
+        The bound is ``cleanup_s`` on the manager's clock, plus ``beyond_s`` for a cleanup
+        that also waits out a bounded interval of its own (a cancelled call's grace).
+        """
+        return bounded_cleanup(what, clock=self._clock, seconds=self._cleanup_s + beyond_s)
 
     # ------------------------------------------------------------ observers
 
@@ -235,10 +253,13 @@ class StreamManager:
             )
         if hears:
             try:
-                with anyio.CancelScope(shield=True):
+                with self.bounded_cleanup(f"the start of stream {stream.id}") as cleanup:
                     await host.reached(Started(info))
             except WriteFailed as error:  # its start is not durable: no step may run
-                return self._processor.fail(stream, ErrorType.STORE_WRITE, str(error))
+                return self._processor.unstarted(stream, str(error))
+            if cleanup.fired:  # cut short: not known durable, so no step may run either
+                why = f"the start of the stream did not finish within {cleanup.seconds:g} s"
+                return self._processor.unstarted(stream, why)
         return await self._processor.run(stream, request)
 
     def _withdrawal(self, stream: ActiveStream, abort: AbortSignal | None) -> Withdrawn | None:
@@ -314,7 +335,7 @@ class StreamManager:
         stream.hard_reason = reason
         stream.move(StreamState.STOPPING)
         assert stream.scope is not None  # set before the stream reaches STREAMING
-        stream.scope.cancel()
+        stream.scope.cancel(f"stream {stream.id}: hard stop ({reason})")
 
     def _synthetic_abort(self, session: str, reason: AbortReason) -> None:
         if self._events.observers:

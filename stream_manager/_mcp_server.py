@@ -225,7 +225,7 @@ class McpServer:
                         failure = error
                     else:
                         await self._until_lost(session, listing, lost, started)
-                tg.cancel_scope.cancel()
+                tg.cancel_scope.cancel(f"MCP server {self.label!r}: its session ended")
         if failure is not None:
             raise failure
 

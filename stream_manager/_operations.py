@@ -40,7 +40,7 @@ indeterminate operations (OP-9), and :class:`~stream_manager._op_receipts.Provid
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -54,6 +54,7 @@ from persistence import (
     found_receipt,
     resolved,
 )
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
 from stream_manager._events import (
     OpBlocked,
     OpCancelRequested,
@@ -127,8 +128,10 @@ class OperationRunner:
         salt: str = "turnkeeper",
         policy: OverlapPolicy = OverlapPolicy.BLOCK,
         arguments: ArgumentsCheck | ToolOffer | None = None,
+        cleanup_s: float = CLEANUP_S,
     ) -> None:
         self._tools = tools
+        self._cleanup_s = cleanup_s
         #: The declared schemas a call's arguments must pass before it runs.
         self._arguments = arguments if arguments is not None else ArgumentsCheck(())
         self._clock = clock
@@ -168,6 +171,10 @@ class OperationRunner:
             Abandon: self._abandon,
             Linger: self._linger,
         }
+
+    def _cleanup(self, what: str, *, beyond_s: float = 0.0) -> BoundedCleanup:
+        """A stop path's shielded scope: ``cleanup_s`` (plus ``beyond_s``) on the clock."""
+        return bounded_cleanup(what, clock=self._clock, seconds=self._cleanup_s + beyond_s)
 
     def close(self) -> None:
         """The engine is shutting down: an operation that ends from now on resolves nothing.
@@ -255,8 +262,11 @@ class OperationRunner:
         except anyio.get_cancelled_exc_class():
             if first is not None and unstarted is not None:
                 first.life.record = unstarted  # it never ran
-            with anyio.CancelScope(shield=True):
-                await self._stopped_at_admission(admitted, ops, stop_why(), spawn)
+            await self._bounded(
+                f"stopping the calls of step {step} of {stream}",
+                self._stopped_at_admission(admitted, ops, stop_why(), spawn),
+                ops,
+            )
             self._answers[stream] = _answers(admitted, [])
             raise
         for item in admitted:
@@ -270,14 +280,23 @@ class OperationRunner:
                 results.append(await self._run(item, spawn))
             except WriteFailed:
                 waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
-                with anyio.CancelScope(shield=True):
-                    await self._write_failed(item, waiting, spawn)
+                await self._bounded(
+                    f"cancelling the calls behind operation {item.record.op_id}",
+                    self._write_failed(item, waiting, spawn),
+                    waiting,
+                )
                 self._answers[stream] = _answers(admitted, results)  # a stop may win (abort)
                 raise
             except BaseException:
                 waiting = [w for w in admitted[position + 1 :] if isinstance(w, Op)]
-                with anyio.CancelScope(shield=True):
-                    await self._stopped(item, waiting, stop_why(), spawn)
+                # The stop waits out the call's grace interval (bounded already, OP-6); its
+                # writes get the cleanup bound on top of it.
+                await self._bounded(
+                    f"stopping operation {item.record.op_id}",
+                    self._stopped(item, waiting, stop_why(), spawn),
+                    [item, *waiting],
+                    beyond_s=self._grace_s,
+                )
                 self._answers[stream] = _answers(admitted, results)
                 raise
             finally:
@@ -301,12 +320,7 @@ class OperationRunner:
         next startup, OP-7); a call still running is cancelled, and the calls waiting behind
         it never run: their cancellation is written if the store takes it.
         """
-        op.stop_timers()
-        op.effects.clear()
-        op.life.abandon()
-        if not op.life.exited:
-            op.scope.cancel()
-            self._retire_worker_of(op)  # OP-6: whatever it does, it holds only its own task
+        self._give_up(op, f"operation {op.record.op_id}: its receipt could not be written")
         for other in waiting:
             try:
                 other.feed(other.life.cancel(self._clock.now(), CancelWhy.STREAM_STOPPED))
@@ -316,6 +330,29 @@ class OperationRunner:
             except WriteFailed as error:
                 other.effects.clear()
                 log.warning("operation %s: %s", other.record.op_id, error)
+
+    async def _bounded(
+        self, what: str, cleanup: Awaitable[None], ops: Iterable[Op], *, beyond_s: float = 0.0
+    ) -> None:
+        """Run a stop path's ``cleanup`` of ``ops`` shielded, within the cleanup bound.
+
+        Cut short, it is treated like a failed write: nothing more is decided for them; each
+        keeps the receipt last written (an open one is ``indeterminate`` at the next startup,
+        OP-7), nothing of the cut work is told, and a call still running is cancelled.
+        """
+        with self._cleanup(what, beyond_s=beyond_s) as bound:
+            await cleanup
+        if bound.fired:
+            for op in ops:
+                self._give_up(op, f"operation {op.record.op_id}: cut short ({what})")
+
+    def _give_up(self, op: Op, reason: str) -> None:
+        op.stop_timers()
+        op.effects.clear()
+        op.life.abandon()
+        if not op.life.exited:
+            op.scope.cancel(reason)
+            self._retire_worker_of(op)  # OP-6: whatever it does, it holds only its own task
 
     async def _stopped_at_admission(
         self, admitted: list[Admitted], ops: list[Op], why: CancelWhy, spawn: Spawn
@@ -530,7 +567,7 @@ class OperationRunner:
         self._guard.hold(effect.record)
 
     def _abandon(self, op: Op, effect: Abandon, spawn: Spawn) -> None:
-        op.scope.cancel()
+        op.scope.cancel(f"operation {op.record.op_id}: abandoned ({op.record.outcome_code})")
         if not op.life.exited:
             self._retire_worker_of(op)  # OP-6: the stuck execute keeps only its own task
 
@@ -559,7 +596,7 @@ class OperationRunner:
                 self._emit(
                     OpCancelRequested(session=record.session, op=record.op_id, why=effect.why)
                 )
-        op.scope.cancel()
+        op.scope.cancel(f"operation {record.op_id}: cancellation requested ({effect.why})")
 
     def _progress(self, op: Op, progress: float, total: float | None, message: str | None) -> None:
         """The tool layer reported progress: an ``op-progress`` event (the deadline stays)."""
@@ -633,7 +670,7 @@ class OperationRunner:
         assert op.exit_flag is not None
         try:
             await op.exit_flag.wait()
-            with anyio.CancelScope(shield=True):
+            with self._cleanup(f"the late resolution of operation {op.record.op_id}"):
                 await self._drive(op, spawn)
         finally:
             self._lingering.pop(op.record.op_id, None)
@@ -644,10 +681,16 @@ class OperationRunner:
             await self._receipts.write(effect.record)
         except WriteFailed as error:  # it stays indeterminate, as the store says
             log.warning("operation %s: %s", effect.held.op_id, error)
-            op.life.record = effect.held
-            self._guard.hold(effect.held)
+            self._still_held(op, effect.held)
             return
+        except BaseException:  # cut short (the cleanup bound): not durable, so still held
+            self._still_held(op, effect.held)
+            raise
         self._receipts.receipt_event(effect.record, op.call.name)
+
+    def _still_held(self, op: Op, held: OperationRecord) -> None:
+        op.life.record = held
+        self._guard.hold(held)
 
 
 def _record_of(item: Admitted) -> OperationRecord:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
 from stream_manager._events import (
     AbortReason,
     Emitter,
@@ -69,7 +70,7 @@ from stream_manager._stop import RequiredTools, StopWhy, decide_stop
 from stream_manager._stream import ActiveStream, StreamState
 from stream_manager._validate import malformed
 from stream_manager.errors import ErrorType, ModelError, WriteFailed, is_retryable
-from stream_manager.ports import Model, ModelRequest
+from stream_manager.ports import Clock, Model, ModelRequest
 from stream_manager.redaction import redact
 from stream_manager.tools import ToolOffer
 
@@ -83,8 +84,6 @@ if TYPE_CHECKING:
 MAX_EMPTY_OUTPUT_RETRIES = 1
 #: SM-18: in-stream retries after a "previous response not found" error.
 MAX_PREVIOUS_RESPONSE_RETRIES = 1
-#: Bound on awaiting a model iterator's cleanup (real seconds; a safety net, not a deadline).
-_CLEANUP_S = 5.0
 
 
 @dataclass(slots=True)
@@ -120,8 +119,12 @@ class StreamProcessor:
         events: Emitter,
         completion_tools: tuple[str, ...],
         offer: ToolOffer | None = None,
+        clock: Clock,
+        cleanup_s: float = CLEANUP_S,
     ) -> None:
         self._models = dict(models)
+        self._clock = clock
+        self._cleanup_s = cleanup_s
         self._ops = operations
         self._events = events
         self._completion_tools = completion_tools
@@ -129,6 +132,9 @@ class StreamProcessor:
         self._offer = offer if offer is not None else ToolOffer({})
         #: Stream id -> the stream's own group for tool tasks (when no engine group is bound).
         self._groups: dict[str, anyio.abc.TaskGroup] = {}
+
+    def _cleanup(self, what: str) -> BoundedCleanup:
+        return bounded_cleanup(what, clock=self._clock, seconds=self._cleanup_s)
 
     def knows(self, model: str) -> bool:
         """Whether ``model`` is one of the processor's models."""
@@ -164,7 +170,8 @@ class StreamProcessor:
         except WriteFailed as error:
             outcome = self._write_failed(stream, error)
         finally:
-            with anyio.CancelScope(shield=True):
+            # Cut short, they stay open too (held by the guard; nothing of them told).
+            with self._cleanup(f"cutting the provider calls of stream {stream.id}"):
                 try:
                     await self._ops.provider_calls.cut(stream.id)  # OP-7
                 except WriteFailed as error:  # they stay open: indeterminate at next startup
@@ -181,6 +188,14 @@ class StreamProcessor:
             log.warning("stream %s: stopped while a write failed: %s", stream.id, error)
             return _STOPPED
         return self.fail(stream, ErrorType.STORE_WRITE, str(error))
+
+    def unstarted(self, stream: ActiveStream, why: str) -> Failed | Aborted:
+        """The stream's start is not durable (its write failed or was cut short): no step runs.
+
+        A hard stop that landed meanwhile wins: the stream aborts instead.
+        """
+        outcome = self._write_failed(stream, WriteFailed(why))
+        return self._abort(stream) if isinstance(outcome, _Stopped) else outcome
 
     def _stream_spawn(self, stream: ActiveStream) -> Spawn | None:
         """The stream's group's spawn; ``None`` when the engine's group is bound instead."""
@@ -294,9 +309,18 @@ class StreamProcessor:
             )
         finally:
             if iterator is not None:
-                await _close(iterator)
+                await self._close(stream, iterator)
         stream.step_open = False
         return step
+
+    async def _close(self, stream: ActiveStream, iterator: object) -> None:
+        """Close a model's step iterator that did not run to its end (bounded, shielded)."""
+        if getattr(iterator, "ag_frame", True) is None:
+            return  # an async generator that already finished has nothing to clean up
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            with self._cleanup(f"closing the step of model {stream.model!r} in {stream.id}"):
+                await aclose()
 
     async def _provider_receipts(
         self, stream: ActiveStream, part: Part, step: int, index: int
@@ -492,8 +516,10 @@ class StreamProcessor:
             parts=tuple(stream.parts),
         )
         if hears_milestones(host):
-            with anyio.CancelScope(shield=True):
+            with self._cleanup(f"the final write of stream {stream.id}") as cleanup:
                 await host.reached(Completed(ended))  # the final write (SM-15, R60)
+            if cleanup.fired:  # not known durable: a failed write, never ``stream-end``
+                raise WriteFailed(f"the final write did not finish within {cleanup.seconds:g} s")
         if self._events.observers:
             self._events.emit(
                 StreamEndedEvent(
@@ -583,13 +609,3 @@ def _cancel_why(stream: ActiveStream) -> CancelWhy:
     if reason is None:
         return CancelWhy.SHUTDOWN  # cancelled from outside: the engine is going away
     return CancelWhy.STREAM_STOPPED
-
-
-async def _close(iterator: object) -> None:
-    """Close a model's step iterator that did not run to its end (bounded, shielded)."""
-    if getattr(iterator, "ag_frame", True) is None:
-        return  # an async generator that already finished has nothing to clean up
-    aclose = getattr(iterator, "aclose", None)
-    if aclose is not None:
-        with anyio.move_on_after(_CLEANUP_S, shield=True):
-            await aclose()

@@ -78,7 +78,10 @@ class Started(msgspec.Struct, frozen=True):
     """SM-3: ``stream-start`` was emitted; the first step has not been asked for yet.
 
     Awaited shielded, so what the start makes durable (the consumed continuation's record,
-    AS-19) lands before the model runs, and no cancellation cuts it short.
+    AS-19) lands before the model runs, and no cancellation cuts it short; but bounded: after
+    the cleanup bound (``cleanup_s``) the host's await is cancelled and the start counts as not
+    durable (the stream fails ``store_write``, no step runs). A host treats that cancellation
+    as a failed write.
     """
 
     info: StreamInfo
@@ -89,7 +92,9 @@ class Completed(msgspec.Struct, frozen=True):
 
     The host makes the final row durable here (the assistant row; a cut's row carries the cut
     record ``ended.queued_stop``, R60). Awaited shielded; a hard stop arriving meanwhile emits
-    nothing (SM-11). ``stream-end`` is emitted once it returns.
+    nothing (SM-11). ``stream-end`` is emitted once it returns. Bounded like ``Started``: cut
+    short, the host's await is cancelled, the write counts as failed and the stream ends in a
+    ``store_write`` error instead.
     """
 
     ended: Ended

@@ -405,14 +405,14 @@ class McpTool:
         if not mcp_call.started:
             # The request task has not run: cancelling its scope now makes the SDK stop at its
             # pre-write checkpoint, so the request is never sent and nothing ran.
-            request_scope.cancel()
+            request_scope.cancel(f"{self._remote_name!r}: cancelled before it was sent")
             return None
         where = f"MCP tool {self._remote_name!r}"
         if not mcp_call.issued:
             # A session not built by client_session: its dispatcher minted the id. The SDK sends
             # notifications/cancelled itself when the request task is cancelled, then drops the
             # server's answer, so nothing can confirm the end.
-            request_scope.cancel()
+            request_scope.cancel(f"{self._remote_name!r}: cancelled (no observable answer)")
             return (
                 f"{where}: cancellation requested, termination not confirmed (the session was "
                 "not built with stream_manager.mcp.client_session, so the server's answer to "
@@ -432,7 +432,8 @@ class McpTool:
             await mcp_call.done.wait()
         if mcp_call.done.is_set():
             return None
-        request_scope.cancel()  # stop waiting; cancel_on_abandon is off, so no second cancel
+        # Stop waiting; cancel_on_abandon is off, so no second cancel.
+        request_scope.cancel(f"{self._remote_name!r}: its cancellation was not confirmed")
         return (
             f"{where} (request {mcp_call.request_id!r}): cancellation requested, termination "
             f"not confirmed within {self._confirm_timeout_s:g} s"
@@ -569,7 +570,7 @@ async def stdio_tools(
                     for name in listing
                 }
             finally:
-                task_group.cancel_scope.cancel()
+                task_group.cancel_scope.cancel("the MCP tools' context was left")
     if failure is not None:
         raise failure
 

@@ -370,6 +370,7 @@ class RedactingFilter(logging.Filter):
 #: every ``getLogger("turnkeeper...")`` in the packages is listed here).
 LOGGERS: Final = (
     "turnkeeper",
+    "turnkeeper.cleanup",
     "turnkeeper.engine",
     "turnkeeper.operations",
     "turnkeeper.mcp",

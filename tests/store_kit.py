@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from persistence import Boundary, CutState, CutStateChange
+import anyio
+
+from persistence import Boundary, CutState, CutStateChange, MemoryStore
 
 if TYPE_CHECKING:
     from persistence import (
@@ -87,3 +89,22 @@ async def receipt(store: Store, op_id: str) -> OperationRecord | None:
     query = await store.receipts(op_id=op_id)
     assert not query.corrupt, query.corrupt
     return query.records[0] if query.records else None
+
+
+class HangingStore(MemoryStore):
+    """A ``MemoryStore`` whose commits, once :meth:`hang` was called, never return.
+
+    A host store that hangs: its calls are not counted in flight, so a virtual-time driver
+    moves the clock past them (the cleanup bound is what ends them).
+    """
+
+    hanging = False
+
+    def hang(self) -> None:
+        """Every commit from now on waits for ever (until cancelled)."""
+        self.hanging = True
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        if self.hanging:
+            await anyio.sleep_forever()
+        return await super().commit(session, boundary, owner=owner)

@@ -12,6 +12,7 @@ import anyio
 import anyio.abc
 
 from stream_manager import (
+    CLEANUP_S,
     ChatMessage,
     Completed,
     Constructed,
@@ -37,6 +38,8 @@ from stream_manager import (
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+    from persistence import Store
 
 T = TypeVar("T")
 
@@ -180,6 +183,9 @@ def rig(
     fallbacks: Mapping[str, Sequence[str]] | None = None,
     max_stream_steps: int = 8,
     extra_models: Mapping[str, object] | None = None,
+    store: Store | None = None,
+    cleanup_s: float = CLEANUP_S,
+    cancel_grace_s: float = 5.0,
 ) -> Rig:
     clock = VirtualClock()
     models = {name: ScriptedModel(name, steps, clock=clock) for name, steps in scripts.items()}
@@ -195,6 +201,9 @@ def rig(
         fallbacks=fallbacks,
         max_stream_steps=max_stream_steps,
         observers=[recorder],
+        store=store,
+        cleanup_s=cleanup_s,
+        cancel_grace_s=cancel_grace_s,
     )
     return Rig(manager, models, tool_map, clock, recorder)
 
