@@ -8,6 +8,7 @@ real-time guard (a hang guard, never a synchronisation).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
+from agent_session import EngineEvent
 from agent_session.harness import load_scenario
 from agent_session.harness.runner import RunResult, run_scenario
 from agent_session.harness.scenario import ActionSpec, Scenario
@@ -44,9 +46,11 @@ def with_action(scenario: Scenario, event: str, nth: int, do: dict[str, Any]) ->
     return scenario.model_copy(update={"actions": [*scenario.actions, action]})
 
 
-async def run_guarded(scenario: Scenario, store: Store) -> RunResult:
+async def run_guarded(
+    scenario: Scenario, store: Store, observers: tuple[Callable[[EngineEvent], None], ...] = ()
+) -> RunResult:
     """The run, or a failure naming the hang."""
     with anyio.move_on_after(GUARD_S) as guard:
-        return await run_scenario(scenario, store)
+        return await run_scenario(scenario, store, observers=observers)
     assert not guard.cancelled_caught
     pytest.fail(f"no end within {GUARD_S} real seconds: a hang")
