@@ -19,8 +19,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import anyio
-
 from agent_session import _inputs as _in
 from agent_session._rows import to_messages
 from message_queue import DispatchMode
@@ -100,7 +98,7 @@ class StreamLauncher:
             outcome = await self._manager.start_stream(request)
         except BaseException:
             if sentinel is not None:  # R34: a launch that failed leaves no orphan sentinel
-                with anyio.CancelScope(shield=True):
+                with self._manager.bounded_cleanup(f"removal of the sentinel {sentinel.row_id}"):
                     await self._perform(machine.handle(_in.SentinelUnwanted(sentinel)))
             raise
         if isinstance(outcome, Refused | Withdrawn) and sentinel is not None:

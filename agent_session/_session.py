@@ -62,7 +62,7 @@ from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
 from agent_session._session_store import SessionStore
 from agent_session._turn import Accepted, SendRefused, TurnInput
-from agent_session._writer import Writer
+from agent_session._writer import WriteCutShort, Writer
 from agent_session.ports import PreStreamFailure
 from message_queue import (
     CancelToken,
@@ -328,6 +328,14 @@ class AgentSession:
         machine = self._machine
         try:
             await self._writer.write(self.id, effect.boundary, exact=effect.exact)
+        except anyio.get_cancelled_exc_class():
+            # Cut short (the cleanup bound, or the engine closing): whether it landed is
+            # unknown, so it is decided as failed (nothing of it is told), then cancelled on.
+            log.warning("session %s: %s cut short before it returned", self.id, effect.what)
+            if effect.failed is not None and machine.broken is None:
+                cut_short = WriteCutShort(f"the {effect.what} write was cut short")
+                self._do(machine.handle(msgspec.structs.replace(effect.failed, error=cut_short)))
+            raise
         except (TurnkeeperError, OSError) as error:
             log.warning("session %s: %s not written: %s", self.id, effect.what, error)
             failed = effect.failed

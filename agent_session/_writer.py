@@ -21,6 +21,14 @@ class IncompleteWrite(TurnkeeperError):
     """A delete that must take every row it names took fewer (nothing else was changed)."""
 
 
+class WriteCutShort(TurnkeeperError):
+    """A write was cancelled before the store returned: it may or may not have landed.
+
+    The session decides it failed (nothing of it is told); the store, read again at the next
+    startup, says what became of it.
+    """
+
+
 class Writer:
     """Commits boundaries to the store port under the engine's owner token."""
 
