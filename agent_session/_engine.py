@@ -238,10 +238,11 @@ class Engine:
                 log.exception("observer %r failed on %s", observer, type(event).__name__)
 
     def _on_stream_event(self, event: StreamEvent) -> None:
-        self._emit(event)
         session = self._sessions.get(event.session) if event.session is not None else None
-        if session is not None:
-            session.on_stream_event(event)
+        if session is None:
+            self._emit(event)
+        else:  # the observers first, then the session: calls they make wait for both
+            session.on_stream_event(event, tell=self._emit)
 
     # ------------------------------------------------------------ sessions
 

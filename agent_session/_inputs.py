@@ -30,7 +30,7 @@ from agent_session._continuation import Marker
 from agent_session._cut_records import CutChange
 from agent_session._phases import Phase
 from agent_session._turn import StreamContext, TurnInput
-from message_queue import CancelToken, EntryCallbacks, EntrySnapshot
+from message_queue import CancelToken, EntryCallbacks, EntrySnapshot, NewMessage
 from persistence import HistoryRow
 from stream_manager import (
     Aborted,
@@ -55,6 +55,13 @@ _S = msgspec.Struct
 
 class Queued(_S, frozen=True):
     """A message was queued: an idle session drains it at once."""
+
+
+class Enqueue(_S, frozen=True):
+    """Queue ``message`` (once per ``key`` when given); replies ``Queued`` or ``Rejected``."""
+
+    message: NewMessage
+    key: str | None
 
 
 class Withdraw(_S, frozen=True):
@@ -489,6 +496,7 @@ class Ignored(_S, frozen=True):
 #: Every input of the machine.
 Input: TypeAlias = (
     Queued
+    | Enqueue
     | Withdraw
     | Clear
     | Restore

@@ -65,6 +65,7 @@ from agent_session._events import (
     EngineEvent,
     EntryCanceled,
     EntryDequeued,
+    EntryQueued,
     PhaseChanged,
     QueueCleared,
     ResumeAttempted,
@@ -81,7 +82,15 @@ from agent_session._rows import (
 )
 from agent_session._thinking import ThinkingHolder
 from agent_session._turn import StreamContext, TurnInput
-from message_queue import DispatchMode, EntryKind, MessageQueue, SendFailure, SendOptions
+from message_queue import (
+    DispatchMode,
+    EntryKind,
+    MessageQueue,
+    NewMessage,
+    Queued,
+    SendFailure,
+    SendOptions,
+)
 from persistence import (
     Boundary,
     CutState,
@@ -349,6 +358,23 @@ class TurnMachine:
         if self.phase is Phase.IDLE and self.manual_preflight == 0:
             return self.drain()
         return []
+
+    def _enqueue(self, message: NewMessage, key: str | None) -> list[Effect]:
+        """Add ``message`` to the queue; the add (or its refusal) is the reply."""
+        queue = self.queue
+        outcome = queue.add(message) if key is None else queue.add_once(message, key)
+        if not isinstance(outcome, Queued):
+            return [Reply(outcome)]
+        entry = queue.get(outcome.entry_id)
+        assert entry is not None
+        queued = EntryQueued(
+            session=self.id,
+            entry=outcome.message_id,
+            kind=entry.kind,
+            mode=entry.mode,
+            into=outcome.into,
+        )
+        return [Reply(outcome), Emit(queued)]
 
     def queued(self) -> list[Effect]:
         """A message was queued: an idle session drains it at once."""
@@ -1323,6 +1349,8 @@ class TurnMachine:
                 return self.send_went_nowhere(turn)
             case _in.Queued():
                 return self.queued()
+            case _in.Enqueue(message, key):
+                return self._enqueue(message, key)
             case _in.DirectSend():
                 self.direct_send()
                 return []

@@ -51,7 +51,6 @@ from agent_session._effects import (
 )
 from agent_session._events import (
     EngineEvent,
-    EntryQueued,
     EntryWithdrawn,
     PhaseChanged,
     SessionBroken,
@@ -101,7 +100,7 @@ if TYPE_CHECKING:
     from agent_session._continuation import Continuation, Marker
     from agent_session._turn import StreamContext
     from agent_session.ports import EngineConfig, PreStreamGate
-    from message_queue import MessageQueue
+    from message_queue import EntryCallbacks, MessageQueue
 
 log = logging.getLogger("turnkeeper.session")
 
@@ -123,8 +122,10 @@ class AgentSession:
         "_emit",
         "_gate",
         "_idle",
+        "_inbox",
         "_machine",
         "_manager",
+        "_out",
         "_prepared_abort",
         "_resume_abort",
         "_spawn",
@@ -172,6 +173,11 @@ class AgentSession:
         #: ``None`` while idle (made only when someone could wait: events are not free).
         self._idle: anyio.Event | None = None
         self._tasks = 0
+        #: Host code the shell is calling right now (observers of an event it tells, callbacks,
+        #: a stop it requests): a host call made meanwhile waits in the inbox (``_host``).
+        self._out = 0
+        #: Effects of host calls made while calling out, performed once the call-out returns.
+        self._inbox: list[Effect] | None = None
 
     # ------------------------------------------------------------ what the machine knows
 
@@ -245,10 +251,15 @@ class AgentSession:
         is the last effect is returned instead of started in a task of its own: the caller
         (the sweep's task) runs it. Effects are final Structs, so ``type() is`` picks the
         kind (cheaper than ``isinstance`` on this hot path).
+
+        What host calls asked for while an effect called out (the inbox, ``_host``) is
+        performed after that effect, before the next one.
         """
         machine = self._machine
         queue, index, reply = effects, 0, None
-        while index < len(queue):
+        while index < len(queue) or self._inbox is not None:
+            if self._inbox is not None:
+                queue, index, self._inbox = [*self._inbox, *queue[index:]], 0, None
             effect = queue[index]
             index += 1
             kind = type(effect)
@@ -282,11 +293,16 @@ class AgentSession:
         """Perform ``effects`` in order, awaiting each write where it stands (``Next``: _do).
 
         ``then`` is the running task's successors (``Perform``), given only where the effects
-        are the last thing the task does. Returns the last ``Reply``.
+        are the last thing the task does. Returns the last ``Reply``. What host calls asked
+        for while an effect called out (the inbox) is performed after that effect, as the
+        synchronous calls they are (``_do``), before the next one.
         """
         machine = self._machine
         queue, index, reply = effects, 0, None
-        while index < len(queue):
+        while index < len(queue) or self._inbox is not None:
+            if self._inbox is not None:
+                self._inbox_due()
+                continue
             effect = queue[index]
             index += 1
             kind = type(effect)
@@ -310,6 +326,11 @@ class AgentSession:
             else:
                 self._act(effect, then)
         return reply
+
+    @staticmethod
+    def _notify_canceled(removed: list[EntryCallbacks], reason: str) -> None:
+        for entry_id, error in notify_all_canceled(removed, reason):
+            log.warning("cancellation callback of %s failed: %r", entry_id, error)
 
     def _performer(self, effects: list[Effect]) -> Work:
         """``effects`` as a task's work (what a synchronous call cannot await)."""
@@ -349,13 +370,16 @@ class AgentSession:
         return machine.handle(effect.then)
 
     def _tell(self, event: EngineEvent) -> None:
-        """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase."""
+        """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase.
+
+        The observers are host code: what they ask of the session meanwhile waits in the
+        inbox and is performed once every observer has seen ``event`` (``_host``).
+        """
+        settles = False
         if type(event) is PhaseChanged:
             if event.to is Phase.IDLE or event.to is Phase.DISPOSED or event.to is Phase.BROKEN:
-                self._emit(event)
-                self._check_idle()
-                return
-            if self._idle is None:  # busy from now on (``_busy``, inlined)
+                settles = True
+            elif self._idle is None:  # busy from now on (``_busy``, inlined)
                 self._idle = anyio.Event()
         elif type(event) is SessionBroken:  # told once, by the machine that broke
             log.error(
@@ -366,28 +390,75 @@ class AgentSession:
                 event.input,
                 event.error,
             )
-        self._emit(event)
+        self._out += 1
+        try:
+            self._emit(event)
+        finally:
+            self._out -= 1
+        if settles:
+            self._check_idle()
+
+    def _host(self, effects: list[Effect]) -> object:
+        """Perform a host call's effects; return its answer (the decision's top-level ``Reply``).
+
+        The machine decides at once (its state is settled between effects, and the call's
+        answer comes from the decision). A call made while the shell is calling host code (an
+        observer inside an event it tells, a cancellation callback, a stop it requests) does
+        not re-enter the interpreter there: its effects wait in the inbox and are performed
+        as soon as that call-out returns, before the next effect (``docs/architecture.md``).
+        """
+        reply = None
+        for effect in effects:
+            if type(effect) is Reply:
+                reply = effect.value
+        if not effects:
+            return reply
+        if self._out:  # the interpreter that called out performs them next
+            if self._inbox is None:
+                self._inbox = []
+            self._inbox += effects
+            return reply
+        if self._inbox is not None:  # asked for earlier: first
+            effects, self._inbox = [*self._inbox, *effects], None
+        self._do(effects)
+        return reply
+
+    def _inbox_due(self) -> None:
+        """Perform what host calls asked for during the last call-out, in order."""
+        effects, self._inbox = self._inbox, None
+        if effects is not None:
+            self._do(effects)
+
+    def _calling_out(self, call: Callable[[], object]) -> None:
+        """Run host-facing ``call`` (callbacks, a stop request) with host calls deferred."""
+        self._out += 1
+        try:
+            call()
+        finally:
+            self._out -= 1
 
     def _act(self, effect: Effect, then: Successors | None = None) -> None:
         """Perform an effect that neither tells, writes nor feeds: it acts on something."""
         match effect:
             case ScheduleSweep():
                 self._run(self._sweep, then)
-            case StopStream(reason, soft):
-                self._manager.request_stop_nowait(self.id, soft=soft, reason=reason)
-            case AbortPrepared(reason):
-                if self._prepared_abort is not None:
-                    self._prepared_abort.fire(reason)
+            case StopStream(reason=why, soft=soft):
+                stop = self._manager.request_stop_nowait
+                self._calling_out(lambda: stop(self.id, soft=soft, reason=why))
+            case AbortPrepared(reason=cause):
+                prepared = self._prepared_abort
+                if prepared is not None:
+                    self._calling_out(lambda: prepared.fire(cause))
             case AbortResume():
-                if self._resume_abort is not None:  # its continuation ended: a system stop
-                    self._resume_abort.fire(AbortReason.SYSTEM)
+                resume = self._resume_abort
+                if resume is not None:  # its continuation ended: a system stop
+                    self._calling_out(lambda: resume.fire(AbortReason.SYSTEM))
             case Dispatch(turn, token):
                 self._dispatch(turn, token, then)
             case StartResume():
                 self._run(self._armed(effect), then)
             case CancelRemoved(removed, reason):
-                for entry_id, error in notify_all_canceled(list(removed), reason):
-                    log.warning("cancellation callback of %s failed: %r", entry_id, error)
+                self._calling_out(lambda: self._notify_canceled(list(removed), reason))
             case Emit() | Next() | Reply() | Commit():
                 raise AssertionError(f"{effect!r} is the interpreter's")  # pragma: no cover
             case _:
@@ -519,19 +590,31 @@ class AgentSession:
 
     # ------------------------------------------------------------ stream events
 
-    def on_stream_event(self, event: StreamEvent) -> None:
-        """React to the stream manager's events for this session (AS-19 to AS-21, AS-27)."""
-        if self._machine.broken is not None:
-            return  # it takes no input now; the stream is being stopped
+    def on_stream_event(
+        self, event: StreamEvent, *, tell: Callable[[StreamEvent], None] | None = None
+    ) -> None:
+        """React to the stream manager's events for this session (AS-19 to AS-21, AS-27).
+
+        ``tell``: the engine's observers, told ``event`` first; a session call they make waits
+        in the inbox and is performed once they all saw it, before this session's reaction.
+        """
+        if tell is not None:
+            self._calling_out(lambda: tell(event))
+        if self._machine.broken is None:  # broken, it takes no input: the stream is stopping
+            self._react(event)
+        if self._inbox is not None and not self._out:
+            self._inbox_due()
+
+    def _react(self, event: StreamEvent) -> None:
         handle = self._machine.handle
         if isinstance(event, StreamStarted):
-            self._do(handle(_in.StreamBegan(event.stream, event.cause)))
+            self._host(handle(_in.StreamBegan(event.stream, event.cause)))
         elif isinstance(event, ToolCallStarted):
             handle(_in.ToolStarted(event.call))
         elif isinstance(event, ToolCallEnded):
-            self._do(handle(_in.ToolEnded(event.call, event.provider)))
+            self._host(handle(_in.ToolEnded(event.call, event.provider)))
         elif isinstance(event, StreamAborted) and not event.stream:
-            self._do(handle(_in.SyntheticAbort(event.reason)))
+            self._host(handle(_in.SyntheticAbort(event.reason)))
 
     # ------------------------------------------------------------ turns
 
@@ -649,26 +732,16 @@ class AgentSession:
     # ------------------------------------------------------------ the queue
 
     def _queue(self, message: NewMessage, *, key: str | None = None) -> Queued | Rejected:
-        queue = self._machine.queue
-        outcome = queue.add(message) if key is None else queue.add_once(message, key)
-        if isinstance(outcome, Queued):
-            entry = queue.get(outcome.entry_id)
-            assert entry is not None
-            self._emit(
-                EntryQueued(
-                    session=self.id,
-                    entry=outcome.message_id,
-                    kind=entry.kind,
-                    mode=entry.mode,
-                    into=outcome.into,
-                )
-            )
-            token = message.cancel_token
-            if token is not None:
-                name = outcome.message_id
-                token.add_listener(
-                    lambda _: self._emit(EntryWithdrawn(session=self.id, entry=name))
-                )
+        outcome = self._host(self._machine.handle(_in.Enqueue(message, key)))
+        assert isinstance(outcome, Queued | Rejected)
+        token = message.cancel_token
+        if isinstance(outcome, Queued) and token is not None:
+            told: list[Effect] = [Emit(EntryWithdrawn(session=self.id, entry=outcome.message_id))]
+
+            def withdrawn(_: str) -> None:
+                self._host(told)
+
+            token.add_listener(withdrawn)
         return outcome
 
     def enqueue(
@@ -732,7 +805,7 @@ class AgentSession:
         outcome = self._queue(message, key=dedupe_key)
         if isinstance(outcome, Rejected):
             raise UsageError(f"session {self.id}: {outcome.detail}")
-        self._do(self._machine.handle(_in.Queued()))
+        self._host(self._machine.handle(_in.Queued()))
         return outcome
 
     def withdraw(self, entry: str, reason: str = "withdrawn") -> bool:
@@ -748,7 +821,7 @@ class AgentSession:
             UnknownEntry: no queued or dispatching entry has that id.
             InvalidEntry: the entry has no cancel token.
         """
-        return self._do(self._machine.handle(_in.Withdraw(entry, reason))) is True
+        return self._host(self._machine.handle(_in.Withdraw(entry, reason))) is True
 
     def clear_queue(self, reason: str = "cleared", *, hard_stop: bool = False) -> None:
         """AS-16: clear the queue; a hard-stop clear forfeits the owed continuation first (R23).
@@ -757,12 +830,12 @@ class AgentSession:
         entries hear of it after any forfeit (R32); then the sweep runs.
         """
         self._alive()
-        self._do(self._machine.handle(_in.Clear(reason, hard_stop)))
+        self._host(self._machine.handle(_in.Clear(reason, hard_stop)))
 
     def remove_dedupe(self, prefix: str, reason: str = "removed") -> int:
         """AS-16: remove the queued messages whose dedupe keys start with ``prefix``."""
         self._alive()
-        removed = self._do(self._machine.handle(_in.RemoveDedupe(prefix, reason)))
+        removed = self._host(self._machine.handle(_in.RemoveDedupe(prefix, reason)))
         assert isinstance(removed, int)
         return removed
 
@@ -773,7 +846,7 @@ class AgentSession:
             The restored text (empty when nothing user-authored was queued).
         """
         self._alive()
-        text = self._do(self._machine.handle(_in.Restore()))
+        text = self._host(self._machine.handle(_in.Restore()))
         assert isinstance(text, str)
         return text
 
@@ -834,13 +907,13 @@ class AgentSession:
             entries are cancelled, never given back.
         """
         self._alive()
-        self._do(self._machine.handle(_in.Stop()))
+        self._host(self._machine.handle(_in.Stop()))
         return self.restore_queue()
 
     def hard_stop(self) -> None:
         """TD-7: a task hard stop: clear the queue with ``hard_stop`` first, then stop (system)."""
         self._alive()
-        self._do(self._machine.handle(_in.HardStop()))
+        self._host(self._machine.handle(_in.HardStop()))
 
     def send_now(self) -> bool:
         """AS-18: send the oldest queued user message now, interrupting what runs (``user``).
@@ -849,7 +922,7 @@ class AgentSession:
             ``False`` when no user-authored entry is queued (nothing changes).
         """
         self._alive()
-        return self._do(self._machine.handle(_in.SendNow())) is True
+        return self._host(self._machine.handle(_in.SendNow())) is True
 
     async def edit(self, row_id: str, text: str) -> str:
         """AS-6: replace user row ``row_id`` and everything after it with a new send of ``text``.
@@ -898,7 +971,7 @@ class AgentSession:
         if self.busy:
             raise UsageError(f"session {self.id}: history can be discarded only while idle")
         machine = self._machine
-        self._do(machine.handle(_in.Discard()))
+        self._host(machine.handle(_in.Discard()))
 
         async def discard(then: Successors) -> None:
             await self._perform([Next(_in.FlushRecords())])
