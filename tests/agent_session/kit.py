@@ -323,6 +323,10 @@ class Kit:
         (row_id,) = [r.row_id for r in self.rows.values() if r.stream == cut and r.cut]
         return row_id
 
+    def rows_of_kind(self, kind: str) -> list[HistoryRow]:
+        """The durable rows of ``kind`` (``user``, ``assistant``, ``partial``, ``sentinel``)."""
+        return [r for r in sorted(self.rows.values(), key=lambda r: r.seq) if r.kind == kind]
+
     def state_of(self, cut: str) -> CutState:
         """The durable state of the record of ``cut``."""
         return self.states[self.row_of(cut)]
@@ -436,14 +440,18 @@ class Kit:
 
     # ------------------------------------------------------------ the stream
 
-    def start(self) -> None:
-        """The launched stream emits ``stream-start`` and reaches its first step."""
+    def start(self) -> object:
+        """The launched stream emits ``stream-start`` and reaches its first step.
+
+        Returns the start write's reply: an error when it failed (the stream may run no step;
+        :meth:`error` with ``ErrorType.STORE_WRITE`` is its outcome).
+        """
         stream = self.stream
         assert stream is not None
         assert not stream.started
         stream.started = True
         self.call(_in.StreamBegan(stream.id, stream.context.cause))
-        self.run(_in.StartReached())
+        return self.run(_in.StartReached())
 
     def refuse(self) -> None:
         """The launch probe refuses the launched stream (it never starts)."""
@@ -468,7 +476,22 @@ class Kit:
         return stream
 
     def end(self, remaining: int = 4, *, cut: bool = False) -> None:
-        """The stream ends: cut at a tool boundary for the queued entry (``cut``), or done."""
+        """The stream ends: cut at a tool boundary for the queued entry (``cut``), or done.
+
+        Its final row is written first (:meth:`final`); when that write fails, the stream
+        fails with ``store_write`` instead (SM-15).
+        """
+        ended = self.final(remaining, cut=cut)
+        if not isinstance(ended, Ended):
+            self.error(ErrorType.STORE_WRITE)
+            return
+        self.run(_in.Outcome(ended, self._outcome().context))
+
+    def final(self, remaining: int = 4, *, cut: bool = False) -> Ended | BaseException:
+        """The stream's last step: its stop report (``cut``) and its final row, no outcome yet.
+
+        Returns the stream's end, or the error of its final row's write.
+        """
         stream = self.stream
         assert stream is not None
         assert stream.started
@@ -492,8 +515,8 @@ class Kit:
             queued_stop=report,
             parts=(TextPart(text="an answer"),),
         )
-        self.run(_in.FinalReady(ended))
-        self.run(_in.Outcome(ended, self._outcome().context))
+        reply = self.run(_in.FinalReady(ended))
+        return reply if isinstance(reply, BaseException) else ended
 
     def abort(
         self,
@@ -515,12 +538,12 @@ class Kit:
         aborted = Aborted(stream=stream.id, reason=reason, metadata=meta, parts=parts)
         self.run(_in.Outcome(aborted, stream.context))
 
-    def error(self) -> None:
-        """The stream fails (a retryable provider error)."""
+    def error(self, kind: ErrorType = ErrorType.MALFORMED_OUTPUT) -> None:
+        """The stream fails (by default a retryable provider error)."""
         stream = self._outcome()
         failed = Failed(
             stream=stream.id,
-            type=ErrorType.MALFORMED_OUTPUT,
+            type=kind,
             kind=ErrorKind.RETRYABLE,
             message="overloaded",
             remaining=2,

@@ -53,8 +53,9 @@ from agent_session._inputs import (
 from agent_session._phases import Phase
 from agent_session._turn import TurnInput
 from message_queue import DispatchMode, EntryKind
-from persistence import CutState
-from stream_manager import AbortReason, StartCause
+from persistence import CutState, RowKind
+from stream_manager import AbortReason, StartCause, StreamFailed, WriteFailed
+from stream_manager.errors import ErrorType
 from tests.agent_session.kit import CORRELATION, Kit
 
 USER, WAKE = EntryKind.USER, EntryKind.WAKE
@@ -575,3 +576,50 @@ def test_as30_stop_then_restore_gives_the_users_text_back_and_cancels_the_rest()
     assert kit.call(Restore()) == "entry 3"
     assert kit.machine.queue.is_empty
     assert len(kit.acts(CancelRemoved)) == 1
+
+
+# ---------------------------------------------------------------- failed writes (PS-6, R60)
+
+
+def test_ps6_a_withdrawal_whose_record_write_failed_is_told_only_once_the_sweep_wrote_it() -> None:
+    kit = Kit()
+    cut = kit.stranded()
+    kit.call(Stop())
+    kit.fail(part="cut_states")
+    kit.call(Restore())
+    assert (kit.failed, kit.ended(), kit.state_of(cut)) == (["cut record"], [], CutState.OWED)
+    kit.sweep()  # failed record writes go first
+    assert (kit.ended(), kit.state_of(cut)) == ([(cut, "withdrawn")], CutState.WITHDRAWN)
+    assert kit.resumes == []
+
+
+def test_r60_a_cut_whose_final_row_failed_owes_nothing_and_the_stream_fails() -> None:
+    kit = Kit()
+    kit.streaming()
+    kit.queue(USER)
+    kit.fail(what="final row")
+    assert isinstance(kit.final(3, cut=True), WriteFailed)
+    assert (kit.machine.owes(), kit.of(ContinuationOwed)) == (False, [])  # the cut never was
+    kit.error(ErrorType.STORE_WRITE)
+    assert (kit.ended(), kit.rows_of_kind(RowKind.ASSISTANT)) == ([], [])
+
+
+def test_r60_a_soft_stop_cut_whose_partial_failed_owes_nothing_and_says_store_write() -> None:
+    kit = Kit()
+    soft_stopped(kit)
+    kit.fail(part="rows")
+    kit.abort(QUEUED, remaining=3)
+    assert (kit.machine.owes(), kit.of(ContinuationOwed)) == (False, [])
+    assert [e.type for e in kit.of(StreamFailed)] == ["store_write"]
+    assert [d.turn.kind for d in kit.dispatches] == [USER]  # the queue goes on
+
+
+def test_st4_r4_a_resume_whose_consumed_record_failed_is_still_owed() -> None:
+    kit = Kit()
+    cut = kit.stranded()
+    kit.sweep()
+    kit.resume()
+    kit.fail(part="cut_states")
+    assert isinstance(kit.start(), WriteFailed)  # no step of the stream may run
+    assert (kit.machine.owes(), kit.state_of(cut), kit.ended()) == (True, CutState.OWED, [])
+    assert [e.outcome for e in kit.of(ResumeAttempted)] == ["failed"]
