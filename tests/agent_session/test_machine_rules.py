@@ -447,8 +447,11 @@ def test_as16_r53_a_plain_clear_keeps_the_continuation_and_sweeps_after_the_call
 def test_as18_send_now_without_a_user_entry_changes_nothing() -> None:
     kit = Kit()
     kit.streaming()
+    kit.queue(EntryKind.SYSTEM)
     kit.queue(WAKE)
-    assert kit.give(SendNow()) == [Reply(False)]
+    assert kit.give(SendNow()) == [Reply(False)]  # no stop, no abort, no withdrawal
+    assert [e.kind for e in kit.machine.queue] == [EntryKind.SYSTEM, WAKE]  # order kept
+    assert kit.machine.phase is Phase.STREAMING
 
 
 def test_as18_send_now_interrupts_and_the_users_entry_goes_next() -> None:
