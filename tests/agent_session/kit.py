@@ -10,7 +10,10 @@ How to write a rule test
 ------------------------
 1. Reach the state the rule starts from in one line: :meth:`Kit.streaming` (a turn is
    streaming), :meth:`Kit.cut` (a wake's turn cut for a queued entry, the cutter dispatched),
-   :meth:`Kit.stranded` (the same, the cutter withdrawn: idle, owed, the sweep due).
+   :meth:`Kit.stranded` (the same, the cutter withdrawn: idle, owed, the sweep due). From
+   there the kit plays the collaborators: the queue (``queue``, ``withdraw``), the send
+   pipeline (``accept``, ``direct``), the sweep and resumes (``sweep``, ``resume``) and the
+   stream (``start``, ``end``, ``final``, ``abort``, ``error``, ``refuse``, ``withdrawn``).
 2. Give the input under test. :meth:`Kit.give` returns the machine's raw effects and performs
    nothing: assert the decision itself (``== [Emit(...), Next(...)]``; effects are frozen
    Structs, so they print and compare). :meth:`Kit.call` performs it as a host's synchronous
@@ -147,8 +150,6 @@ class Kit:
     told: list[Told] = field(default_factory=list)
     #: What the shell was asked to act on, in order (a ``CancelRemoved`` ran its callbacks).
     acted: list[Act | CancelRemoved] = field(default_factory=list)
-    #: The replies of the last performed input (the machine's answers to its caller).
-    replies: list[object] = field(default_factory=list)
     #: Writes a host call left to run (the shell runs them in a task): :meth:`settle` runs them.
     background: list[Effect] = field(default_factory=list)
     #: Commits that failed, by their ``what``.
@@ -186,9 +187,7 @@ class Kit:
         awaited, so it goes to :attr:`background` and the effects after it run first. With
         ``settle`` the background then runs, as the shell's task would once the call returned.
         """
-        self.replies = []
-        self._perform(self.machine.handle(given), sync=True)
-        reply = self.replies[-1] if self.replies else None
+        reply = self._perform(self.machine.handle(given), sync=True)
         if settle:
             self.settle()
         return reply
@@ -196,9 +195,7 @@ class Kit:
     def run(self, given: _in.Input) -> object:
         """``given`` as an adapter's awaited input (``AgentSession._perform``): each write where
         it stands, its ``then`` (or ``failed``) input handled before the next effect."""
-        self.replies = []
-        self._perform(self.machine.handle(given), sync=False)
-        return self.replies[-1] if self.replies else None
+        return self._perform(self.machine.handle(given), sync=False)
 
     def settle(self) -> None:
         """Run the writes host calls left in the background, oldest first."""
@@ -224,8 +221,9 @@ class Kit:
 
     # ------------------------------------------------------------ the shell
 
-    def _perform(self, effects: list[Effect], *, sync: bool) -> None:
-        queue = list(effects)
+    def _perform(self, effects: list[Effect], *, sync: bool) -> object:
+        """Perform ``effects`` in order; return the last ``Reply`` (``None`` without one)."""
+        queue, reply = list(effects), None
         while queue:
             effect = queue.pop(0)
             if isinstance(effect, Next):
@@ -241,9 +239,10 @@ class Kit:
             elif isinstance(effect, Emit):
                 self.tell(effect.event)
             elif isinstance(effect, Reply):
-                self.replies.append(effect.value)
+                reply = effect.value
             else:
                 queue[:0] = self._act(effect)
+        return reply
 
     def _commit(self, effect: Commit) -> list[Effect]:
         """The one writer: all of the boundary or nothing; told after, then the result."""
