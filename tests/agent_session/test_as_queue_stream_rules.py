@@ -669,20 +669,6 @@ async def test_as18_q18_send_now_prioritizes_the_users_entry_over_hidden_work() 
         assert [q.messages[-1].text for q in r.models["M"].requests[1:]] == ["u", "heartbeat"]
 
 
-async def test_as18_send_now_without_a_user_entry_changes_nothing() -> None:
-    async with session_rig({"M": [ScriptStep(text="half", hang=True)]}) as r:
-        session = r.session()
-        session.send("go")
-        await anyio.wait_all_tasks_blocked()
-        session.enqueue_message(NewMessage(text="heartbeat", kind=EntryKind.SYSTEM, id="s"))
-        assert not session.send_now()
-        await anyio.wait_all_tasks_blocked()
-        assert session.phase is Phase.STREAMING
-        assert r.of(StreamAborted) == []
-        session.stop()
-        await r.settle()
-
-
 async def test_as18_send_now_that_preempted_a_preparing_turn_leaves_later_aborts_alone() -> None:
     """The send-now drain belongs to the interrupt it made; a later system abort goes IDLE.
 
