@@ -5,19 +5,22 @@ Theory of operation
 The machine holds the whole state of a session's turns in one place: the phase, the owed
 continuation, the queue it drains, the flags of a turn in flight (a pending soft stop, the
 tools running, a send-now, an edit waiting) and the durable bookkeeping of cut records (which
-row carries each cut's record, the record changes not yet written, what is decided and not yet
-told). Each input (a send, a queue change, a stream event, a stream outcome, a store result, a
-host action) is a method that changes that state and returns the effects the shell must
-perform (``_effects``): events to tell, records to commit, a stream to stop, a pipeline or a
-resume to run. No awaits, no clock, no store: the state is consistent whenever an effect runs,
-so a host call made from an observer is simply the next input.
+row carries each cut's record, the record changes decided and not yet durable, what is decided
+and not yet told). Its one entry point is :meth:`TurnMachine.handle`: each input (a frozen
+Struct of ``_inputs``: a send, a queue change, a stream event, a stream outcome, a write's
+result, a host action) changes that state and returns the effects the shell must perform
+(``_effects``): events to tell, boundaries to commit, a stream to stop, a pipeline or a resume
+to run. No awaits, no clock, no store: the state is consistent whenever an effect runs.
 
-Decide, persist, tell: a continuation that ends is dropped from memory at once (nothing acts
-on it any more); its record change is queued, and its ``continuation-ended`` travels with the
-change, told only after the :class:`~agent_session._effects.Flush` that commits it. A cut's
-``owed`` is told only once the row carrying its record commits. Where a decision must wait
-for a write, the machine returns the write followed by a :class:`~agent_session._effects.Feed`
-of the rest of the decision.
+Decide, persist, tell: every durable write is a :class:`~agent_session._effects.Commit` the
+machine returns; the shell's one writer performs it and tells its events only after
+``COMMIT``. A continuation that ends is dropped from memory at once (nothing acts on it any
+more); its record change waits here, and its ``continuation-ended`` travels with the change,
+told only once it is durable. A cut's ``owed`` is told only once the row carrying its record
+commits. Where a decision must wait for a write, the rest of it is the ``Commit``'s ``then``
+input (and ``failed``, with the error, when nothing was written); where it tells something and
+then goes on, the rest is a :class:`~agent_session._effects.Next` input. No effect holds a
+closure.
 """
 
 from __future__ import annotations
