@@ -37,6 +37,7 @@ from agent_session._events import (
 )
 from agent_session._phases import IllegalTransition, Phase
 from agent_session._session import AgentSession, SessionDisposed
+from agent_session._statistics import SessionStatistics
 from agent_session.ports import EngineConfig, OpenGate, PreStreamFailure, PreStreamGate
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "ResumeAttempted",
     "SessionDisposed",
     "SessionEvent",
+    "SessionStatistics",
     "SweepSnapshot",
     "plan_sweep",
 ]

@@ -120,9 +120,10 @@ def busy_sessions(engine: Engine) -> list[str]:
     """
     found: list[str] = []
     for session in engine.sessions.values():
-        if not session.idle:
+        stats = session.statistics()
+        if not stats.settled:
             found.append(session.describe())
-        elif len(session.queue) and not session.is_disposed():
+        elif (stats.queued or stats.withdrawn) and not stats.disposed:
             found.append(f"{session.describe()} is idle holding queued entries")
     return found
 
