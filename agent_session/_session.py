@@ -403,11 +403,12 @@ class AgentSession:
                 event.set()
 
     def _busy(self) -> None:
+        """Not settled from now on: make the event ``wait_idle`` waits on (``_check_idle``)."""
         if self._idle is None:
             self._idle = anyio.Event()
 
     def hold(self) -> Callable[[], None]:
-        """Count the session busy (``wait_idle`` waits) until the returned release is called.
+        """Count the session unsettled (``wait_idle`` waits) until the returned release is called.
 
         Startup recovery holds a recovered session from its plan until its resume has an
         outcome. Releasing twice releases once.
