@@ -38,6 +38,7 @@ from agent_session._events import (
 )
 from agent_session._phases import BrokenSession, IllegalTransition, Phase
 from agent_session._session import AgentSession, SessionDisposed
+from agent_session._statistics import SessionStatistics
 from agent_session.ports import EngineConfig, OpenGate, PreStreamFailure, PreStreamGate
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "SessionBroken",
     "SessionDisposed",
     "SessionEvent",
+    "SessionStatistics",
     "SweepSnapshot",
     "plan_sweep",
 ]

@@ -439,12 +439,12 @@ class Engine:
         return dict(self._sessions)
 
     async def wait_idle(self) -> None:
-        """Return once every session is idle with nothing running or scheduled."""
+        """Return once every session is settled (nothing running, scheduled or being written)."""
         while True:
             for session in list(self._sessions.values()):
                 await session.wait_idle()
             await anyio.lowlevel.checkpoint()
-            if all(s.idle for s in self._sessions.values()):
+            if all(s.settled for s in self._sessions.values()):
                 return
 
 

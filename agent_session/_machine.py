@@ -83,6 +83,7 @@ from agent_session._rows import (
     encode_body,
     needs_continue_sentinel,
 )
+from agent_session._statistics import SessionStatistics, turn_claimed
 from agent_session._thinking import ThinkingHolder
 from agent_session._turn import StreamContext, TurnInput
 from message_queue import (
@@ -222,8 +223,41 @@ class TurnMachine:
 
     @property
     def busy(self) -> bool:
-        """A turn is running or claimed, or a manual send is in preflight."""
-        return self.phase is not Phase.IDLE or self.manual_preflight > 0
+        """A turn is claimed or a manual send is in preflight: a send now queues (AS-12)."""
+        return turn_claimed(self.phase, self.manual_preflight)
+
+    def statistics(self, *, tasks: int = 0, writing: int = 0) -> SessionStatistics:
+        """What the machine knows of the session, with the shell's ``tasks`` and ``writing``."""
+        marker = self.continuation.marker
+        live = tuple(entry.id for entry in self.queue if not entry.withdrawn)
+        dispatching = self.dispatching
+        return SessionStatistics(
+            session=self.id,
+            phase=self.phase,
+            owed=None if marker is None else marker.cut,
+            owed_steps=None if marker is None else marker.step_budget,
+            queued=live,
+            withdrawn=len(self.queue) - len(live),
+            preflight=self.manual_preflight,
+            dispatching=None if dispatching is None else dispatching[0],
+            soft_stop=self._soft_stop,
+            tools=len(self._active_tools),
+            sweep_scheduled=self.sweep_scheduled,
+            pending_writes=0 if self._records is None else len(self._records.pending),
+            tasks=tasks,
+            writing=writing,
+            disposed=self.disposed,
+        )
+
+    def __repr__(self) -> str:
+        """One stable line: the phase, then only the flags that are set (a test's oracle)."""
+        machine_only = (
+            ("send-now", self.send_now_pending),
+            ("edit-waiting", self.defer_drain),
+            ("abandon-partial", self._abandon_partial),
+            ("resume-armed", self._resume_armed),
+        )
+        return self.statistics().line("TurnMachine", [name for name, on in machine_only if on])
 
     @property
     def soft_stop_in_flight(self) -> bool:

@@ -60,6 +60,7 @@ from agent_session._machine import TurnMachine
 from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
 from agent_session._session_store import SessionStore
+from agent_session._statistics import SessionStatistics, nothing_running
 from agent_session._turn import Accepted, SendRefused, TurnInput
 from agent_session._writer import WriteCutShort, Writer
 from agent_session.ports import PreStreamFailure
@@ -104,9 +105,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnkeeper.session")
 
-#: Phases in which nothing more will run by itself (``wait_idle`` returns).
-_SETTLED = frozenset({Phase.IDLE, Phase.DISPOSED, Phase.BROKEN})
-
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
 
 
@@ -132,6 +130,7 @@ class AgentSession:
         "_store",
         "_tasks",
         "_writer",
+        "_writing",
         "id",
     )
 
@@ -178,6 +177,7 @@ class AgentSession:
         self._out = 0
         #: Effects of host calls made while calling out, performed once the call-out returns.
         self._inbox: list[Effect] | None = None
+        self._writing = 0  # commits in flight (``_write``)
 
     # ------------------------------------------------------------ what the machine knows
 
@@ -203,7 +203,7 @@ class AgentSession:
 
     @property
     def disposed(self) -> bool:
-        """Whether the session was disposed."""
+        """Whether the session was disposed (it can become so across any await)."""
         return self._machine.disposed
 
     @property
@@ -218,27 +218,38 @@ class AgentSession:
 
     @property
     def busy(self) -> bool:
-        """A turn is running or claimed, or a manual send is in preflight."""
+        """A turn is claimed or a manual send is in preflight: a ``send`` now queues (AS-12).
+
+        Not the opposite of :attr:`settled`: a turn that just went IDLE is not busy, and not
+        settled until its task and the sweep it scheduled are done.
+        """
         return self._machine.busy
 
     @property
-    def idle(self) -> bool:
-        """Idle with nothing running or scheduled (what ``wait_idle`` waits for)."""
-        return self._idle is None
+    def settled(self) -> bool:
+        """Nothing running, scheduled or being written: what ``wait_idle`` waits for.
 
-    def is_disposed(self) -> bool:
-        """Whether the session was disposed (it can become so across any await)."""
-        return self._machine.disposed
+        The phase is IDLE (or DISPOSED, or BROKEN), no task of the session runs or is
+        scheduled, the idle sweep is not scheduled and no commit is in flight
+        (``statistics().settled``).
+        """
+        machine = self._machine
+        return nothing_running(machine.phase, self._tasks, machine.sweep_scheduled, self._writing)
+
+    def statistics(self) -> SessionStatistics:
+        """One view of the session now: phase, owed cut, queue, tasks, writes (built on demand)."""
+        return self._machine.statistics(tasks=self._tasks, writing=self._writing)
 
     def owes(self) -> bool:
         """Whether a continuation is owed right now."""
         return self._machine.owes()
 
     def describe(self) -> str:
-        """A one-line state summary for logs and tests."""
-        marker = self._machine.continuation.marker
-        owed = f"owed {marker.cut} ({marker.step_budget} left)" if marker else "nothing owed"
-        return f"<AgentSession {self.id} {self.phase} | {owed} | {self.queue!r}>"
+        """One line of :meth:`statistics` for logs and tests: the phase, then what is set.
+
+        For example ``<AgentSession s1 streaming owed=s1/2(3) queue=1 tools=1 tasks=1>``.
+        """
+        return self.statistics().line("AgentSession")
 
     # ------------------------------------------------------------ performing effects
 
@@ -348,7 +359,7 @@ class AgentSession:
         """
         machine = self._machine
         try:
-            await self._writer.write(self.id, effect.boundary, exact=effect.exact)
+            await self._write(effect)
         except anyio.get_cancelled_exc_class():
             # Cut short (the cleanup bound, or the engine closing): whether it landed is
             # unknown, so it is decided as failed (nothing of it is told), then cancelled on.
@@ -489,21 +500,19 @@ class AgentSession:
     # ------------------------------------------------------------ tasks and idleness
 
     def _check_idle(self) -> None:
-        if (
-            self._machine.phase in _SETTLED
-            and self._tasks == 0
-            and not self._machine.sweep_scheduled
-        ):
+        """Release ``wait_idle``'s waiters once the session is :attr:`settled`."""
+        if self.settled:
             event, self._idle = self._idle, None
             if event is not None:
                 event.set()
 
     def _busy(self) -> None:
+        """Not settled from now on: make the event ``wait_idle`` waits on (``_check_idle``)."""
         if self._idle is None:
             self._idle = anyio.Event()
 
     def hold(self) -> Callable[[], None]:
-        """Count the session busy (``wait_idle`` waits) until the returned release is called.
+        """Count the session unsettled (``wait_idle`` waits) until the returned release is called.
 
         Startup recovery holds a recovered session from its plan until its resume has an
         outcome. Releasing twice releases once.
@@ -571,14 +580,26 @@ class AgentSession:
                 self._check_idle()
                 raise
 
+    async def _write(self, effect: Commit) -> None:
+        """Commit ``effect``'s boundary, counted in flight (the session is not settled)."""
+        self._writing += 1
+        self._busy()
+        try:
+            await self._writer.write(self.id, effect.boundary, exact=effect.exact)
+        finally:
+            self._writing -= 1
+            self._check_idle()
+
     async def wait_idle(self) -> None:
-        """Return once the session is idle with nothing running or scheduled."""
+        """Return once the session is :attr:`settled` (nothing running, scheduled or written)."""
         while True:
-            event = self._idle
-            if event is not None:
+            if not self.settled:
+                event = self._idle
+                if event is None:  # made only when someone could wait (``_check_idle`` sets it)
+                    event = self._idle = anyio.Event()
                 await event.wait()
             await anyio.lowlevel.checkpoint()
-            if self._idle is None:
+            if self.settled:
                 return
 
     def _alive(self) -> None:

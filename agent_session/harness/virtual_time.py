@@ -13,7 +13,7 @@ and nothing ever sleeps real time to synchronise.
   until nothing sleeps; the caller's hooks add its own rules (when to stop, its own timed work,
   its limits). Every other verb is built on it.
 * ``settle(engine)``: move time until nothing sleeps; then every session of ``engine`` must be
-  idle (a busy one now is wedged: nothing can wake it) and ``engine.wait_idle()`` returns.
+  settled (one that is not is wedged: nothing can wake it) and ``engine.wait_idle()`` returns.
 * ``run_until(when)``: run every sleeper due up to ``when``, move the clock to ``when``, quiesce.
 * ``drive(main)``: run ``main`` while moving time; every task blocked with no sleeper left and
   ``main`` not done is a hang (an ``AssertionError``, never a stuck test).
@@ -113,16 +113,17 @@ async def all_blocked() -> None:
 
 
 def busy_sessions(engine: Engine) -> list[str]:
-    """The sessions of ``engine`` not idle, described; at quiescence a busy one is wedged.
+    """The sessions of ``engine`` not settled, described; at quiescence such a one is wedged.
 
-    An idle session holding queued entries is listed too: nothing would ever send them
+    A settled session holding queued entries is listed too: nothing would ever send them
     (AS-13: whatever made a session idle, the idle drain empties its queue).
     """
     found: list[str] = []
     for session in engine.sessions.values():
-        if not session.idle:
+        stats = session.statistics()
+        if not stats.settled:
             found.append(session.describe())
-        elif len(session.queue) and not session.is_disposed():
+        elif (stats.queued or stats.withdrawn) and not stats.disposed:
             found.append(f"{session.describe()} is idle holding queued entries")
     return found
 

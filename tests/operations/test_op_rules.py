@@ -174,7 +174,7 @@ async def test_op2_deadline_acknowledged_is_timed_out_and_the_model_gets_a_timeo
         # The step settled and the loop went on to the next model step.
         assert r.scripted().steps_played == 2
         assert [e.finish for e in r.of(StreamEnded)] == ["stop"]
-        assert r.session().idle
+        assert r.session().statistics().settled
         assert [e.why for e in r.of(OpCancelRequested)] == ["deadline"]
 
 
@@ -199,7 +199,7 @@ async def test_op2_deadline_unacknowledged_is_indeterminate_after_the_grace_inte
         assert result.is_error
         assert error_of(result.output)["error"] == "timeout"
         assert [e.finish for e in r.of(StreamEnded)] == ["stop"]
-        assert r.session().idle
+        assert r.session().statistics().settled
         assert a.ends == []  # it still runs: nobody claims it stopped
 
 
@@ -500,7 +500,7 @@ async def test_op6_a_missing_completion_event_does_not_wedge_the_next_call(stuck
         assert started == [0.5]  # it ran at once, not after a deadline
         assert second.ended_at == 0.75
         assert [e.finish for e in r.of(StreamEnded)] == ["stop"]
-        assert r.session().idle
+        assert r.session().statistics().settled
 
 
 async def test_op6_an_indeterminate_call_does_not_wedge_the_next_call() -> None:
@@ -516,7 +516,7 @@ async def test_op6_an_indeterminate_call_does_not_wedge_the_next_call() -> None:
         assert second.started_at == DEADLINE_S + GRACE_S
         assert second.ended_at == DEADLINE_S + GRACE_S + 0.25
         assert len(b.calls) == 1
-        assert r.session().idle
+        assert r.session().statistics().settled
 
 
 # ---------------------------------------------------------------- OP-8
