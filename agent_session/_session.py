@@ -2,13 +2,17 @@
 
 Theory of operation
 -------------------
-The session composes four parts: the turn machine (``_machine``: every rule, all the state,
-no I/O), the send pipeline (``_pipeline``), the stream launcher (``_launcher``) and the store
+The session composes five parts: the turn machine (``_machine``: every rule, all the state,
+no I/O), the one writer (``_writer``), the send pipeline and the stream launcher (``_pipeline``,
+``_launcher``: I/O adapters that give the machine what they await as inputs) and the store
 and stream manager the engine shares. A host call, a stream event or an outcome becomes an
-input of the machine; the shell performs the effects the machine returns, in order
-(``_effects``), and feeds what they produce back. Everything that decides is synchronous and
-runs inside the call or event that triggers it; everything that awaits (store writes, the
-model stream) runs in tasks the engine's task group owns. Three kinds of work start turns:
+input of the machine (``TurnMachine.handle``); the shell's interpreter performs the effects
+the machine returns, in order (``_effects``): it tells events, commits each ``Commit`` with
+the writer (telling its events only after ``COMMIT``) and gives the machine the result as its
+next input. A host call made while the shell calls host code waits in the inbox (``_host``).
+Everything that decides is synchronous and runs inside the call or event that triggers it;
+everything that awaits (store writes, the model stream) runs in tasks the engine's task group
+owns. Three kinds of work start turns:
 
 * a direct ``send`` on an idle session (a manual send "in preflight" until it claims
   PREPARING, R3);
