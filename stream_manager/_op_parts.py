@@ -194,6 +194,7 @@ class Op:
 
     __slots__ = (
         "call",
+        "dispatched",
         "effects",
         "exit_flag",
         "given",
@@ -218,6 +219,8 @@ class Op:
         #: The model's result, once given.
         self.given: ToolResultPart | None = None
         self.timers: list[Timer] = []
+        #: Its execute was handed to a worker (it may be running).
+        self.dispatched = False
         #: The indeterminate operation it runs beside (overlap: warn), if any.
         self.overlaps: str | None = None
 

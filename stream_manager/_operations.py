@@ -341,18 +341,32 @@ class OperationRunner:
         OP-7), nothing of the cut work is told, and a call still running is cancelled.
         """
         with self._cleanup(what, beyond_s=beyond_s) as bound:
-            await cleanup
+            try:
+                await cleanup
+            except WriteFailed:  # a receipt of the stop: the calls not ended are given up
+                for op in ops:
+                    if op.given is None:
+                        self._give_up(op, f"operation {op.record.op_id}: unwritten ({what})")
+                raise
         if bound.fired:
             for op in ops:
                 self._give_up(op, f"operation {op.record.op_id}: cut short ({what})")
 
     def _give_up(self, op: Op, reason: str) -> None:
+        """Nothing more is decided for ``op``: a call still running is cancelled, and held.
+
+        Its last durable receipt is open (``indeterminate`` at the next startup, OP-7); until
+        then the overlap guard holds a dispatched call nobody saw end (OP-9), as a restart
+        would.
+        """
         op.stop_timers()
         op.effects.clear()
         op.life.abandon()
         if not op.life.exited:
             op.scope.cancel(reason)
             self._retire_worker_of(op)  # OP-6: whatever it does, it holds only its own task
+            if op.dispatched:
+                self._guard.hold(op.record)
 
     async def _stopped_at_admission(
         self, admitted: list[Admitted], ops: list[Op], why: CancelWhy, spawn: Spawn
@@ -562,6 +576,7 @@ class OperationRunner:
         clock, life = self._clock, op.life
         op.timers.append(clock.call_at(effect.at, lambda: op.feed(life.deadline(clock.now()))))
         self._worker(life.record.stream, spawn).submit(op)
+        op.dispatched = True
 
     def _hold(self, op: Op, effect: Hold, spawn: Spawn) -> None:
         self._guard.hold(effect.record)

@@ -182,10 +182,12 @@ class StreamProcessor:
     def _write_failed(self, stream: ActiveStream, error: WriteFailed) -> Failed | _Stopped:
         """A durable write the stream needed failed: a ``store_write`` stream error.
 
-        A stop that was already landing wins (its abort path reports the stream's end).
+        A stop that was already landing wins: its abort path reports the stream's end, then
+        the failed write (a ``store_write`` stream error after the ``stream-abort``).
         """
         if stream.hard_reason is not None or stream.state is StreamState.STOPPING:
             log.warning("stream %s: stopped while a write failed: %s", stream.id, error)
+            stream.unwritten = str(error)
             return _STOPPED
         return self.fail(stream, ErrorType.STORE_WRITE, str(error))
 
@@ -590,6 +592,17 @@ class StreamProcessor:
                     remaining=stream.budget.remaining,
                 )
             )
+            if stream.unwritten is not None:  # the host hears the write that failed
+                self._events.emit(
+                    StreamFailed(
+                        session=stream.session,
+                        stream=stream.id,
+                        kind=ErrorKind.RETRYABLE,
+                        remaining=stream.budget.remaining,
+                        type=ErrorType.STORE_WRITE.value,
+                        message=stream.unwritten,
+                    )
+                )
         return Aborted(
             stream=stream.id, reason=reason, metadata=metadata, parts=tuple(stream.parts)
         )

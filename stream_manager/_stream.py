@@ -69,6 +69,7 @@ class ActiveStream:
         "soft_reason",
         "state",
         "step_open",
+        "unwritten",
     )
 
     def __init__(
@@ -95,6 +96,8 @@ class ActiveStream:
         self.step_open = False
         #: The current step produced a successful required-tool result (R46).
         self.required_in_step = False
+        #: Why a write the stream needed failed while a stop was landing: told after its abort.
+        self.unwritten: str | None = None
         self.scope: anyio.CancelScope | None = None
         self.done = anyio.Event()
 
