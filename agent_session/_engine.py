@@ -416,6 +416,7 @@ class Engine:
             spawn=self._session_spawn,
             known_models=self._known_models,
             owner=self._owner,
+            writer=self._writer,
             next_seq=next_seq,
             next_stream=next_stream,
         )

@@ -151,14 +151,17 @@ class AgentSession:
         spawn: Spawn,
         known_models: frozenset[str],
         owner: str | None = None,
+        writer: Writer | None = None,
         next_seq: int = 1,
         next_stream: int = 1,
     ) -> None:
         self.id = session_id
-        #: This session's view of the store port, fenced by the engine's owner token.
-        self._store = SessionStore(store, session_id)
-        #: The one writer of this session's durable decisions (the machine's ``Commit``s).
-        self._writer = Writer(store, owner)
+        #: The store port the engine shares (reads go through a ``SessionStore`` made for the
+        #: work that reads: an idle session holds no view of its own).
+        self._store = store
+        #: The one writer of this session's durable decisions (the machine's ``Commit``s): the
+        #: engine's, shared by its sessions (an idle session holds no writer of its own).
+        self._writer = writer if writer is not None else Writer(store, owner)
         self._manager = manager
         self._gate = gate
         self._emit = emit
@@ -481,11 +484,15 @@ class AgentSession:
 
     # ------------------------------------------------------------ collaborators
 
+    def _history(self) -> SessionStore:
+        """A read view of this session's history (made per use: an idle session holds none)."""
+        return SessionStore(self._store, self.id)
+
     def _pipeline(self) -> SendPipeline:
         """The pipeline for one send (made per send: an idle session holds none)."""
         return SendPipeline(
             self._machine,
-            store=self._store,
+            store=self._history(),
             gate=self._gate,
             emit=self._emit,
             perform=self._perform,
@@ -496,7 +503,7 @@ class AgentSession:
         """The launcher for one stream (made per launch: an idle session holds none)."""
         return StreamLauncher(
             self._machine,
-            store=self._store,
+            store=self._history(),
             manager=self._manager,
             perform=self._perform,
         )
@@ -961,7 +968,7 @@ class AgentSession:
         """
         self._alive()
         machine = self._machine
-        rows = await self._store.rows()
+        rows = await self._history().rows()
         target = next((row for row in rows if row.row_id == row_id), None)
         if target is None:
             raise UsageError(f"session {self.id}: no history row {row_id!r} to edit")
@@ -974,7 +981,8 @@ class AgentSession:
             await self.wait_idle()
             machine.handle(_in.EditSettled())
             restored = self.restore_queue()
-            doomed = tuple(row.row_id for row in await self._store.rows() if row.seq >= target.seq)
+            history = await self._history().rows()
+            doomed = tuple(row.row_id for row in history if row.seq >= target.seq)
             failed = await self._perform(machine.handle(_in.Truncate(doomed)))
             if isinstance(failed, Exception):
                 raise failed
@@ -1001,7 +1009,7 @@ class AgentSession:
         async def discard(then: Successors) -> None:
             await self._perform([Next(_in.FlushRecords())])
             try:
-                rows = await self._store.rows()
+                rows = await self._history().rows()
             except (TurnkeeperError, OSError) as error:  # the history stays as it was
                 log.warning("session %s: history not discarded: %s", self.id, error)
                 return
