@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, assert_never
 
 import msgspec
 
+from agent_session import _boundaries
 from agent_session import _inputs as _in
 from agent_session._continuation import (
     Continuation,
@@ -65,7 +66,6 @@ from agent_session._effects import StartResume as StartResumeEffect
 from agent_session._events import (
     ContinuationEnded,
     ContinuationOwed,
-    EngineEvent,
     EntryCanceled,
     EntryDequeued,
     EntryQueued,
@@ -96,12 +96,9 @@ from message_queue import (
     SendOptions,
 )
 from persistence import (
-    Boundary,
     CutState,
-    CutStateChange,
     HistoryRow,
     RowKind,
-    TurnEnvelope,
     UsageError,
 )
 from stream_manager import (
@@ -111,12 +108,10 @@ from stream_manager import (
     ErrorKind,
     ErrorType,
     Failed,
-    Persisted,
     QueuedStopReport,
     Refused,
     StartCause,
     StreamFailed,
-    StreamInfo,
     StreamOutcome,
     Withdrawn,
     WriteFailed,
@@ -676,20 +671,7 @@ class TurnMachine:
     def _records_commit(
         self, changes: tuple[CutChange, ...], then: _in.Input, failed: _in.WriteFailure
     ) -> Commit:
-        """One boundary for ``changes`` (PS-6); each is reported and told after ``COMMIT``."""
-        tell: list[EngineEvent] = []
-        for change in changes:
-            tell.append(Persisted(session=self.id, what="cut-void", id=change.row_id))
-            if change.told is not None:
-                tell.append(change.told)
-        moved = tuple(CutStateChange(row_id=c.row_id, state=c.state) for c in changes)
-        return Commit(
-            Boundary(cut_states=moved),
-            tell=tuple(tell),
-            then=then,
-            failed=failed,
-            what="cut record",
-        )
+        return _boundaries.records(self.id, changes, then, failed)
 
     def _with_records(self, commit: Commit) -> Commit:
         """Record changes decided and not yet durable ride in this row's boundary (item 3).
@@ -698,20 +680,7 @@ class TurnMachine:
         changes are told after the row's own report, in decision order.
         """
         changes = self._take_changes()
-        if not changes:
-            return commit
-        records = self._records_commit(changes, _in.Ignored(), _in.Ignored())
-        boundary = msgspec.structs.replace(
-            commit.boundary,
-            cut_states=(*commit.boundary.cut_states, *records.boundary.cut_states),
-        )
-        return msgspec.structs.replace(
-            commit,
-            boundary=boundary,
-            tell=(*commit.tell, *records.tell),
-            then=_in.WithRecords(commit.then, changes),
-            failed=_in.WithRecords(commit.failed, changes),
-        )
+        return _boundaries.with_records(commit, self.id, changes) if changes else commit
 
     def _with_records_settled(self, settled: _in.WithRecords) -> list[Effect]:
         first, error = settled.first, settled.error
@@ -886,10 +855,9 @@ class TurnMachine:
 
     def _final_ready(self, ended: Ended) -> list[Effect]:
         row = self.final_row(ended)
-        what = "cut" if row.cut is not None else "assistant"
-        commit = Commit(
-            Boundary(rows=(row,)),
-            tell=(Persisted(session=self.id, what=what, id=row.row_id),),
+        commit = _boundaries.appended(
+            row,
+            "cut" if row.cut is not None else "assistant",
             then=_in.FinalWritten(row),
             failed=_in.FinalFailed(ended, row),
             what="final row",
@@ -1016,10 +984,9 @@ class TurnMachine:
             row = self.new_row(
                 RowKind.PARTIAL, encode_body(body), stream=aborted.stream, cut=record
             )
-            persisted = Persisted(session=self.id, what="cut" if owes else "partial", id=row.row_id)
-            commit = Commit(
-                Boundary(rows=(row,)),
-                tell=(persisted,),
+            commit = _boundaries.appended(
+                row,
+                "cut" if owes else "partial",
                 then=_in.AbortWritten(aborted, row, owes),
                 failed=_in.PartialFailed(aborted),
                 what="partial row",
@@ -1186,26 +1153,20 @@ class TurnMachine:
         """AS-7: the send's user row; the adapter is answered the row once it is durable."""
         body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
         row = self.new_row(RowKind.USER, encode_body(body))
-        persisted = Persisted(session=self.id, what="user-row", id=row.row_id)
+        answer = _in.Answer(row)
         return [
-            Commit(
-                Boundary(rows=(row,)),
-                tell=(persisted,),
-                then=_in.Answer(row),
-                failed=_in.AnswerError(),
-                what="user row",
+            _boundaries.appended(
+                row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
             )
         ]
 
     def _rollback(self, row: HistoryRow) -> list[Effect]:
         """AS-3: exactly this send's row goes; a delete that took nothing counts as failed."""
+        what = f"rollback of {row.row_id}"
+        failed = _in.AnswerError()
         return [
-            Commit(
-                Boundary(delete=(row.row_id,)),
-                then=_in.Answer(None),
-                failed=_in.AnswerError(),
-                what=f"rollback of {row.row_id}",
-                exact=True,
+            _boundaries.removed(
+                (row.row_id,), what, then=_in.Answer(None), failed=failed, exact=True
             )
         ]
 
@@ -1214,47 +1175,22 @@ class TurnMachine:
         if not needs_continue_sentinel(rows):
             return [Reply(rows)]
         sentinel = self.new_row(RowKind.SENTINEL, encode_body(RowBody(text=CONTINUE_TEXT)))
-        persisted = Persisted(session=self.id, what="sentinel", id=sentinel.row_id)
+        answer = _in.Answer((*rows, sentinel))
         return [
-            Commit(
-                Boundary(rows=(sentinel,)),
-                tell=(persisted,),
-                then=_in.Answer((*rows, sentinel)),
-                failed=_in.AnswerError(),
-                what="sentinel",
+            _boundaries.appended(
+                sentinel, "sentinel", then=answer, failed=_in.AnswerError(), what="sentinel"
             )
         ]
 
     def _sentinel_unwanted(self, sentinel: HistoryRow) -> list[Effect]:
         """R34: a launch that failed or never started leaves no orphan sentinel."""
-        boundary = Boundary(delete=(sentinel.row_id,))
-        return [Commit(boundary, failed=_in.Ignored(), what=f"removal of {sentinel.row_id}")]
-
-    def _envelope_ready(self, info: StreamInfo) -> list[Effect]:
-        """B3: the durable turn envelope, written when the stream is constructed."""
-        context = self.context
-        envelope = TurnEnvelope(
-            session=info.session,
-            stream=info.stream,
-            model=info.model,
-            budget=info.budget,
-            cause=context.cause.value,
-            handle=context.correlation.handle_id if context.correlation else None,
-        )
-        persisted = Persisted(session=info.session, what="envelope", id=info.stream)
-        return [
-            Commit(
-                Boundary(envelope=envelope),
-                tell=(persisted,),
-                failed=_in.AnswerError(),
-                what="envelope",
-            )
-        ]
+        what = f"removal of {sentinel.row_id}"
+        return [_boundaries.removed((sentinel.row_id,), what, failed=_in.Ignored())]
 
     def _delete_rows(self, row_ids: tuple[str, ...], what: str, *, answer: bool) -> list[Effect]:
         """AS-6, R27: history rows go (an edit's truncation; a discard of everything)."""
         failed = _in.AnswerError() if answer else _in.Ignored()
-        return [Commit(Boundary(delete=row_ids), failed=failed, what=what)]
+        return [_boundaries.removed(row_ids, what, failed=failed)]
 
     # ------------------------------------------------------------ the one entry point
 
@@ -1351,7 +1287,7 @@ class TurnMachine:
                 self.launching(context)
                 return []
             case _in.EnvelopeReady(info):
-                return self._envelope_ready(info)
+                return [_boundaries.envelope(info, self.context)]  # B3
             case _in.StartReached():
                 return self._start_reached()
             case _in.StartWritten():
