@@ -1,8 +1,8 @@
 """What the turn machine is told: every input, one frozen Struct each (``docs/architecture.md``).
 
 The machine's one entry point is :meth:`TurnMachine.handle(input)
-<agent_session._machine.TurnMachine.handle>`, which dispatches on these with ``match`` and
-``assert_never``. Three kinds come in:
+<agent_session._machine.TurnMachine.handle>`, which finds each input's handler by its type
+(``_machine._DECIDE``; a test checks the table covers :data:`Input`). Three kinds come in:
 
 * **host calls and stream facts** the shell passes on (a send, a Stop, a stream that started, a
   tool that ended, a stream's outcome);
