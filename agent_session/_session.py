@@ -630,8 +630,12 @@ class AgentSession:
         ``tell``: the engine's observers, told ``event`` first; a session call they make waits
         in the inbox and is performed once they all saw it, before this session's reaction.
         """
-        if tell is not None:
-            self._calling_out(lambda: tell(event))
+        if tell is not None:  # every stream event passes here: no closure made for it
+            self._out += 1
+            try:
+                tell(event)
+            finally:
+                self._out -= 1
         if self._machine.broken is None:  # broken, it takes no input: the stream is stopping
             self._react(event)
         if self._inbox is not None and not self._out:

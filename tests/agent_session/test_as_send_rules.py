@@ -359,6 +359,18 @@ class SeeingModel:
         yield Finish(reason=FinishReason.STOP)
 
 
+def withdraw_when_its_row_is_written(
+    token: CancelToken,
+) -> Callable[[Sequence[HistoryRow]], Awaitable[None]]:
+    """A store hook: the wake's producer withdraws it while its user row is being written."""
+
+    async def withdraw(rows: Sequence[HistoryRow]) -> None:
+        if any(decode_body(row).entry_kind == "wake" for row in rows):
+            token.cancel("consumed")
+
+    return withdraw
+
+
 # ---------------------------------------------------------------- AS-3
 
 
@@ -368,11 +380,7 @@ async def test_as3_q11_a_withdraw_while_the_row_persists_rolls_it_back() -> None
     state = CancelState()
     store = HookStore()
 
-    async def withdraw_during_append(rows: Sequence[HistoryRow]) -> None:
-        if any(decode_body(row).entry_kind == "wake" for row in rows):
-            token.cancel("consumed")
-
-    store.before_append = withdraw_during_append
+    store.before_append = withdraw_when_its_row_is_written(token)
     async with session_rig({"M": [X("never")]}, store=store) as r:
         r.session().enqueue_message(wake("W", calls, token=token, state=state))
         await r.settle()
@@ -391,11 +399,7 @@ async def test_as3_q12_a_failed_rollback_whose_row_remains_accepts_the_entry() -
     store = HookStore()
     store.delete_reports = 0  # the atomic delete fails and deletes nothing
 
-    async def withdraw_during_append(rows: Sequence[HistoryRow]) -> None:
-        if any(decode_body(row).entry_kind == "wake" for row in rows):
-            token.cancel("consumed")
-
-    store.before_append = withdraw_during_append
+    store.before_append = withdraw_when_its_row_is_written(token)
     async with session_rig({"M": [X("ok")]}, store=store) as r:
         r.session().enqueue_message(wake("W", calls, token=token, state=state))
         await r.settle()
@@ -416,11 +420,7 @@ async def test_as3_an_entry_accepted_after_a_failed_rollback_keeps_its_turn_sett
     store = HookStore()
     store.delete_reports = 0  # the atomic delete fails and deletes nothing
 
-    async def withdraw_during_append(rows: Sequence[HistoryRow]) -> None:
-        if any(decode_body(row).entry_kind == "wake" for row in rows):
-            token.cancel("consumed")
-
-    store.before_append = withdraw_during_append
+    store.before_append = withdraw_when_its_row_is_written(token)
     model = SeeingModel("M2")
     async with session_rig({"M": []}, models=[model], store=store) as r:
         session = r.session()
@@ -441,11 +441,7 @@ async def test_as3_a_failed_rollback_whose_row_is_gone_still_cancels() -> None:
     store = HookStore()
     store.delete_misreports = 0  # the delete went through but reported a failure
 
-    async def withdraw_during_append(rows: Sequence[HistoryRow]) -> None:
-        if any(decode_body(row).entry_kind == "wake" for row in rows):
-            token.cancel("consumed")
-
-    store.before_append = withdraw_during_append
+    store.before_append = withdraw_when_its_row_is_written(token)
     async with session_rig({"M": [X("never")]}, store=store) as r:
         r.session().enqueue_message(wake("W", calls, token=token))
         await r.settle()
@@ -765,11 +761,7 @@ async def test_as7_a_rollback_deletes_only_the_canceled_sends_row() -> None:
     token = CancelToken()
     store = HookStore()
 
-    async def withdraw_during_append(rows: Sequence[HistoryRow]) -> None:
-        if any(decode_body(row).entry_kind == "wake" for row in rows):
-            token.cancel("consumed")
-
-    store.before_append = withdraw_during_append
+    store.before_append = withdraw_when_its_row_is_written(token)
     async with session_rig({"M": [X("one")]}, store=store) as r:
         r.session().send("first")
         await r.settle()
