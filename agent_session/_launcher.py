@@ -66,10 +66,7 @@ class StreamLauncher:
 
     async def _decide(self, given: _in.Input) -> object:
         """Give the machine ``given``; perform its decision; raise the error it replies."""
-        reply = await self._perform(self._machine.handle(given))
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
+        return _answer(await self._perform(self._machine.handle(given)))
 
     async def launch(self, context: StreamContext, abort: AbortSignal) -> StreamOutcome:
         """AS-22: stream from history under ``context``; return the stream's outcome."""
@@ -130,9 +127,18 @@ class StreamLauncher:
         cut's record before the first step, B5's final row before the outcome. A failed write
         raises (the machine's reply): the stream fails, ``store_write`` where it ran.
         """
+        given: _in.Input
         if isinstance(milestone, Constructed):
-            await self._decide(_in.EnvelopeReady(milestone.info))
+            given = _in.EnvelopeReady(milestone.info)
         elif isinstance(milestone, Started):
-            await self._decide(_in.StartReached())
+            given = _in.StartReached()
         else:
-            await self._decide(_in.FinalReady(milestone.ended))
+            given = _in.FinalReady(milestone.ended)
+        _answer(await self._perform(self._machine.handle(given)))  # not ``_decide``: one frame less
+
+
+def _answer(reply: object) -> object:
+    """The machine's reply to a milestone or a read: raised when it is an error."""
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply

@@ -25,7 +25,6 @@ closure.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -366,7 +365,7 @@ class TurnMachine:
     def _dispatch_entry(self, turn: TurnInput, token: CancelToken | None) -> list[Effect]:
         stamp, self._stamp = self._stamp, None
         if stamp is not None and stamp[0] == turn.entry_id and turn.correlation is None:
-            turn = dataclasses.replace(turn, correlation=stamp[1])  # R56
+            turn = msgspec.structs.replace(turn, correlation=stamp[1])  # R56
         return [Dispatch(turn, token)]
 
     def dispatched(self, token: CancelToken | None) -> None:
@@ -1209,8 +1208,8 @@ class TurnMachine:
         """
         if self.broken is not None:
             return self._while_broken(given)
-        try:
-            return self._decide(given)
+        try:  # the handler, found by the input's type (see ``_DECIDE``)
+            return _DECIDE[type(given)](self, given)
         except UsageError:
             raise
         except Exception as error:  # an engine bug: stop here, loudly, once
@@ -1246,15 +1245,6 @@ class TurnMachine:
         if isinstance(given, _in.DisposalDone):
             return self.disposal_done()
         raise BrokenSession(self.id, self.broken or "broken")
-
-    def _decide(self, given: _in.Input) -> list[Effect]:
-        """One input's decision: its handler, found by the input's type (``_DECIDE``).
-
-        One table rather than a ``match``: a class pattern costs ~80 ns, so the 60th of 74
-        cases took ~6 µs to reach, a cost paid on every input (the resume path was 57% slower).
-        ``tests/agent_session/test_machine_dispatch.py`` checks every input has a handler.
-        """
-        return _DECIDE[type(given)](self, given)
 
     # ------------------------------------------------------------ one handler per input
 
@@ -1558,7 +1548,10 @@ class TurnMachine:
         return []
 
 
-#: Every input's handler (``TurnMachine._decide``), by the input's type.
+#: Every input's handler, by the input's type (``TurnMachine.handle``). One table rather than a
+#: ``match``: a class pattern costs ~80 ns, so the 60th of 74 cases took ~6 µs to reach, a cost
+#: paid on every input. ``tests/agent_session/test_machine_dispatch.py`` checks every input has
+#: a handler.
 _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.ToIdleFrom: TurnMachine._on_ToIdleFrom,
     _in.Drain: TurnMachine._on_Drain,

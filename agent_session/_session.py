@@ -274,38 +274,45 @@ class AgentSession:
         performed after that effect, before the next one.
         """
         machine = self._machine
-        queue, index, reply = effects, 0, None
-        while index < len(queue) or self._inbox is not None:
-            if self._inbox is not None:
-                queue, index, self._inbox = [*self._inbox, *queue[index:]], 0, None
-            effect = queue[index]
-            index += 1
-            kind = type(effect)
-            if kind is Emit:  # the most frequent kinds first
-                self._tell(effect.event)  # type: ignore[union-attr]
-            elif kind is Next:
-                if machine.broken is not None:
-                    continue  # the rest of a broken decision is void
-                given = effect.input  # type: ignore[union-attr]
-                if type(given) is _in.FlushRecords:  # written in a task, taken there
-                    if machine.pending:
-                        self._run(self._performer([effect]))
-                    continue
-                fed = machine.handle(given)
-                if index == len(queue) or machine.broken is not None:
-                    queue = fed
+        queue, reply = effects, None
+        while queue:  # one lap per decision fed in (a ``Next``) or inbox taken
+            rest, queue = queue, []
+            last = len(rest) - 1
+            for index, effect in enumerate(rest):
+                if self._inbox is not None:  # asked for during the last call-out: first
+                    queue, self._inbox = [*self._inbox, *rest[index:]], None
+                    break
+                kind = type(effect)
+                if kind is Emit:  # the most frequent kinds first
+                    self._tell(effect.event)  # type: ignore[union-attr]
+                elif kind is Next:
+                    if machine.broken is not None:
+                        continue  # the rest of a broken decision is void
+                    if type(effect.input) is _in.FlushRecords:  # type: ignore[union-attr]
+                        self._flush_later()
+                        continue
+                    fed = machine.handle(effect.input)  # type: ignore[union-attr]
+                    if index == last or machine.broken is not None:
+                        queue = fed
+                    else:
+                        queue = [*fed, *rest[index + 1 :]]
+                    break
+                elif kind is Reply:
+                    reply = effect.value  # type: ignore[union-attr]
+                elif kind is Commit:  # nothing to await here: the write and what follows, in a task
+                    self._run(self._performer([effect]))
+                elif hold_resume and kind is StartResume and index == last:
+                    return effect
                 else:
-                    queue = [*fed, *queue[index:]]
-                index = 0
-            elif kind is Reply:
-                reply = effect.value  # type: ignore[union-attr]
-            elif kind is Commit:  # nothing to await here: the write and what follows, in a task
-                self._run(self._performer([effect]))
-            elif hold_resume and kind is StartResume and index == len(queue):
-                return effect
-            else:
-                self._act(effect)
+                    self._act(effect)
+            else:  # asked for during the last effect's call-out
+                queue, self._inbox = self._inbox or [], None
         return reply
+
+    def _flush_later(self) -> None:
+        """A record flush asked for synchronously: decided and written in a task, if due."""
+        if self._machine.pending:
+            self._run(self._performer([Next(_in.FlushRecords())]))
 
     async def _perform(self, effects: list[Effect], then: Successors | None = None) -> object:
         """Perform ``effects`` in order, awaiting each write where it stands (``Next``: _do).
@@ -316,33 +323,38 @@ class AgentSession:
         synchronous calls they are (``_do``), before the next one.
         """
         machine = self._machine
-        queue, index, reply = effects, 0, None
-        while index < len(queue) or self._inbox is not None:
-            if self._inbox is not None:
-                self._inbox_due()
-                continue
-            effect = queue[index]
-            index += 1
-            kind = type(effect)
-            if kind is Emit:
-                self._tell(effect.event)  # type: ignore[union-attr]
-            elif kind is Next:
-                if machine.broken is not None:
-                    continue  # the rest of a broken decision is void
-                fed = machine.handle(effect.input)  # type: ignore[union-attr]
-                if index == len(queue) or machine.broken is not None:
-                    queue = fed
+        queue, reply = effects, None
+        while queue:  # one lap per decision fed in (a ``Next``, a write's result)
+            rest, queue = queue, []
+            last = len(rest) - 1
+            for index, effect in enumerate(rest):
+                if self._inbox is not None:
+                    self._inbox_due()
+                kind = type(effect)
+                if kind is Emit:
+                    self._tell(effect.event)  # type: ignore[union-attr]
+                elif kind is Next:
+                    if machine.broken is not None:
+                        continue  # the rest of a broken decision is void
+                    fed = machine.handle(effect.input)  # type: ignore[union-attr]
+                    if index == last or machine.broken is not None:
+                        queue = fed
+                    else:
+                        queue = [*fed, *rest[index + 1 :]]
+                    break
+                elif kind is Reply:
+                    reply = effect.value  # type: ignore[union-attr]
+                elif kind is Commit:
+                    fed = await self._commit(effect)  # type: ignore[arg-type]
+                    if index == last or machine.broken is not None:
+                        queue = fed
+                    else:
+                        queue = [*fed, *rest[index + 1 :]]
+                    break
                 else:
-                    queue = [*fed, *queue[index:]]
-                index = 0
-            elif kind is Reply:
-                reply = effect.value  # type: ignore[union-attr]
-            elif kind is Commit:
-                fed = await self._commit(effect)  # type: ignore[arg-type]
-                queue = fed if machine.broken is not None else [*fed, *queue[index:]]
-                index = 0
-            else:
-                self._act(effect, then)
+                    self._act(effect, then)
+        if self._inbox is not None:  # asked for during the last effect's call-out
+            self._inbox_due()
         return reply
 
     @staticmethod
@@ -365,8 +377,13 @@ class AgentSession:
         machine the effect's ``failed`` input with the error (a result like any other).
         """
         machine = self._machine
+        self._writing += 1  # in flight: the session is not settled
         try:
-            await self._write(effect)
+            try:
+                await self._writer.write(self.id, effect.boundary, exact=effect.exact)
+            finally:
+                self._writing -= 1
+                self._check_idle()
         except anyio.get_cancelled_exc_class():
             # Cut short (the cleanup bound, or the engine closing): whether it landed is
             # unknown, so it is decided as failed (nothing of it is told), then cancelled on.
@@ -393,13 +410,12 @@ class AgentSession:
         The observers are host code: what they ask of the session meanwhile waits in the
         inbox and is performed once every observer has seen ``event`` (``_host``).
         """
-        settles = False
         if type(event) is PhaseChanged:
-            if event.to is Phase.IDLE or event.to is Phase.DISPOSED or event.to is Phase.BROKEN:
-                settles = True
-            elif self._idle is None:  # busy from now on (``_busy``, inlined)
-                self._idle = anyio.Event()
+            settles = (
+                event.to is Phase.IDLE or event.to is Phase.DISPOSED or event.to is Phase.BROKEN
+            )
         elif type(event) is SessionBroken:  # told once, by the machine that broke
+            settles = False
             log.error(
                 "session %s broke in phase %s on %s: %s; it takes no input but disposal "
                 "(Engine.reopen_session opens it again from the store)",
@@ -408,6 +424,13 @@ class AgentSession:
                 event.input,
                 event.error,
             )
+        else:  # most events: told, nothing more
+            self._out += 1
+            try:
+                self._emit(event)
+            finally:
+                self._out -= 1
+            return
         self._out += 1
         try:
             self._emit(event)
@@ -425,12 +448,12 @@ class AgentSession:
         not re-enter the interpreter there: its effects wait in the inbox and are performed
         as soon as that call-out returns, before the next effect (``docs/architecture.md``).
         """
+        if not effects:
+            return None
         reply = None
         for effect in effects:
             if type(effect) is Reply:
                 reply = effect.value
-        if not effects:
-            return reply
         if self._out:  # the interpreter that called out performs them next
             if self._inbox is None:
                 self._inbox = []
@@ -512,15 +535,13 @@ class AgentSession:
 
     def _check_idle(self) -> None:
         """Release ``wait_idle``'s waiters once the session is :attr:`settled`."""
-        if self.settled:
-            event, self._idle = self._idle, None
-            if event is not None:
-                event.set()
-
-    def _busy(self) -> None:
-        """Not settled from now on: make the event ``wait_idle`` waits on (``_check_idle``)."""
-        if self._idle is None:
-            self._idle = anyio.Event()
+        event = self._idle
+        if event is None or self._tasks or self._writing:  # nobody waits, or still running
+            return
+        machine = self._machine
+        if nothing_running(machine.phase, 0, machine.sweep_scheduled, 0):
+            self._idle = None
+            event.set()
 
     def hold(self) -> Callable[[], None]:
         """Count the session unsettled (``wait_idle`` waits) until the returned release is called.
@@ -529,7 +550,6 @@ class AgentSession:
         outcome. Releasing twice releases once.
         """
         self._tasks += 1
-        self._busy()
         held = True
 
         def release() -> None:
@@ -548,7 +568,6 @@ class AgentSession:
         ``then``, after that task's work, in the same task (``_task``).
         """
         self._tasks += 1
-        self._busy()
         if then is not None:
             then.append(work)
         else:
@@ -591,16 +610,6 @@ class AgentSession:
                 self._check_idle()
                 raise
 
-    async def _write(self, effect: Commit) -> None:
-        """Commit ``effect``'s boundary, counted in flight (the session is not settled)."""
-        self._writing += 1
-        self._busy()
-        try:
-            await self._writer.write(self.id, effect.boundary, exact=effect.exact)
-        finally:
-            self._writing -= 1
-            self._check_idle()
-
     async def wait_idle(self) -> None:
         """Return once the session is :attr:`settled` (nothing running, scheduled or written)."""
         while True:
@@ -636,21 +645,24 @@ class AgentSession:
                 tell(event)
             finally:
                 self._out -= 1
-        if self._machine.broken is None:  # broken, it takes no input: the stream is stopping
-            self._react(event)
+        react = _REACTIONS.get(type(event))  # most stream events ask nothing of the session
+        if react is not None and self._machine.broken is None:  # broken: the stream is stopping
+            react(self, event)
         if self._inbox is not None and not self._out:
             self._inbox_due()
 
-    def _react(self, event: StreamEvent) -> None:
-        handle = self._machine.handle
-        if isinstance(event, StreamStarted):
-            self._host(handle(_in.StreamBegan(event.stream, event.cause)))
-        elif isinstance(event, ToolCallStarted):
-            handle(_in.ToolStarted(event.call))
-        elif isinstance(event, ToolCallEnded):
-            self._host(handle(_in.ToolEnded(event.call, event.provider)))
-        elif isinstance(event, StreamAborted) and not event.stream:
-            self._host(handle(_in.SyntheticAbort(event.reason)))
+    def _stream_began(self, event: StreamStarted) -> None:
+        self._host(self._machine.handle(_in.StreamBegan(event.stream, event.cause)))
+
+    def _tool_started(self, event: ToolCallStarted) -> None:
+        self._machine.handle(_in.ToolStarted(event.call))
+
+    def _tool_ended(self, event: ToolCallEnded) -> None:
+        self._host(self._machine.handle(_in.ToolEnded(event.call, event.provider)))
+
+    def _stream_aborted(self, event: StreamAborted) -> None:
+        if not event.stream:  # a synthetic abort: no stream of this session ran
+            self._host(self._machine.handle(_in.SyntheticAbort(event.reason)))
 
     # ------------------------------------------------------------ turns
 
@@ -712,7 +724,6 @@ class AgentSession:
         if not isinstance(start, StartResume):
             return False
         self._tasks += 1
-        self._busy()
         await self._task(self._armed(start))
         return True
 
@@ -1031,3 +1042,12 @@ class AgentSession:
         await self._manager.stop_stream(self.id, reason=AbortReason.SYSTEM)
         self._do(machine.handle(_in.DisposalDone()))
         self._check_idle()
+
+
+#: What a stream event asks of its session, by the event's type (every other event: nothing).
+_REACTIONS: dict[type, Callable[[AgentSession, Any], None]] = {
+    StreamStarted: AgentSession._stream_began,
+    ToolCallStarted: AgentSession._tool_started,
+    ToolCallEnded: AgentSession._tool_ended,
+    StreamAborted: AgentSession._stream_aborted,
+}

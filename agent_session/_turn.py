@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import msgspec
 
 from message_queue import (
     Attachment,
@@ -18,8 +20,7 @@ from message_queue import (
 from stream_manager import ModelFallbackProgress, StartCause
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnInput:
+class TurnInput(msgspec.Struct, frozen=True, kw_only=True):
     """One message about to go through the send pipeline (a direct send or a drained entry)."""
 
     text: str
@@ -57,13 +58,12 @@ class TurnInput:
         return self.cancel_token is not None and self.cancel_token.cancelled
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StreamContext:
+class StreamContext(msgspec.Struct, frozen=True, kw_only=True):
     """What the session knows about the stream it is launching or running."""
 
     model: str
     cause: StartCause
-    options: SendOptions = field(default_factory=SendOptions)
+    options: SendOptions = msgspec.field(default_factory=SendOptions)
     step_budget: int | None = None
     progress: ModelFallbackProgress | None = None
     correlation: Correlation | None = None

@@ -17,7 +17,7 @@ awaits, no clock.
 
 from stream_manager._abort import AbortSignal
 from stream_manager._budget import StepBudget, initial_budget
-from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, CleanupBounds, bounded_cleanup
 from stream_manager._events import (
     AbortReason,
     ErrorKind,
@@ -128,6 +128,7 @@ __all__ = [
     "CancelWhy",
     "Capability",
     "ChatMessage",
+    "CleanupBounds",
     "Clock",
     "Completed",
     "Constructed",

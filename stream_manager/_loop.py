@@ -29,7 +29,7 @@ import anyio
 
 from persistence import UsageError
 from stream_manager._budget import StepBudget, initial_budget
-from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, CleanupBounds
 from stream_manager._events import (
     AbortReason,
     Emitter,
@@ -88,7 +88,7 @@ class StreamManager:
         if not cleanup_s > 0:
             raise UsageError(f"cleanup_s must be a positive number of seconds, not {cleanup_s!r}")
         self._clock = clock
-        self._cleanup_s = cleanup_s
+        self._bounds = CleanupBounds(clock, cleanup_s)
         tools = dict(tools or {})
         offer = ToolOffer(tools)
         self._fallbacks = {k: tuple(v) for k, v in (fallbacks or {}).items()}
@@ -128,7 +128,7 @@ class StreamManager:
         The bound is ``cleanup_s`` on the manager's clock, plus ``beyond_s`` for a cleanup
         that also waits out a bounded interval of its own (a cancelled call's grace).
         """
-        return bounded_cleanup(what, clock=self._clock, seconds=self._cleanup_s + beyond_s)
+        return self._bounds.bound(what, beyond_s=beyond_s)
 
     # ------------------------------------------------------------ observers
 

@@ -54,7 +54,7 @@ from persistence import (
     found_receipt,
     resolved,
 )
-from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, CleanupBounds
 from stream_manager._events import (
     OpBlocked,
     OpCancelRequested,
@@ -131,7 +131,7 @@ class OperationRunner:
         cleanup_s: float = CLEANUP_S,
     ) -> None:
         self._tools = tools
-        self._cleanup_s = cleanup_s
+        self._bounds = CleanupBounds(clock, cleanup_s)
         #: The declared schemas a call's arguments must pass before it runs.
         self._arguments = arguments if arguments is not None else ArgumentsCheck(())
         self._clock = clock
@@ -174,7 +174,7 @@ class OperationRunner:
 
     def _cleanup(self, what: str, *, beyond_s: float = 0.0) -> BoundedCleanup:
         """A stop path's shielded scope: ``cleanup_s`` (plus ``beyond_s``) on the clock."""
-        return bounded_cleanup(what, clock=self._clock, seconds=self._cleanup_s + beyond_s)
+        return self._bounds.bound(what, beyond_s=beyond_s)
 
     def close(self) -> None:
         """The engine is shutting down: an operation that ends from now on resolves nothing.

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
-from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, bounded_cleanup
+from stream_manager._cleanup import CLEANUP_S, BoundedCleanup, CleanupBounds
 from stream_manager._events import (
     AbortReason,
     Emitter,
@@ -124,7 +124,7 @@ class StreamProcessor:
     ) -> None:
         self._models = dict(models)
         self._clock = clock
-        self._cleanup_s = cleanup_s
+        self._bounds = CleanupBounds(clock, cleanup_s)
         self._ops = operations
         self._events = events
         self._completion_tools = completion_tools
@@ -134,7 +134,7 @@ class StreamProcessor:
         self._groups: dict[str, anyio.abc.TaskGroup] = {}
 
     def _cleanup(self, what: str) -> BoundedCleanup:
-        return bounded_cleanup(what, clock=self._clock, seconds=self._cleanup_s)
+        return self._bounds.bound(what)
 
     def knows(self, model: str) -> bool:
         """Whether ``model`` is one of the processor's models."""

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
+from message_queue import Correlation
+from stream_manager._abort import AbortSignal
 from stream_manager._events import AbortReason, ErrorKind, StartCause
 from stream_manager._fallback import ModelFallbackProgress
+from stream_manager._parts import ChatMessage
 
 if TYPE_CHECKING:
-    from message_queue import Correlation
-    from stream_manager._abort import AbortSignal
-    from stream_manager._parts import ChatMessage, FinishReason, Part
+    from stream_manager._parts import FinishReason, Part
     from stream_manager._stop import StopWhy
     from stream_manager.errors import ErrorType
 
@@ -183,8 +184,7 @@ def hears_milestones(host: StreamHost) -> bool:
     return not isinstance(host, NullHost)
 
 
-@dataclass(frozen=True, kw_only=True)
-class StreamRequest:
+class StreamRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One stream to run for ``session``."""
 
     session: str
