@@ -30,7 +30,6 @@ Everything here is pure: frozen values in, frozen values out. The session shell 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -163,8 +162,7 @@ def resume_settled(state: Continuation) -> Continuation:
     return msgspec.structs.replace(state, resume_in_flight=False)
 
 
-@dataclass(frozen=True, slots=True)
-class SweepSnapshot:
+class SweepSnapshot(msgspec.Struct, frozen=True):
     """What the sweep reads of the session (ST-7's preconditions)."""
 
     disposed: bool
@@ -174,23 +172,20 @@ class SweepSnapshot:
     external_follow_ups: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Nothing:
+class Nothing(msgspec.Struct, frozen=True):
     """The sweep does nothing (it runs again at the next idle transition)."""
 
     why: str
 
 
-@dataclass(frozen=True, slots=True)
-class StartResume:
+class StartResume(msgspec.Struct, frozen=True):
     """Claim the turn and resume it (ST-8)."""
 
     marker: Marker
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
-class ForfeitAtCap:
+class ForfeitAtCap(msgspec.Struct, frozen=True):
     """R21: the failed-attempt cap is reached; forfeit instead of another attempt."""
 
     marker: Marker

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import msgspec
 
 from message_queue import (
@@ -74,20 +72,17 @@ class StreamContext(msgspec.Struct, frozen=True, kw_only=True):
     resume_of: tuple[str, int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Accepted:
+class Accepted(msgspec.Struct, frozen=True):
     """The send crossed acceptance and its turn ran (to an end, abort, error or refusal)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CanceledBeforeAcceptance:
+class CanceledBeforeAcceptance(msgspec.Struct, frozen=True):
     """AS-3: the producer withdrew the message before the point of no return."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class SendRefused:
+class SendRefused(msgspec.Struct, frozen=True):
     """The send failed before acceptance (validation, the pre-stream gate, a store failure)."""
 
     failure: SendFailure

@@ -229,8 +229,7 @@ class CancelToken(OneShot[str]):
         return self.fire(reason)
 
 
-@dataclass(frozen=True, slots=True)
-class EntryCallbacks:
+class EntryCallbacks(msgspec.Struct, frozen=True):
     """The callbacks of an entry, as a removal or dequeue hands them back."""
 
     entry_id: str

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+import msgspec
+
 from message_queue._entries import (
     Attachment,
     CancelState,
@@ -112,8 +114,7 @@ class EntrySnapshot:
         return self.metadata.correlation if self.metadata is not None else None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Dequeued:
+class Dequeued(msgspec.Struct, frozen=True, kw_only=True):
     """What :meth:`MessageQueue.dequeue_next` hands the dispatcher (MQ-14)."""
 
     entry_id: str

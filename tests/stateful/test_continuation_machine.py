@@ -9,9 +9,8 @@ the rules one at a time. The machine that uses them is driven as a whole, by hyp
 
 from __future__ import annotations
 
-import dataclasses
-
 import hypothesis.strategies as st
+import msgspec
 import pytest
 from hypothesis import given, settings
 
@@ -99,7 +98,7 @@ def test_st7_sweep_is_idempotent_property(
     after = apply_sweep(state, first)
     claimed = snapshot
     if isinstance(first, StartResume):
-        claimed = dataclasses.replace(snapshot, phase=Phase.PREPARING)  # the shell's side
+        claimed = msgspec.structs.replace(snapshot, phase=Phase.PREPARING)  # the shell's side
     assert isinstance(plan_sweep(after, claimed, cap), Nothing), f"{first!r} then again"
     # R7: the claim is in the bookkeeping too, so even before the phase moves nothing repeats.
     assert isinstance(plan_sweep(after, snapshot, cap), Nothing)
@@ -188,7 +187,7 @@ def test_r64_a_dequeue_that_cancels_leaves_the_marker_for_the_sweep() -> None:
     preparing = SweepSnapshot(disposed=False, phase=Phase.PREPARING, queue_empty=True)
     assert isinstance(plan_sweep(state, preparing, CAP), Nothing)
     # the dequeued entry cancels before acceptance: no stream, so no consume() call
-    idle = dataclasses.replace(preparing, phase=Phase.IDLE)
+    idle = msgspec.structs.replace(preparing, phase=Phase.IDLE)
     assert plan_sweep(state, idle, CAP) == StartResume(make_marker("c1"), 1)
 
 
