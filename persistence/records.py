@@ -316,6 +316,62 @@ class ReceiptQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     corrupt: tuple[tuple[str, str], ...] = ()
 
 
+class HandleStatus(StrEnum):
+    """Where a delegated turn stands (B10): running, or settled one of three ways."""
+
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+
+class HandleRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A delegated turn's handle (B10): who delegated what to whom, and how it settled.
+
+    A boundary writes the whole record, replacing the one with its ``handle_id``; it may ride
+    in any session's boundary (the owner's or the target's: whichever decided it).
+
+    Attributes:
+        handle_id: The handle's id, unique in the store.
+        owner: The owner session (the one that delegated and waits for the settlement).
+        target: The target session (the one whose turn runs under the handle).
+        turn_id: The delegated turn: the id of its prompt row in the target's history.
+        status: ``active`` until settled, then how it settled.
+        deferred: The stream ids (stream-end message ids) the owner deferred on (TD-2).
+        reason: Why it settled (``None`` while active).
+        report: A completed turn's final report.
+        delivered: The settlement reached the owner (its port accepted it); a settled handle
+            not yet delivered is retried until it is (R54).
+        created_at: When it was delegated, on the engine's clock.
+        settled_at: When it settled, on the engine's clock.
+    """
+
+    handle_id: str
+    owner: str
+    target: str
+    turn_id: str
+    status: HandleStatus = HandleStatus.ACTIVE
+    deferred: tuple[str, ...] = ()
+    reason: str | None = None
+    report: str | None = None
+    delivered: bool = False
+    created_at: float = 0.0
+    settled_at: float | None = None
+
+
+class HandleQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What ``handles()`` returns: the valid handle records, by id, and the corrupt ones.
+
+    Attributes:
+        records: Every handle record that decoded and validated, ordered by ``handle_id``.
+        corrupt: ``(handle id, what was wrong, naming the field)`` for each stored record that
+            failed validation: reported, never dropped or rewritten.
+    """
+
+    records: tuple[HandleRecord, ...] = ()
+    corrupt: tuple[tuple[str, str], ...] = ()
+
+
 class CutStateChange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A boundary's move of the cut record on one of its session's rows.
 
@@ -333,8 +389,8 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     Every part is optional; every record must belong to the boundary's session. A store
     applies the parts in this order: ``create``, ``delete``, ``rows``, ``cut_states``,
-    ``envelope``, ``operations`` (so a boundary may replace a row by deleting and re-adding its
-    id, and may move the cut record of a row it adds).
+    ``envelope``, ``operations``, ``handles`` (so a boundary may replace a row by deleting and
+    re-adding its id, and may move the cut record of a row it adds).
 
     Attributes:
         create: Create the session (idempotent for an identical record).
@@ -344,6 +400,8 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         envelope: A turn envelope to write, replacing the one with its (session, stream).
         operations: Receipts to write, each replacing the one with its op id. They need no
             session record (a stream manager used without a session writes them too).
+        handles: Delegated-turn handle records to write, each replacing the one with its
+            handle id (B10). They need no session record either.
     """
 
     create: SessionRecord | None = None
@@ -352,6 +410,7 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cut_states: tuple[CutStateChange, ...] = ()
     envelope: TurnEnvelope | None = None
     operations: tuple[OperationRecord, ...] = ()
+    handles: tuple[HandleRecord, ...] = ()
 
 
 class Committed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
