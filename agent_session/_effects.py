@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import msgspec
 
 from agent_session._continuation import Marker
+from agent_session._delegation import ChildEvent
 from agent_session._events import EngineEvent
 from agent_session._inputs import Input, WriteFailure
 from agent_session._turn import TurnInput
@@ -103,6 +104,16 @@ class StartResume(msgspec.Struct, frozen=True):
     attempt: int
 
 
+class TellOwner(msgspec.Struct, frozen=True):
+    """Tell the owner of a delegated turn what a stream of this session did (TD-1 to TD-11).
+
+    Performed as a call-out: the owner may claim (ST-15) from inside it; what that decides
+    waits in the inbox, its answer does not.
+    """
+
+    child: ChildEvent
+
+
 class CancelRemoved(msgspec.Struct, frozen=True):
     """R32: run the cancellation callbacks of entries removed from the queue."""
 
@@ -122,6 +133,7 @@ Effect = (
     | Dispatch
     | StartResume
     | CancelRemoved
+    | TellOwner
 )
 
 

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 import anyio.abc
 
+from agent_session._delegation import Delegation, Delegations
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
-from agent_session._session import AgentSession
+from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
@@ -37,12 +38,14 @@ from persistence import (
     clip,
 )
 from stream_manager import (
+    AbortReason,
     Clock,
     Model,
     OverlapPolicy,
     Persisted,
     StreamEvent,
     StreamManager,
+    StreamStarted,
     SystemClock,
     Tool,
 )
@@ -114,6 +117,14 @@ class Engine:
         self._owner: str | None = None
         #: The one writer (``_writer``): the engine's own writes go through it too.
         self._writer = Writer(self.store, None)
+        #: The owner side of delegated turns between this engine's sessions (TD-1 to TD-10).
+        self.delegations = Delegations(
+            clock=self.clock,
+            emit=self._emit,
+            spawn=self._spawn,
+            write=self._write_handle,
+            claimer=self._sessions.get,
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -127,6 +138,10 @@ class Engine:
         self.manager.operations.bind(self._spawn)
         try:
             await self._recover_operations()
+            handles = await self.store.handles()  # delegated turns a previous process left
+            self.delegations.load(handles.records, (key for key, _ in handles.corrupt))
+            for key, why in handles.corrupt:
+                log.error("handle %s is damaged and treated as not active: %s", key, why)
             if self.config.recover_at_start:
                 await self.recover()
         except BaseException:
@@ -215,6 +230,9 @@ class Engine:
         await stack.__aexit__(exc_type, exc, tb)
         self._group = None
 
+    async def _write_handle(self, session: str, boundary: Boundary) -> object:
+        return await self._writer.write(session, boundary)
+
     def _spawn(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._group is None:
             raise UsageError("the engine is not running: use it as `async with Engine(...)`")
@@ -238,6 +256,8 @@ class Engine:
                 log.exception("observer %r failed on %s", observer, type(event).__name__)
 
     def _on_stream_event(self, event: StreamEvent) -> None:
+        if type(event) is StreamStarted and event.handle is not None:
+            self.delegations.turn_began(event.handle)  # TD-4: its prompt row is in history
         session = self._sessions.get(event.session) if event.session is not None else None
         if session is None:
             self._emit(event)
@@ -419,9 +439,64 @@ class Engine:
             writer=self._writer,
             next_seq=next_seq,
             next_stream=next_stream,
+            tell_owner=self.delegations.on_child,
         )
+        if self.delegations.active_into(record.id):
+            session.listen_for_owner()
         self._sessions[record.id] = session
         return session
+
+    def delegate(self, owner: str, target: str, handle: str, text: str) -> Delegation:
+        """``owner`` delegates a turn to ``target`` under ``handle``: ``text`` is its prompt.
+
+        The handle record is written first (B10, ``persisted handle``), then ``target`` gets
+        the prompt as a correlated send: its streams carry the handle (``stream-start``), and
+        ``owner`` hears how each ends, defers on a claimed cut (ST-15) or settles (TD-2 to
+        TD-10). Await the returned :meth:`Delegation.settled` for the settlement.
+
+        Raises:
+            UsageError: ``owner`` or ``target`` is not an open session, or is disposed; they
+                are the same session; the handle is blank.
+            HandleInUse: a delegated turn already has ``handle`` (ids are never reused).
+        """
+        for session_id in (owner, target):
+            if self.session(session_id).disposed:
+                raise SessionDisposed(f"session {session_id!r} is disposed")
+        record, correlation = self.delegations.open(owner, target, handle)
+        child = self.session(target)
+        child.listen_for_owner()
+        delegation = Delegation(self.delegations, handle)
+
+        async def start() -> None:
+            try:
+                await self._writer.write(owner, Boundary(handles=(record,)))
+            except (TurnkeeperError, OSError) as error:
+                log.warning("the delegated turn %s was not recorded: %s", handle, error)
+                self.delegations.delegated(delegation, error)
+                return
+            self._emit(Persisted(session=owner, what="handle", id=handle))
+            child.send(text, correlation=correlation)
+
+        self._spawn(start)
+        return delegation
+
+    def interrupt_handle(self, handle: str) -> bool:
+        """TD-8: the owner stops the delegated turn ``handle``; ``False`` if it already was.
+
+        The handle settles ``interrupted`` and the target's stream of that turn, if one runs,
+        is stopped (``system``).
+
+        Raises:
+            UnknownHandle: no delegated turn has that handle.
+            UsageError: the turn already settled ``completed`` or ``error``.
+        """
+        record = self.delegations.record(handle)
+        if not self.delegations.interrupt(handle):
+            return False
+        target = self._sessions.get(record.target)
+        if target is not None and target.running_handle() == handle:
+            self.manager.request_stop_nowait(record.target, soft=False, reason=AbortReason.SYSTEM)
+        return True
 
     def session(self, session_id: str) -> AgentSession:
         """The open session ``session_id``.

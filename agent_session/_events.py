@@ -110,6 +110,30 @@ class SessionBroken(_Event, frozen=True, kw_only=True, tag="session-broken"):
         msgspec.structs.force_setattr(self, "error", redact(self.error))
 
 
+class HandleClaimed(_Event, frozen=True, kw_only=True, tag="claim"):
+    """The owner's claim on a delegated turn's cut (ST-15, TD-2), told once its write is durable.
+
+    ``session`` is the target (the session whose cut was claimed).
+    """
+
+    handle: str
+    #: The stream whose ``tool-calls`` end was claimed.
+    cut: str
+    #: ``defer``: something will continue the turn; ``settle``: nothing will, it settles now.
+    answer: str
+
+
+class HandleSettled(_Event, frozen=True, kw_only=True, tag="settled"):
+    """A delegated turn settled (TD-3 to TD-10), told once the settlement is durable.
+
+    ``session`` is the owner (the session that delegated the turn). Why it settled is in the
+    handle record (``inspect``), not the trace.
+    """
+
+    handle: str
+    status: str
+
+
 SessionEvent = (
     PhaseChanged
     | EntryQueued
@@ -122,6 +146,8 @@ SessionEvent = (
     | ResumeAttempted
     | Recovered
     | SessionBroken
+    | HandleClaimed
+    | HandleSettled
 )
 
 EngineEvent = SessionEvent | StreamEvent
@@ -134,6 +160,8 @@ __all__ = [
     "EntryDequeued",
     "EntryQueued",
     "EntryWithdrawn",
+    "HandleClaimed",
+    "HandleSettled",
     "Persisted",
     "PhaseChanged",
     "QueueCleared",

@@ -30,7 +30,7 @@ from agent_session._continuation import Marker
 from agent_session._cut_records import CutChange
 from agent_session._phases import Phase
 from agent_session._turn import StreamContext, TurnInput
-from message_queue import CancelToken, EntryCallbacks, EntrySnapshot, NewMessage
+from message_queue import CancelToken, Correlation, EntryCallbacks, EntrySnapshot, NewMessage
 from persistence import HistoryRow
 from stream_manager import (
     Aborted,
@@ -69,6 +69,13 @@ class Withdraw(_S, frozen=True):
 
     entry: str
     reason: str
+
+
+class Claim(_S, frozen=True):
+    """ST-15: the owner asks whether anything continues the turn ``stream`` cut; ``bool``."""
+
+    correlation: Correlation
+    stream: str
 
 
 class Clear(_S, frozen=True):
@@ -498,6 +505,7 @@ Input: TypeAlias = (
     Queued
     | Enqueue
     | Withdraw
+    | Claim
     | Clear
     | Restore
     | RemoveDedupe

@@ -49,6 +49,14 @@ from agent_session._continuation import (
     retry_safe,
 )
 from agent_session._cut_records import CutChange, CutRecords
+from agent_session._delegation import (
+    ChildAborted,
+    ChildEnded,
+    ChildEvent,
+    ChildFailed,
+    ChildForfeited,
+    ChildHardStopped,
+)
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
@@ -61,6 +69,7 @@ from agent_session._effects import (
     Reply,
     ScheduleSweep,
     StopStream,
+    TellOwner,
 )
 from agent_session._effects import StartResume as StartResumeEffect
 from agent_session._events import (
@@ -113,6 +122,7 @@ from stream_manager import (
     StartCause,
     StreamFailed,
     StreamOutcome,
+    TextPart,
     Withdrawn,
     WriteFailed,
 )
@@ -145,6 +155,7 @@ class TurnMachine:
         "_abandon_partial",
         "_active_tools",
         "_known_models",
+        "_preparing_turn",
         "_records",
         "_resume_armed",
         "_resume_cap",
@@ -152,6 +163,7 @@ class TurnMachine:
         "_soft_stop",
         "_stamp",
         "_stream_n",
+        "_streaming",
         "broken",
         "context",
         "continuation",
@@ -161,6 +173,7 @@ class TurnMachine:
         "id",
         "manual_preflight",
         "model",
+        "owner_listens",
         "phase",
         "queue",
         "scratchpad",
@@ -213,6 +226,14 @@ class TurnMachine:
         self.thinking: ThinkingHolder | None = None
         #: The live scratchpad (``additionalSystemContext``) the host keeps up to date (R26).
         self.scratchpad: str | None = None
+        #: The turn claiming PREPARING (a direct send or a dispatched entry): ST-15's engaged
+        #: cutter. ``None`` once its stream starts or the session is idle again.
+        self._preparing_turn: TurnInput | None = None
+        #: The stream of this session now STREAMING (ST-15 step 5), or ``None``.
+        self._streaming: str | None = None
+        #: A delegated turn runs in this session: its owner hears of uncorrelated stream ends
+        #: too (TD-4). Set by the engine; a session nobody delegates to tells nobody anything.
+        self.owner_listens = False
 
     # ------------------------------------------------------------ reading
 
@@ -291,8 +312,11 @@ class TurnMachine:
         current = self.phase
         self.phase = next_phase(self.id, current, to)
         effects: list[Effect] = [Emit(PhaseChanged(session=self.id, from_=current, to=to))]
+        if to is not Phase.STREAMING:
+            self._streaming = None
         if to is Phase.IDLE:
             self._soft_stop = False
+            self._preparing_turn = None
             self._active_tools.clear()
             self.thinking = None  # AS-1: the turn's thinking holder expires
             effects += self._schedule_sweep()
@@ -321,6 +345,9 @@ class TurnMachine:
         if marker is not None:
             told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
             self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after the write
+            if how is EndedHow.FORFEITED and marker.correlation is not None:  # ST-6, TD-11
+                forfeited = ChildForfeited(target=self.id, correlation=marker.correlation, why=why)
+                effects.append(TellOwner(forfeited))
         return effects
 
     @property
@@ -359,6 +386,14 @@ class TurnMachine:
         token = entry.cancel_token
         self.dispatching = (entry.entry_id, token) if token is not None else None
         turn = TurnInput.from_dequeued(entry)
+        marker = self.continuation.marker
+        if (
+            turn.kind is EntryKind.WAKE
+            and turn.correlation is None
+            and marker is not None
+            and marker.correlation is not None
+        ):  # a wake inherits the open delegated turn's correlation when it dispatches
+            turn = msgspec.structs.replace(turn, correlation=marker.correlation)
         dequeued = Emit(EntryDequeued(session=self.id, entry=entry.entry_id))
         return [dequeued, *moved, Next(_in.DispatchEntry(turn, token))]
 
@@ -366,6 +401,7 @@ class TurnMachine:
         stamp, self._stamp = self._stamp, None
         if stamp is not None and stamp[0] == turn.entry_id and turn.correlation is None:
             turn = msgspec.structs.replace(turn, correlation=stamp[1])  # R56
+        self._preparing_turn = turn
         return [Dispatch(turn, token)]
 
     def dispatched(self, token: CancelToken | None) -> None:
@@ -599,7 +635,9 @@ class TurnMachine:
         """AS-10: an accepted direct send claims PREPARING (a drained entry already holds it)."""
         if turn.dispatched:
             return []
-        return [*self._move(Phase.PREPARING), Next(_in.ReleasePreflight())]
+        moved = self._move(Phase.PREPARING)
+        self._preparing_turn = turn
+        return [*moved, Next(_in.ReleasePreflight())]
 
     def turn_context(self, turn: TurnInput) -> StreamContext:
         """AS-9: the accepted turn's stream context, with a fresh thinking holder."""
@@ -644,7 +682,10 @@ class TurnMachine:
         """
         self._soft_stop = False
         self._active_tools.clear()
-        return [*self._move(Phase.STREAMING), Next(_in.Consume(stream, cause))]
+        moved = self._move(Phase.STREAMING)
+        self._preparing_turn = None
+        self._streaming = stream
+        return [*moved, Next(_in.Consume(stream, cause))]
 
     def _consume(self, stream: str, cause: StartCause) -> list[Effect]:
         before = self.continuation
@@ -905,20 +946,118 @@ class TurnMachine:
         if self.disposed:
             return []
         if isinstance(outcome, Ended):
-            return self._ended()
+            return self._ended(outcome, context)
         if isinstance(outcome, Aborted):
-            return self._aborted(outcome)
+            return [*self._owner_hears(outcome, context), *self._aborted(outcome)]
         if isinstance(outcome, Failed):
-            return self._failed()
+            return self._failed(outcome, context)
         return self.not_started(outcome, context)
 
-    def _ended(self) -> list[Effect]:
-        """AS-24: a normal end; the queue's next entry takes over, else the session idles."""
-        return [*self._move(Phase.COMPLETING), _DRAIN, _IDLE_FROM_COMPLETING]
+    def _ended(self, ended: Ended, context: StreamContext) -> list[Effect]:
+        """AS-24: a normal end; the queue's next entry takes over, else the session idles.
 
-    def _failed(self) -> list[Effect]:
+        A delegated turn's owner hears of it first (TD-2: its claim sees the queue as it is).
+        """
+        moved = self._move(Phase.COMPLETING)
+        return [*moved, *self._owner_hears(ended, context), _DRAIN, _IDLE_FROM_COMPLETING]
+
+    def _failed(self, failed: Failed, context: StreamContext) -> list[Effect]:
         """AS-25, R25: a stream error withdraws the continuation; the error path owns it."""
-        return [*self._move(Phase.COMPLETING), Next(_in.FailedTurnSettles())]
+        moved = self._move(Phase.COMPLETING)
+        return [*moved, *self._owner_hears(failed, context), Next(_in.FailedTurnSettles())]
+
+    def _owner_hears(
+        self, outcome: Ended | Aborted | Failed, context: StreamContext
+    ) -> list[Effect]:
+        """What the owner of a delegated turn hears of this stream (TD-1 to TD-6), if anyone."""
+        correlation = context.correlation
+        if correlation is None and not self.owner_listens:
+            return []  # nothing delegated here: nobody to tell
+        event: ChildEvent
+        if isinstance(outcome, Ended):
+            report = "".join(p.text for p in outcome.parts if isinstance(p, TextPart))
+            event = ChildEnded(
+                target=self.id,
+                correlation=correlation,
+                stream=outcome.stream,
+                finish=outcome.finish,
+                report=report,
+            )
+        elif isinstance(outcome, Aborted):
+            event = ChildAborted(
+                target=self.id,
+                correlation=correlation,
+                stream=outcome.stream,
+                reason=outcome.reason,
+            )
+        else:
+            event = ChildFailed(
+                target=self.id, correlation=correlation, stream=outcome.stream, kind=outcome.kind
+            )
+        return [TellOwner(event)]
+
+    # ------------------------------------------------------------ the owner's claim
+
+    def claim(self, correlation: Correlation, stream: str) -> list[Effect]:
+        """ST-15: will anything continue the turn ``correlation`` that ``stream`` cut?
+
+        Answered at once (no await), in ST-15's order; replies ``bool``. A ``False`` is
+        binding: the owed marker for exactly that cut is withdrawn (the owner settles the turn
+        itself), so it can never resume, however the entry that superseded it leaves later.
+        """
+        answer = self._claim(correlation, stream)
+        effects: list[Effect] = [Reply(answer)]
+        marker = self.continuation.marker
+        if (
+            not answer
+            and marker is not None
+            and marker.correlation == correlation
+            and marker.cut == stream
+        ):
+            effects += [
+                *self._end(EndedHow.WITHDRAWN, "its owner settles the turn (ST-15)"),
+                _FLUSH,
+            ]
+        return effects
+
+    def running_handle(self) -> str | None:
+        """The handle of the delegated turn whose stream runs now, if one does."""
+        correlation = self.context.correlation
+        if self._streaming is None or correlation is None:
+            return None
+        return correlation.handle_id
+
+    def _claim(self, correlation: Correlation, stream: str) -> bool:
+        state = self.continuation
+        if stream in state.consumed:  # 1: its successor already ran (R33)
+            kept = tuple(cut for cut in state.consumed if cut != stream)
+            self.continuation = msgspec.structs.replace(state, consumed=kept)
+            return True
+        if self.phase is Phase.PREPARING:  # 2: the engaged cutter first (R30)
+            engaged = self._engaged(correlation)
+            if engaged is not None:
+                return engaged
+        first = self.queue.first_live()  # 3: withdrawn entries are skipped (MQ-7)
+        if first is not None:
+            return first.correlation == correlation or first.kind is EntryKind.WAKE
+        marker = state.marker  # 4: this cut's marker, or a newer cut's of the same turn
+        if marker is not None and marker.correlation == correlation:
+            return True
+        return (  # 5: a stream of the turn is running
+            self._streaming is not None
+            and self._streaming != stream
+            and self.context.correlation == correlation
+        )
+
+    def _engaged(self, correlation: Correlation) -> bool | None:
+        """ST-15 step 2: what the turn claiming PREPARING answers, or ``None`` to look on."""
+        if self._resume_armed:
+            marker = self.continuation.marker
+            return marker is not None and marker.correlation == correlation
+        turn = self._preparing_turn
+        if turn is None or (turn.cancel_token is not None and turn.cancel_token.cancelled):
+            return None  # nothing engaged, or it will cancel before acceptance
+        return turn.correlation == correlation or turn.kind is EntryKind.WAKE
 
     def _failed_turn_settles(self) -> list[Effect]:
         self.continuation = resume_settled(self.continuation)
@@ -1085,8 +1224,11 @@ class TurnMachine:
         return effects
 
     def hard_stop(self) -> list[Effect]:
-        """TD-7: a task hard stop clears the queue (``hard_stop``) first, then stops."""
-        effects = self.clear("hard stop", hard_stop=True)
+        """TD-7: a hard stop interrupts the delegated turns here, clears (hard stop), stops."""
+        effects: list[Effect] = []
+        if self.owner_listens:
+            effects.append(TellOwner(ChildHardStopped(target=self.id)))
+        effects += self.clear("hard stop", hard_stop=True)
         effects.append(AbortPrepared(AbortReason.SYSTEM))
         effects.append(StopStream(AbortReason.SYSTEM))
         return effects
@@ -1386,6 +1528,9 @@ class TurnMachine:
         key = given.key
         return self._enqueue(message, key)
 
+    def _on_Claim(self, given: _in.Claim) -> list[Effect]:
+        return self.claim(given.correlation, given.stream)
+
     def _on_DirectSend(self, given: _in.DirectSend) -> list[Effect]:
         self.direct_send()
         return []
@@ -1588,6 +1733,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.SendWentNowhere: TurnMachine._on_SendWentNowhere,
     _in.Queued: TurnMachine._on_Queued,
     _in.Enqueue: TurnMachine._on_Enqueue,
+    _in.Claim: TurnMachine._on_Claim,
     _in.DirectSend: TurnMachine._on_DirectSend,
     _in.QueuedStop: TurnMachine._on_QueuedStop,
     _in.CommitPartial: TurnMachine._on_CommitPartial,

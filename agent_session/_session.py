@@ -29,7 +29,7 @@ when the fact is recorded (ST-4).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import TYPE_CHECKING, Any, assert_never
 
@@ -37,6 +37,7 @@ import anyio
 import msgspec
 
 from agent_session import _inputs as _in
+from agent_session._delegation import ChildEvent
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
@@ -51,6 +52,7 @@ from agent_session._effects import (
     StartResume,
     StopStream,
     Successors,
+    TellOwner,
     Work,
 )
 from agent_session._events import (
@@ -133,6 +135,7 @@ class AgentSession:
         "_spawn",
         "_store",
         "_tasks",
+        "_tell_owner",
         "_writer",
         "_writing",
         "id",
@@ -154,6 +157,7 @@ class AgentSession:
         writer: Writer | None = None,
         next_seq: int = 1,
         next_stream: int = 1,
+        tell_owner: Callable[[ChildEvent], Awaitable[None] | None] | None = None,
     ) -> None:
         self.id = session_id
         #: The store port the engine shares (reads go through a ``SessionStore`` made for the
@@ -165,6 +169,9 @@ class AgentSession:
         self._manager = manager
         self._gate = gate
         self._emit = emit
+        #: The owner side of delegated turns (the engine's ``Delegations``): what a correlated
+        #: stream of this session did, and forfeits of a delegated turn's continuation.
+        self._tell_owner = tell_owner
         self._spawn = spawn
         self._machine = TurnMachine(
             session_id,
@@ -333,29 +340,53 @@ class AgentSession:
                 kind = type(effect)
                 if kind is Emit:
                     self._tell(effect.event)  # type: ignore[union-attr]
-                elif kind is Next:
+                    continue
+                if kind is Reply:
+                    reply = effect.value  # type: ignore[union-attr]
+                    continue
+                if kind is Next:
                     if machine.broken is not None:
                         continue  # the rest of a broken decision is void
                     fed = machine.handle(effect.input)  # type: ignore[union-attr]
-                    if index == last or machine.broken is not None:
-                        queue = fed
-                    else:
-                        queue = [*fed, *rest[index + 1 :]]
-                    break
-                elif kind is Reply:
-                    reply = effect.value  # type: ignore[union-attr]
                 elif kind is Commit:
                     fed = await self._commit(effect)  # type: ignore[arg-type]
-                    if index == last or machine.broken is not None:
-                        queue = fed
-                    else:
-                        queue = [*fed, *rest[index + 1 :]]
-                    break
+                elif kind is TellOwner:  # the owner's write is awaited where it stands
+                    await self._owner_writes(effect)  # type: ignore[arg-type]
+                    continue
                 else:
                     self._act(effect, then)
+                    continue
+                if index == last or machine.broken is not None:  # what it fed in goes first
+                    queue = fed
+                else:
+                    queue = [*fed, *rest[index + 1 :]]
+                break
         if self._inbox is not None:  # asked for during the last effect's call-out
             self._inbox_due()
         return reply
+
+    def _owner_hears(self, effect: TellOwner) -> Awaitable[None] | None:
+        """Tell the owner (a call-out: it may claim meanwhile); what it must write, if any."""
+        tell = self._tell_owner
+        if tell is None:
+            return None
+        self._out += 1
+        try:
+            return tell(effect.child)
+        finally:
+            self._out -= 1
+
+    async def _owner_writes(self, effect: TellOwner) -> None:
+        """The owner hears ``effect``; what its claim decided runs, then its write is awaited.
+
+        Awaited in the session's flow (before the drain that follows a stream's end), so the
+        owner's ``claim`` and ``settled`` come at the same point whatever the store.
+        """
+        write = self._owner_hears(effect)
+        if self._inbox is not None:
+            self._inbox_due()
+        if write is not None:
+            await write
 
     @staticmethod
     def _notify_canceled(removed: list[EntryCallbacks], reason: str) -> None:
@@ -478,6 +509,10 @@ class AgentSession:
         finally:
             self._out -= 1
 
+    def _fire(self, signal: AbortSignal | None, reason: AbortReason) -> None:
+        if signal is not None:
+            self._calling_out(lambda: signal.fire(reason))
+
     def _act(self, effect: Effect, then: Successors | None = None) -> None:
         """Perform an effect that neither tells, writes nor feeds: it acts on something."""
         match effect:
@@ -487,19 +522,19 @@ class AgentSession:
                 stop = self._manager.request_stop_nowait
                 self._calling_out(lambda: stop(self.id, soft=soft, reason=why))
             case AbortPrepared(reason=cause):
-                prepared = self._prepared_abort
-                if prepared is not None:
-                    self._calling_out(lambda: prepared.fire(cause))
-            case AbortResume():
-                resume = self._resume_abort
-                if resume is not None:  # its continuation ended: a system stop
-                    self._calling_out(lambda: resume.fire(AbortReason.SYSTEM))
+                self._fire(self._prepared_abort, cause)
+            case AbortResume():  # its continuation ended: a system stop
+                self._fire(self._resume_abort, AbortReason.SYSTEM)
             case Dispatch(turn, token):
                 self._dispatch(turn, token, then)
             case StartResume():
                 self._run(self._armed(effect), then)
             case CancelRemoved(removed, reason):
                 self._calling_out(lambda: self._notify_canceled(list(removed), reason))
+            case TellOwner():  # from a host call: the owner's write runs in a task
+                write = self._owner_hears(effect)
+                if write is not None:
+                    self._run(_awaiting(write), then)
             case Emit() | Next() | Reply() | Commit():
                 raise AssertionError(f"{effect!r} is the interpreter's")  # pragma: no cover
             case _:
@@ -870,6 +905,23 @@ class AgentSession:
         """
         return self._host(self._machine.handle(_in.Withdraw(entry, reason))) is True
 
+    def listen_for_owner(self) -> None:
+        """A delegated turn runs here: its owner hears of uncorrelated stream ends too (TD-4)."""
+        self._machine.owner_listens = True
+
+    def running_handle(self) -> str | None:
+        """The handle of the delegated turn whose stream runs here now, if one does."""
+        return self._machine.running_handle()
+
+    def claim(self, correlation: Correlation, stream: str) -> bool:
+        """ST-15: the owner's claim: will anything continue the turn that ``stream`` cut?
+
+        Evaluated at once, in ST-15's order (consumed cuts, the engaged cutter, the first live
+        queued entry, the owed marker, a running stream of the turn). ``False`` is binding:
+        the owed marker for exactly that cut is withdrawn and never resumes.
+        """
+        return self._host(self._machine.handle(_in.Claim(correlation, stream))) is True
+
     def clear_queue(self, reason: str = "cleared", *, hard_stop: bool = False) -> None:
         """AS-16: clear the queue; a hard-stop clear forfeits the owed continuation first (R23).
 
@@ -906,8 +958,12 @@ class AgentSession:
         entry: str | None = None,
         mode: DispatchMode | str = DispatchMode.TOOL_END,
         options: SendOptions | None = None,
+        correlation: Correlation | None = None,
     ) -> None:
         """A user message: queued while the session is busy (AS-12), else sent now.
+
+        ``correlation``: the message is a delegated turn's prompt (``Engine.delegate``); its
+        streams carry the turn's handle, and its owner hears how they end.
 
         Raises:
             SessionDisposed: the session is disposed.
@@ -916,12 +972,18 @@ class AgentSession:
         self._alive()
         machine = self._machine
         if machine.busy:
-            outcome = self._queue(NewMessage(text=text, id=entry, mode=mode, options=options))
+            metadata = None
+            if correlation is not None:
+                metadata = MessageMetadata(
+                    type=MetadataType.WORKSPACE_TURN, correlation=correlation
+                )
+            message = NewMessage(text=text, id=entry, mode=mode, options=options, metadata=metadata)
+            outcome = self._queue(message)
             if isinstance(outcome, Rejected):
                 raise UsageError(f"session {self.id}: {outcome.detail}")
             return
         machine.handle(_in.DirectSend())  # R3: the sweep yields until this send claims or fails
-        turn = TurnInput(text=text, entry_id=entry, options=options)
+        turn = TurnInput(text=text, entry_id=entry, options=options, correlation=correlation)
 
         async def direct(then: Successors) -> None:
             result = await self._pipeline().run(turn, then)
@@ -1051,3 +1113,12 @@ _REACTIONS: dict[type, Callable[[AgentSession, Any], None]] = {
     ToolCallEnded: AgentSession._tool_ended,
     StreamAborted: AgentSession._stream_aborted,
 }
+
+
+def _awaiting(awaitable: Awaitable[None]) -> Work:
+    """``awaitable`` as a session task's work."""
+
+    async def work(then: Successors) -> None:
+        await awaitable
+
+    return work

@@ -371,6 +371,7 @@ class RedactingFilter(logging.Filter):
 LOGGERS: Final = (
     "turnkeeper",
     "turnkeeper.cleanup",
+    "turnkeeper.delegation",
     "turnkeeper.engine",
     "turnkeeper.operations",
     "turnkeeper.mcp",

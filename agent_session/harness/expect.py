@@ -44,12 +44,25 @@ async def check_expectations(
         actual_count = unanswered(list(loaded.rows) if loaded is not None else [])
         if actual_count != count:
             failures.append(f"unanswered.{session}: expected {count}, got {actual_count}")
+    failures += await _stored(expect, store)
+    failures.extend(match_events(expect.events, trace))
+    return failures
+
+
+async def _stored(expect: Expect, store: Store) -> list[str]:
+    """The expectations the store answers: receipts by state, handles by status."""
+    failures: list[str] = []
     if expect.receipts:
         counts = Counter(r.state.value for r in (await store.receipts()).records)
         for state, count in expect.receipts.items():
             if counts[state] != count:
                 failures.append(f"receipts.{state}: expected {count}, got {counts[state]}")
-    failures.extend(match_events(expect.events, trace))
+    if expect.handles:  # what the store holds: a handle settles when its record is durable
+        stored = {r.handle_id: r.status.value for r in (await store.handles()).records}
+        for handle, status in expect.handles.items():
+            actual_status = stored.get(handle, "missing")
+            if actual_status != status:
+                failures.append(f"handles.{handle}: expected {status}, got {actual_status}")
     return failures
 
 

@@ -35,11 +35,13 @@ from agent_session.harness.scenario import (
     CancelOpAction,
     ClearQueueAction,
     CrashAction,
+    DelegateAction,
     DiscardContextAction,
     DisposeAction,
     EnqueueAction,
     EventTrigger,
     FailNextAction,
+    HandleAction,
     HardStopAction,
     RemoveDedupeAction,
     RestartAction,
@@ -54,7 +56,7 @@ from agent_session.harness.scenario import (
 from agent_session.harness.trace import Crash, Recorded, TraceLine, TraceRecorder
 from agent_session.harness.virtual_time import VirtualTime, busy_sessions
 from agent_session.ports import EngineConfig
-from message_queue import DispatchMode
+from message_queue import Correlation, DispatchMode
 from persistence import Store
 from stream_manager import CallBehaviours, ScriptedModel, VirtualClock
 
@@ -76,6 +78,8 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
         "cancel_op",
         "crash",
         "restart",
+        "delegate",
+        "handle",
     }
 )
 
@@ -238,21 +242,27 @@ def _send(engine: Engine, faults: Faults, do: Any) -> None:
 
 
 def _enqueue(engine: Engine, faults: Faults, do: Any) -> None:
-    if do.handle is not None:
-        raise RunFailed("enqueue with a delegated handle is not supported yet")
+    correlation = None
+    if do.handle is not None:  # correlated to the delegated turn under that handle
+        record = engine.delegations.record(do.handle)
+        correlation = Correlation(
+            handle_id=record.handle_id, owner_session=record.owner, turn_id=record.turn_id
+        )
     engine.session(do.session).enqueue(
         do.text,
         kind=do.kind,
         entry=do.entry,
         mode=do.mode or DispatchMode.TOOL_END,
         dedupe_key=do.dedupe_key,
+        correlation=correlation,
         sealed=do.sealed,
     )
 
 
 def _fail_next(engine: Engine, faults: Faults, do: Any) -> None:
-    if do.what == "settlement":
-        raise RunFailed("fail_next of settlement is not supported yet")
+    if do.what == "settlement":  # the owner's settlement writes (retried, R54)
+        engine.delegations.fail_next += do.count
+        return
     faults.arm(do.what, do.count)
 
 
@@ -282,6 +292,8 @@ _HANDLERS: dict[type, _Handler] = {
     FailNextAction: _fail_next,
     ThinkingAction: lambda e, f, do: e.session(do.session).set_thinking(do.level),
     DiscardContextAction: lambda e, f, do: e.session(do.session).discard_context(),
+    DelegateAction: lambda e, f, do: e.delegate(do.owner, do.target, do.handle, do.text),
+    HandleAction: lambda e, f, do: e.interrupt_handle(do.handle),
 }
 
 

@@ -53,6 +53,7 @@ from typing import TypeVar
 import msgspec
 
 from agent_session import _inputs as _in
+from agent_session._delegation import ChildEnded, ChildEvent
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
@@ -66,6 +67,7 @@ from agent_session._effects import (
     ScheduleSweep,
     StartResume,
     StopStream,
+    TellOwner,
 )
 from agent_session._events import ContinuationEnded, EngineEvent, EntryCanceled, PhaseChanged
 from agent_session._machine import TurnMachine
@@ -109,7 +111,7 @@ PROGRESS = ModelFallbackProgress(
 CORRELATION = Correlation(handle_id="handle-7", owner_session="owner-3", turn_id="turn-9")
 
 #: What the shell acts on (everything but telling, writing, feeding and replying).
-Act = ScheduleSweep | StopStream | AbortPrepared | AbortResume | Dispatch | StartResume
+Act = ScheduleSweep | StopStream | AbortPrepared | AbortResume | Dispatch | StartResume | TellOwner
 Told = EngineEvent | Persisted
 T = TypeVar("T")
 
@@ -159,6 +161,11 @@ class Kit:
     resumes: list[StartResume] = field(default_factory=list)
     sweep_due: bool = False
     stream: Stream | None = None
+    #: What a delegated turn's owner heard, in order (the ``TellOwner`` effects).
+    owner_heard: list[ChildEvent] = field(default_factory=list)
+    #: The owner, called as the shell calls it; what it returns is performed next (an inbox:
+    #: :meth:`claim_when_told`).
+    owner: Callable[[ChildEvent], list[Effect]] | None = None
     _failing: list[Callable[[Commit], bool]] = field(default_factory=list)
     _during: list[tuple[Callable[[Commit], bool], Callable[[], object]]] = field(
         default_factory=list
@@ -287,6 +294,10 @@ class Kit:
             self.dispatches.append(effect)
         elif isinstance(effect, StartResume):
             self.resumes.append(effect)
+        elif isinstance(effect, TellOwner):
+            self.owner_heard.append(effect.child)
+            if self.owner is not None:
+                return self.owner(effect.child)
         elif isinstance(effect, StopStream) and (self.stream is None or not self.stream.started):
             # nothing streams: the manager reports a synthetic abort at once (AS-21)
             return self.machine.handle(_in.SyntheticAbort(effect.reason))
@@ -371,6 +382,32 @@ class Kit:
         entry = self.add(kind, correlated=correlated, mode=mode, on_canceled=on_canceled)
         self.call(_in.Queued())
         return entry
+
+    def claim(self, stream: str, correlation: Correlation = CORRELATION) -> bool:
+        """The owner's claim (ST-15) on the cut ``stream``, as a host call."""
+        return self.call(_in.Claim(correlation, stream)) is True
+
+    def claim_when_told(self) -> list[bool]:
+        """The owner claims each correlated ``tool-calls`` end it hears, while it is told (TD-2).
+
+        Returns the list the answers go to; what a claim decides is performed after the
+        telling, as the shell's inbox does.
+        """
+        answers: list[bool] = []
+
+        def owner(child: ChildEvent) -> list[Effect]:
+            if not (
+                isinstance(child, ChildEnded)
+                and child.finish is FinishReason.TOOL_CALLS
+                and child.correlation is not None
+            ):
+                return []
+            effects = self.machine.handle(_in.Claim(child.correlation, child.stream))
+            answers.extend(e.value is True for e in effects if isinstance(e, Reply))
+            return [e for e in effects if not isinstance(e, Reply)]
+
+        self.owner = owner
+        return answers
 
     def withdraw(self, entry: str) -> bool:
         """The producer withdraws ``entry`` (AS-3)."""

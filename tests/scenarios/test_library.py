@@ -2,7 +2,7 @@
 
 Every file there is an example users copy from, so every one must pass, on SQLite and in
 memory, and the trace of the whole library must be the same bytes on a second run. An op that
-is not built yet (``delegate``) is refused with exit 2 and named, never run half-way.
+is not built yet (``goal``) is refused with exit 2 and named, never run half-way.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from agent_session.cli import main
 LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 FILES = sorted(LIBRARY.glob("*.toml"))
 
-DELEGATE = """
-name = "delegation is refused until it is built"
+GOAL = """
+name = "goals are refused until they are built"
 
 [[models]]
 id = "m"
@@ -35,7 +35,7 @@ steps = [{ text = "done" }]
 
 [[actions]]
 at = "start"
-do = { op = "delegate", owner = "owner", target = "child", handle = "h1", text = "report back" }
+do = { op = "goal", session = "owner", state = "paused" }
 """
 
 
@@ -76,10 +76,8 @@ def test_the_library_trace_is_byte_identical_across_runs(
     assert first.read_bytes().count(b"\n") > 400
 
 
-def test_delegation_is_refused_not_faked(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    scenario = tmp_path / "delegate.toml"
-    scenario.write_text(DELEGATE, encoding="utf-8")
+def test_goals_are_refused_not_faked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "goal.toml"
+    scenario.write_text(GOAL, encoding="utf-8")
     assert main(["run", str(scenario)]) == 2
-    assert "'delegate' is not supported yet" in capsys.readouterr().err
+    assert "'goal' is not supported yet" in capsys.readouterr().err

@@ -1,0 +1,468 @@
+"""Delegated turns, the owner's side (TD-1 to TD-10): the engine's in-process owner.
+
+A session delegates a turn to another session of the same engine under a handle
+(:meth:`Engine.delegate <agent_session.Engine.delegate>`). The target session tells its owner
+what each stream did that the owner must hear of (a :data:`ChildEvent`: a stream's end, abort
+or error, a forfeited continuation); :class:`Delegations` decides (defer after the target's
+claim, ST-15; settle ``completed``, ``interrupted`` or ``error``; or ignore, TD-1), writes the
+handle record (B10), and only then tells ``claim`` and ``settled`` (decide, persist, tell).
+
+A settlement whose write fails is kept and retried on the engine's clock with backoff until it
+is written (R54), whatever happens to the target session meanwhile; the in-memory record moves
+at once, so a second event for a settled handle changes nothing (TD-10).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from functools import partial
+from typing import Any, Final, Protocol
+
+import anyio
+import msgspec
+
+from agent_session._events import EngineEvent, HandleClaimed, HandleSettled
+from message_queue import Correlation
+from persistence import (
+    Boundary,
+    HandleRecord,
+    HandleStatus,
+    TurnkeeperError,
+    UsageError,
+)
+from stream_manager import AbortReason, Clock, FinishReason, Persisted
+
+log = logging.getLogger("turnkeeper.delegation")
+
+#: The first retry of a settlement whose write failed, in seconds; doubled each time (R54).
+RETRY_FIRST_S: Final = 1.0
+#: The longest wait between two attempts of one settlement write.
+RETRY_MAX_S: Final = 30.0
+
+
+class ChildEnded(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A stream of the target ended (``stream-end``); ``report``: its final text."""
+
+    target: str
+    correlation: Correlation | None
+    stream: str
+    finish: FinishReason
+    report: str = ""
+
+
+class ChildAborted(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A stream of the target was aborted (``stream-abort``) with ``reason``."""
+
+    target: str
+    correlation: Correlation | None
+    stream: str
+    reason: AbortReason
+
+
+class ChildFailed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A stream of the target failed (``stream-error``) and nothing recovers it (TD-6)."""
+
+    target: str
+    correlation: Correlation | None
+    stream: str
+    kind: str
+
+
+class ChildForfeited(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The target forfeited the owed continuation of a delegated turn (ST-6, TD-10, TD-11)."""
+
+    target: str
+    correlation: Correlation
+    why: str
+
+
+class ChildHardStopped(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The target's task is hard-stopped (TD-7): its delegated turns are interrupted first."""
+
+    target: str
+
+
+ChildEvent = ChildEnded | ChildAborted | ChildFailed | ChildForfeited | ChildHardStopped
+
+
+class Claimer(Protocol):
+    """What the owner asks of a target session: ST-15's claim, answered synchronously."""
+
+    def claim(self, correlation: Correlation, stream: str) -> bool: ...
+
+
+class UnknownHandle(UsageError):
+    """No delegated turn has that handle."""
+
+
+class HandleInUse(UsageError):
+    """A delegated turn already has that handle (an id is never reused, settled or not)."""
+
+
+class Delegation:
+    """One delegated turn, as the host holds it: await :meth:`settled` for its settlement."""
+
+    __slots__ = ("_delegations", "_failed", "handle")
+
+    def __init__(self, delegations: Delegations, handle: str) -> None:
+        self.handle = handle
+        self._delegations = delegations
+        self._failed: BaseException | None = None
+
+    @property
+    def record(self) -> HandleRecord:
+        """The handle's record now (its status moves when the settlement is decided)."""
+        return self._delegations.record(self.handle)
+
+    async def settled(self) -> HandleRecord:
+        """Wait until the turn settled and its settlement is durable; return the record.
+
+        Raises:
+            TurnkeeperError: the delegation never started (its handle could not be written).
+        """
+        await self._delegations.wait_settled(self.handle)
+        if self._failed is not None:
+            raise self._failed
+        return self.record
+
+
+Write = Callable[[str, Boundary], Awaitable[object]]
+#: A decided handle write: the record, what to tell once it is durable, whether it settles.
+_Write = tuple[HandleRecord, tuple["EngineEvent", ...], bool]
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
+
+class Delegations:
+    """The engine's in-process owner: every handle, the claims and settlements, the retries."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        emit: Callable[[EngineEvent], None],
+        spawn: Spawn,
+        write: Write,
+        claimer: Callable[[str], Claimer | None],
+    ) -> None:
+        self._clock = clock
+        self._emit = emit
+        self._spawn = spawn
+        self._write = write
+        self._claimer = claimer
+        self._handles: dict[str, HandleRecord] = {}
+        #: Handle ids read back damaged: never active, never reused.
+        self._corrupt: set[str] = set()
+        self._settled: dict[str, anyio.Event] = {}
+        #: Active handles whose turn has begun in the target (a stream of it started): only
+        #: those can be superseded by an uncorrelated stream-end there (TD-4).
+        self._begun: set[str] = set()
+        #: Settlement writes that failed and wait for their retry (R54), by handle id.
+        self.retrying: set[str] = set()
+        #: Fault injection for the harness (``fail_next settlement``): writes left to fail.
+        self.fail_next = 0
+        #: Writes decided and not yet handed out (:meth:`_take_writes`), in decision order.
+        self._writes: list[_Write] = []
+
+    # ------------------------------------------------------------ reading
+
+    def record(self, handle: str) -> HandleRecord:
+        """The record of ``handle``.
+
+        Raises:
+            UnknownHandle: no delegated turn has that handle.
+        """
+        try:
+            return self._handles[handle]
+        except KeyError:
+            raise UnknownHandle(f"no delegated turn has the handle {handle!r}") from None
+
+    @property
+    def records(self) -> tuple[HandleRecord, ...]:
+        """Every handle record, by handle id."""
+        return tuple(self._handles[h] for h in sorted(self._handles))
+
+    def active_into(self, target: str) -> bool:
+        """Whether a delegated turn runs in ``target`` (its uncorrelated ends matter, TD-4)."""
+        return any(
+            r.target == target and r.status is HandleStatus.ACTIVE for r in self._handles.values()
+        )
+
+    def load(self, records: Iterable[HandleRecord], corrupt: Iterable[str]) -> None:
+        """The handles the store holds, read at startup (a damaged one is never active)."""
+        for record in records:
+            self._handles[record.handle_id] = record
+        self._corrupt.update(corrupt)
+
+    async def wait_settled(self, handle: str) -> None:
+        """Return once ``handle`` is settled and its settlement durable (or it never started)."""
+        record = self.record(handle)
+        if record.status is not HandleStatus.ACTIVE and handle not in self.retrying:
+            return
+        await self._settled.setdefault(handle, anyio.Event()).wait()
+
+    # ------------------------------------------------------------ delegating
+
+    def open(self, owner: str, target: str, handle: str) -> tuple[HandleRecord, Correlation]:
+        """A new active handle for ``owner``'s turn delegated to ``target`` (in memory).
+
+        Raises:
+            HandleInUse: ``handle`` names a delegated turn already (or a damaged record).
+            UsageError: ``owner`` and ``target`` are the same session, or ``handle`` is blank.
+        """
+        if not handle.strip():
+            raise UsageError("a delegated turn needs a non-blank handle")
+        if handle in self._handles or handle in self._corrupt:
+            raise HandleInUse(f"the handle {handle!r} is taken: a handle id is never reused")
+        if owner == target:
+            raise UsageError(f"session {owner!r} cannot delegate a turn to itself")
+        record = HandleRecord(
+            handle_id=handle, owner=owner, target=target, turn_id=handle, created_at=self._now()
+        )
+        self._handles[handle] = record
+        return record, Correlation(handle_id=handle, owner_session=owner, turn_id=handle)
+
+    def delegated(self, delegation: Delegation, error: BaseException) -> None:
+        """The handle of ``delegation`` could not be written: the turn never starts."""
+        delegation._failed = error
+        self._handles.pop(delegation.handle, None)
+        self._wake(delegation.handle)
+
+    # ------------------------------------------------------------ what targets tell
+
+    def on_child(self, event: ChildEvent) -> Awaitable[None] | None:
+        """A target session's stream event or forfeit: defer, settle, or ignore (TD-1).
+
+        Decided at once; returns the handle write to await (then ``claim`` / ``settled`` are
+        told), or ``None`` when nothing changed. The target awaits it in its own flow.
+        """
+        self._decide_child(event)
+        return self._take_writes()
+
+    def _decide_child(self, event: ChildEvent) -> None:
+        if isinstance(event, ChildForfeited):
+            self._settle_active(event.correlation, HandleStatus.INTERRUPTED, event.why)
+            return
+        if isinstance(event, ChildHardStopped):
+            self._interrupt_all(event.target, "its session was hard-stopped (TD-7)")
+            return
+        correlation = event.correlation
+        if correlation is None:
+            if isinstance(event, ChildEnded):
+                self._superseded(event)
+            return
+        if isinstance(event, ChildAborted):
+            if event.reason is AbortReason.USER:  # TD-5: only a user's abort settles
+                self._settle_active(correlation, HandleStatus.INTERRUPTED, "stopped by the user")
+            return
+        if isinstance(event, ChildFailed):
+            why = f"the stream failed ({event.kind}) and nothing recovers it"
+            self._settle_active(correlation, HandleStatus.ERROR, why)
+            return
+        self._ended(event, correlation)
+
+    def interrupt(self, handle: str) -> bool:
+        """TD-8: the owner stops the turn under ``handle``; ``False`` if it already was.
+
+        Raises:
+            UnknownHandle: no delegated turn has that handle.
+            UsageError: the turn already settled ``completed`` or ``error``.
+        """
+        record = self.record(handle)
+        if record.status is HandleStatus.INTERRUPTED:
+            return False
+        if record.status is not HandleStatus.ACTIVE:
+            raise UsageError(f"the delegated turn {handle!r} already settled {record.status}")
+        self._settle(record, HandleStatus.INTERRUPTED, "interrupted by its owner")
+        write = self._take_writes()
+        if write is not None:
+            self._spawn(lambda: write)
+        return True
+
+    def _ended(self, event: ChildEnded, correlation: Correlation) -> None:
+        record = self._active(correlation, event.target)
+        if record is None or event.stream in record.deferred:
+            return  # TD-1: missing, out of scope, settled, or deferred on already
+        if event.finish is FinishReason.TOOL_CALLS:  # TD-2: one claim
+            claimer = self._claimer(event.target)
+            if claimer is not None and claimer.claim(correlation, event.stream):
+                deferred = msgspec.structs.replace(
+                    record, deferred=(*record.deferred, event.stream)
+                )
+                self._handles[record.handle_id] = deferred
+                told = HandleClaimed(
+                    session=event.target, handle=record.handle_id, cut=event.stream, answer="defer"
+                )
+                self._persist(deferred, (told,))
+                return
+            claimed = HandleClaimed(
+                session=event.target, handle=record.handle_id, cut=event.stream, answer="settle"
+            )
+            self._settle(record, HandleStatus.INTERRUPTED, "superseded by new input", (claimed,))
+        elif event.finish is FinishReason.STOP:  # TD-3
+            self._settle(record, HandleStatus.COMPLETED, "completed", report=event.report)
+        else:
+            why = f"ended before completion (finish {event.finish})"
+            self._settle(record, HandleStatus.ERROR, why)
+
+    def turn_began(self, handle: str) -> None:
+        """A stream of the delegated turn ``handle`` started: its prompt row is in history."""
+        if handle in self._handles:
+            self._begun.add(handle)
+
+    def _superseded(self, event: ChildEnded) -> None:
+        """TD-4: an uncorrelated stream-end in the target supersedes its delegated turns.
+
+        Not a turn that has not begun yet: that stream-end precedes the turn's prompt row.
+        """
+        why = "superseded by an uncorrelated stream-end in its session"
+        self._interrupt_all(event.target, why, begun_only=True)
+
+    def _interrupt_all(self, target: str, why: str, *, begun_only: bool = False) -> None:
+        for record in list(self._handles.values()):
+            if record.target != target or record.status is not HandleStatus.ACTIVE:
+                continue
+            if not begun_only or record.handle_id in self._begun:
+                self._settle(record, HandleStatus.INTERRUPTED, why)
+
+    def _active(self, correlation: Correlation, target: str) -> HandleRecord | None:
+        record = self._handles.get(correlation.handle_id)
+        if (
+            record is None
+            or record.status is not HandleStatus.ACTIVE
+            or record.target != target
+            or record.owner != correlation.owner_session
+            or record.turn_id != correlation.turn_id
+        ):
+            return None
+        return record
+
+    def _settle_active(self, correlation: Correlation, status: HandleStatus, why: str) -> None:
+        """TD-10: settle the handle if it exists, matches and is still active; else nothing."""
+        record = self._handles.get(correlation.handle_id)
+        if (
+            record is not None
+            and record.status is HandleStatus.ACTIVE
+            and record.owner == correlation.owner_session
+            and record.turn_id == correlation.turn_id
+        ):
+            self._settle(record, status, why)
+
+    # ------------------------------------------------------------ settling
+
+    def _settle(
+        self,
+        record: HandleRecord,
+        status: HandleStatus,
+        why: str,
+        before: tuple[EngineEvent, ...] = (),
+        *,
+        report: str | None = None,
+    ) -> None:
+        """Decide the settlement now (in memory), write it, then tell it (R54: retried)."""
+        settled = msgspec.structs.replace(
+            record,
+            status=status,
+            reason=why,
+            report=report if status is HandleStatus.COMPLETED else None,
+            deferred=(),  # TD-10: a settlement clears the deferred ids
+            delivered=True,  # this owner is the engine: written is delivered
+            settled_at=self._now(),
+        )
+        self._handles[record.handle_id] = settled
+        self._begun.discard(record.handle_id)
+        told = HandleSettled(session=record.owner, handle=record.handle_id, status=status.value)
+        self._persist(settled, (*before, told), settles=True)
+
+    def _persist(
+        self, record: HandleRecord, tell: tuple[EngineEvent, ...], *, settles: bool = False
+    ) -> None:
+        """Queue the write of ``record`` (then ``tell``): :meth:`_take_writes` hands it out."""
+        if settles:
+            self.retrying.add(record.handle_id)
+        self._writes.append((record, tell, settles))
+
+    def _take_writes(self) -> Coroutine[Any, Any, None] | None:
+        """The decided writes, in order, as one awaitable; ``None`` when there are none."""
+        writes, self._writes = self._writes, []
+        if not writes:
+            return None
+        return self._write_all(writes)
+
+    async def _write_all(
+        self, writes: list[tuple[HandleRecord, tuple[EngineEvent, ...], bool]]
+    ) -> None:
+        for record, tell, settles in writes:
+            try:
+                await self._write_record(record, settles=settles)
+            except (TurnkeeperError, OSError) as error:
+                if not settles:
+                    log.warning("the handle %s was not written: %s", record.handle_id, error)
+                    continue
+                self._spawn(partial(self._retry, record, tell, error))
+                continue
+            self._told(record, tell, settles=settles)
+
+    async def _retry(
+        self, record: HandleRecord, tell: tuple[EngineEvent, ...], error: BaseException
+    ) -> None:
+        """R54: a settlement whose write failed, retried with backoff until it is written."""
+        delay = RETRY_FIRST_S
+        while True:
+            log.warning(
+                "the settlement of %s was not written (%s); retrying in %g s",
+                record.handle_id,
+                error,
+                delay,
+            )
+            await self._clock.sleep_until(self._now() + delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            try:
+                await self._write_record(record, settles=True)
+            except (TurnkeeperError, OSError) as again:
+                error = again
+                continue
+            self._told(record, tell, settles=True)
+            return
+
+    def _told(self, record: HandleRecord, tell: tuple[EngineEvent, ...], *, settles: bool) -> None:
+        """``record`` is durable: say so, tell what it decided, wake who waits on it."""
+        self._emit(Persisted(session=record.owner, what="handle", id=record.handle_id))
+        for event in tell:
+            self._emit(event)
+        if settles:
+            self.retrying.discard(record.handle_id)
+            self._wake(record.handle_id)
+
+    async def _write_record(self, record: HandleRecord, *, settles: bool) -> None:
+        if settles and self.fail_next > 0:
+            self.fail_next -= 1
+            raise SettlementFailed(f"the settlement of {record.handle_id} failed (injected)")
+        await self._write(record.owner, Boundary(handles=(record,)))
+
+    def _wake(self, handle: str) -> None:
+        event = self._settled.pop(handle, None)
+        if event is not None:
+            event.set()
+
+    def _now(self) -> float:
+        return self._clock.now()
+
+
+class SettlementFailed(TurnkeeperError):
+    """A settlement could not be recorded (it is retried, R54)."""
+
+
+__all__ = [
+    "ChildAborted",
+    "ChildEnded",
+    "ChildEvent",
+    "ChildFailed",
+    "ChildForfeited",
+    "ChildHardStopped",
+    "Delegation",
+    "Delegations",
+    "HandleInUse",
+    "SettlementFailed",
+    "UnknownHandle",
+]

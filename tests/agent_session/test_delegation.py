@@ -1,0 +1,289 @@
+"""Delegated turns between two sessions of one engine (TD-1 to TD-10, ST-15, R54), end to end.
+
+Each test runs a scenario through ``turnkeeper run`` (memory and SQLite) and reads the trace:
+the owner ``lead-2`` delegates to ``worker-5`` under the handle ``task-17``; the worker's
+streams carry the handle, and the owner defers on a claimed cut or settles, each told after
+the handle record is durable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_session import Engine, EngineConfig
+from agent_session._delegation import HandleInUse, UnknownHandle
+from agent_session.cli import main
+from persistence import MemoryStore, UsageError
+from stream_manager import ScriptedModel, ScriptStep, VirtualClock
+
+STORES = [pytest.param((), id="sqlite"), pytest.param(("--memory",), id="memory")]
+
+HEAD = """
+name = "delegation"
+
+[engine]
+max_stream_steps = 7
+
+[[models]]
+id = "alpha"
+
+[[tools]]
+name = "bash"
+kind = "client"
+result = "started"
+
+[[tools]]
+name = "task_await"
+kind = "client"
+result = "pending"
+
+[[sessions]]
+id = "lead-2"
+model = "alpha"
+
+[[sessions]]
+id = "worker-5"
+model = "alpha"
+
+[[actions]]
+at = "start"
+do = { op = "delegate", owner = "lead-2", target = "worker-5", handle = "task-17", text = "run it" }
+"""
+
+CUT_SCRIPT = """
+[scripts.alpha]
+steps = [
+  { tool_calls = [{ tool = "bash", args = { cmd = "start" } }] },
+  { tool_calls = [{ tool = "task_await" }] },
+  { text = "Report: 3 of 3 green." },
+]
+"""
+
+
+def run(
+    tmp_path: Path, store: tuple[str, ...], text: str, code: int = 0
+) -> list[dict[str, object]]:
+    scenario, trace = tmp_path / "delegated.toml", tmp_path / "trace.jsonl"
+    scenario.write_text(text, encoding="utf-8")
+    assert main(["run", *store, "--trace", str(trace), str(scenario)]) == 0
+    return [json.loads(line) for line in trace.read_bytes().splitlines()]
+
+
+def of(lines: list[dict[str, object]], *names: str) -> list[dict[str, object]]:
+    """The lines of those events, without ``seq``, ``t`` and ``session``."""
+    return [
+        {k: v for k, v in line.items() if k not in ("seq", "t")}
+        for line in lines
+        if line["event"] in names
+    ]
+
+
+def cut_by(entry: str) -> str:
+    """An action: at the worker's ``task_await`` start, ``entry`` is queued (it cuts the loop)."""
+    return f"""
+[[actions]]
+at = {{ event = "op-start", tool = "task_await", nth = 1 }}
+do = {entry}
+"""
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td2_st15_a_live_wake_defers_and_its_turn_completes_the_delegated_turn(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
+    text = HEAD + CUT_SCRIPT + cut_by(wake) + '[expect]\nhandles = { task-17 = "completed" }\n'
+    lines = run(tmp_path, store, text)
+
+    assert of(lines, "claim", "settled") == [
+        {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
+         "answer": "defer"},
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "completed"},
+    ]  # fmt: skip
+    starts = [line["handle"] for line in lines if line["event"] == "stream-start"]
+    assert starts == ["task-17", "task-17"]  # the wake's turn inherits the correlation
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td3_st15_an_unrelated_message_cuts_the_turn_and_the_owner_settles_interrupted(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    user = '{ op = "send", session = "worker-5", text = "something else" }'
+    text = HEAD + CUT_SCRIPT + cut_by(user)
+    lines = run(tmp_path, store, text)
+
+    assert of(lines, "claim", "settled") == [
+        {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
+         "answer": "settle"},
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"},
+    ]  # fmt: skip
+    ended = of(lines, "continuation-ended")
+    assert [(e["cut"], e["how"]) for e in ended] == [("worker-5/1", "withdrawn")]  # binding no
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td5_a_user_stop_of_the_delegated_stream_settles_interrupted(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    stop = '{ op = "stop", session = "worker-5" }'
+    text = HEAD + CUT_SCRIPT + cut_by(stop)
+    lines = run(tmp_path, store, text)
+
+    assert of(lines, "settled") == [
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"}
+    ]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td8_the_owner_interrupts_its_handle_and_the_stream_stops(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    interrupt = '{ op = "handle", handle = "task-17", state = "interrupted" }'
+    text = (
+        HEAD + CUT_SCRIPT + cut_by(interrupt) + '[expect]\nhandles = { task-17 = "interrupted" }\n'
+    )
+    lines = run(tmp_path, store, text)
+
+    assert of(lines, "settled") == [
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"}
+    ]
+    aborts = of(lines, "stream-abort")
+    assert [(a["stream"], a["reason"]) for a in aborts] == [("worker-5/1", "system")]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td3_a_stream_error_of_the_delegated_turn_settles_error(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = '\n[scripts.alpha]\nsteps = [{ error = "terminal" }]\n'
+    lines = run(tmp_path, store, HEAD + script + '[expect]\nhandles = { task-17 = "error" }\n')
+
+    assert of(lines, "settled") == [
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "error"}
+    ]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_r54_a_failed_settlement_is_retried_on_the_clock_until_it_is_written(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = '\n[scripts.alpha]\nsteps = [{ text = "all done" }]\n'
+    fail = '[[actions]]\nat = "start"\ndo = { op = "fail_next", what = "settlement", count = 2 }\n'
+    text = HEAD + script + fail + '[expect]\nhandles = { task-17 = "completed" }\n'
+    lines = run(tmp_path, store, text)
+
+    settled = [line for line in lines if line["event"] == "settled"]
+    assert [(line["status"], line["t"]) for line in settled] == [("completed", 3000)]  # 1 s + 2 s
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_st6_r27_disposing_the_target_forfeits_and_settles_the_delegated_turn(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
+    withdraw_then_dispose = """
+[[actions]]
+at = { event = "stream-end", session = "worker-5", nth = 1 }
+do = { op = "withdraw", session = "worker-5", entry = "w" }
+
+[[actions]]
+at = { event = "claim", handle = "task-17", nth = 1 }
+do = { op = "dispose", session = "worker-5" }
+"""
+    text = HEAD + CUT_SCRIPT + cut_by(wake) + withdraw_then_dispose
+    lines = run(tmp_path, store, text)
+
+    assert of(lines, "claim", "settled") == [
+        {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
+         "answer": "defer"},
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"},
+    ]  # fmt: skip
+    assert [line["stream"] for line in lines if line["event"] == "stream-start"] == ["worker-5/1"]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+async def test_delegating_to_an_unknown_session_or_reusing_a_handle_is_refused() -> None:
+    model = ScriptedModel("alpha", [ScriptStep(text="done")] * 3, record=False)
+    engine = Engine(
+        store=MemoryStore(),
+        models={"alpha": model},
+        clock=VirtualClock(),
+        config=EngineConfig(max_stream_steps=7),
+    )
+    async with engine:
+        await engine.open_session("lead-2", model="alpha")
+        await engine.open_session("worker-5", model="alpha")
+        with pytest.raises(UsageError, match="no open session 'ghost-1'"):
+            engine.delegate("lead-2", "ghost-1", "task-17", "run it")
+        with pytest.raises(UsageError, match="cannot delegate a turn to itself"):
+            engine.delegate("lead-2", "lead-2", "task-17", "run it")
+        delegation = engine.delegate("lead-2", "worker-5", "task-17", "run it")
+        with pytest.raises(HandleInUse, match="'task-17' is taken"):
+            engine.delegate("lead-2", "worker-5", "task-17", "again")
+        with pytest.raises(UnknownHandle, match="'task-99'"):
+            engine.interrupt_handle("task-99")
+        settled = await delegation.settled()
+        assert (settled.status.value, settled.report) == ("completed", "done")
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td7_r52_a_hard_stop_of_the_target_settles_its_delegated_turn_once(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    hard = '{ op = "hard_stop", session = "worker-5" }'
+    text = HEAD + CUT_SCRIPT + cut_by(hard) + '[expect]\nhandles = { task-17 = "interrupted" }\n'
+    lines = run(tmp_path, store, text)
+
+    assert of(lines, "settled") == [
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"}
+    ]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td4_an_uncorrelated_stream_end_in_the_target_supersedes_the_delegated_turn(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
+    # the wake is withdrawn (the owner defers on the owed marker); a user message then runs
+    actions = """
+[[actions]]
+at = { event = "stream-end", session = "worker-5", nth = 1 }
+do = { op = "withdraw", session = "worker-5", entry = "w" }
+
+[[actions]]
+at = { event = "claim", handle = "task-17", nth = 1 }
+do = { op = "send", session = "worker-5", text = "unrelated" }
+"""
+    lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(wake) + actions)
+
+    assert of(lines, "claim", "settled") == [
+        {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
+         "answer": "defer"},
+        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"},
+    ]  # fmt: skip
+    starts = [line["handle"] for line in lines if line["event"] == "stream-start"]
+    assert starts == ["task-17", None]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td4_a_stream_that_ended_before_the_delegated_turn_began_supersedes_nothing(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    busy = HEAD.replace(
+        '[[actions]]\nat = "start"\ndo = { op = "delegate"',
+        '[[actions]]\nat = "start"\ndo = { op = "send", session = "worker-5", text = "first" }\n\n'
+        '[[actions]]\nat = "start"\ndo = { op = "delegate"',
+    )
+    script = (
+        '\n[scripts.alpha]\nsteps = [{ text = "first answer" }, { text = "delegated answer" }]\n'
+    )
+    lines = run(tmp_path, store, busy + script + '[expect]\nhandles = { task-17 = "completed" }\n')
+
+    assert [line["status"] for line in lines if line["event"] == "settled"] == ["completed"]
+    starts = [line["handle"] for line in lines if line["event"] == "stream-start"]
+    assert starts == [None, "task-17"]
