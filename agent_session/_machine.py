@@ -1015,7 +1015,7 @@ class TurnMachine:
             and marker.cut == stream
         ):
             effects += [
-                *self._end(EndedHow.WITHDRAWN, "its owner settles the turn (ST-15)"),
+                *self._end(EndedHow.VOIDED, "its owner settles the turn (ST-15)"),
                 _FLUSH,
             ]
         return effects

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any, Final, assert_never
 
 import anyio
 import msgspec
@@ -1103,8 +1103,28 @@ class AgentSession:
         self._do(machine.handle(_in.DisposedNow()))
         await self._manager.stop_stream(self.id, reason=AbortReason.SYSTEM)
         self._do(machine.handle(_in.DisposalDone()))
+        if machine.pending:  # the record changes' write failed, and no sweep runs any more
+            self._run(self._flush_until_written)
         self._check_idle()
 
+    async def _flush_until_written(self, then: Successors) -> None:
+        """A disposed session's record changes, retried on the clock until written (R54).
+
+        A forfeit that stayed unwritten would leave its cut owed in the store, and the next
+        startup would resume a turn that had ended (and whose owner was settled).
+        """
+        delay = FLUSH_RETRY_FIRST_S
+        clock = self._manager.clock
+        while self._machine.pending:
+            await clock.sleep_until(clock.now() + delay)
+            delay = min(delay * 2, FLUSH_RETRY_MAX_S)
+            await self._perform([Next(_in.FlushRecords())])
+
+
+#: A disposed session's failed record write is tried again after this many seconds, doubling.
+FLUSH_RETRY_FIRST_S: Final = 1.0
+#: The longest wait between two of those attempts.
+FLUSH_RETRY_MAX_S: Final = 30.0
 
 #: What a stream event asks of its session, by the event's type (every other event: nothing).
 _REACTIONS: dict[type, Callable[[AgentSession, Any], None]] = {

@@ -122,6 +122,11 @@ class StreamManager:
         self._locks: dict[str, anyio.Lock] = {}
         self._counters: dict[str, int] = {}
 
+    @property
+    def clock(self) -> Clock:
+        """The manager's clock (the engine's): deadlines, grace intervals, bounds."""
+        return self._clock
+
     def bounded_cleanup(self, what: str, *, beyond_s: float = 0.0) -> BoundedCleanup:
         """A shielded scope for the cleanup ``what``, cut short after the engine's bound.
 

@@ -26,7 +26,7 @@ def _correlated_cut(kit: Kit, cutter: EntryKind, *, cutter_correlated: bool = Fa
     return stream
 
 
-def test_st15_a_live_wake_behind_the_cut_answers_defer_and_keeps_the_marker() -> None:
+def test_st15_r28_a_live_wake_behind_the_cut_answers_defer_and_keeps_the_marker() -> None:
     kit = Kit()
     answers = kit.claim_when_told()
     cut = _correlated_cut(kit, EntryKind.WAKE)
@@ -49,7 +49,7 @@ def test_st15_an_unrelated_live_entry_answers_no_and_the_no_binds() -> None:
     cut = _correlated_cut(kit, EntryKind.USER)
 
     assert answers == [False]
-    assert kit.ended() == [(cut, "withdrawn")]
+    assert kit.ended() == [(cut, "voided")]
     # the superseding entry leaves before acceptance: the cut never resumes all the same
     dispatch = kit.dispatches[0]
     assert dispatch.turn.entry_id is not None
@@ -57,7 +57,7 @@ def test_st15_an_unrelated_live_entry_answers_no_and_the_no_binds() -> None:
     assert kit.accept() is None
     kit.sweep()
     assert kit.resumes == []
-    assert kit.state_of(cut) is CutState.WITHDRAWN
+    assert kit.state_of(cut) is CutState.VOIDED
 
 
 def test_st15_a_withdrawn_entry_is_skipped_and_the_owed_marker_answers() -> None:
@@ -81,7 +81,7 @@ def test_st15_r30_the_dispatching_cutter_answers_before_the_queue() -> None:
     kit.queue(EntryKind.REPORT, correlated=True)  # R(C) now heads the queue
 
     assert kit.claim(cut) is False
-    assert kit.ended() == [(cut, "withdrawn")]
+    assert kit.ended() == [(cut, "voided")]
 
 
 def test_st15_a_dispatching_cutter_whose_cancel_fired_is_looked_past() -> None:

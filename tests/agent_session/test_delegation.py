@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 
 from agent_session import Engine, EngineConfig
-from agent_session._delegation import HandleInUse, UnknownHandle
+from agent_session._delegation import (
+    ChildEnded,
+    ChildForfeited,
+    Delegations,
+    HandleInUse,
+    UnknownHandle,
+)
 from agent_session.cli import main
-from persistence import MemoryStore, UsageError
-from stream_manager import ScriptedModel, ScriptStep, VirtualClock
+from message_queue import Correlation
+from persistence import Boundary, MemoryStore, UsageError
+from stream_manager import FinishReason, ScriptedModel, ScriptStep, VirtualClock
 
 STORES = [pytest.param((), id="sqlite"), pytest.param(("--memory",), id="memory")]
 
@@ -121,7 +128,7 @@ def test_td3_st15_an_unrelated_message_cuts_the_turn_and_the_owner_settles_inter
         {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"},
     ]  # fmt: skip
     ended = of(lines, "continuation-ended")
-    assert [(e["cut"], e["how"]) for e in ended] == [("worker-5/1", "withdrawn")]  # binding no
+    assert [(e["cut"], e["how"]) for e in ended] == [("worker-5/1", "voided")]  # binding no
 
 
 @pytest.mark.parametrize("store", STORES)
@@ -180,7 +187,7 @@ def test_r54_a_failed_settlement_is_retried_on_the_clock_until_it_is_written(
 
 
 @pytest.mark.parametrize("store", STORES)
-def test_st6_r27_disposing_the_target_forfeits_and_settles_the_delegated_turn(
+def test_st6_r24_r27_disposing_the_target_forfeits_and_settles_the_delegated_turn(
     tmp_path: Path, store: tuple[str, ...]
 ) -> None:
     wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
@@ -287,3 +294,35 @@ def test_td4_a_stream_that_ended_before_the_delegated_turn_began_supersedes_noth
     assert [line["status"] for line in lines if line["event"] == "settled"] == ["completed"]
     starts = [line["handle"] for line in lines if line["event"] == "stream-start"]
     assert starts == [None, "task-17"]
+
+
+async def test_td10_a_settlement_changes_nothing_unless_the_handle_is_still_active() -> None:
+    writes: list[str] = []
+    told: list[object] = []
+
+    async def write(session: str, boundary: Boundary) -> object:
+        writes.extend(f"{r.handle_id}:{r.status}" for r in boundary.handles)
+        return None
+
+    delegations = Delegations(
+        clock=VirtualClock(),
+        emit=told.append,
+        spawn=lambda work: None,
+        write=write,
+        claimer=lambda target: None,
+    )
+    _, correlation = delegations.open("lead-2", "worker-5", "task-17")
+    done = ChildEnded(
+        target="worker-5", correlation=correlation, stream="worker-5/3", finish=FinishReason.STOP
+    )
+    first = delegations.on_child(done)
+    assert first is not None
+    await first
+    again = ChildForfeited(target="worker-5", correlation=correlation, why="disposed")
+    stale = Correlation(handle_id="task-17", owner_session="lead-2", turn_id="another-turn")
+    assert delegations.on_child(again) is None  # settled already: nothing to write
+    assert (
+        delegations.on_child(ChildForfeited(target="worker-5", correlation=stale, why="x")) is None
+    )
+    assert writes == ["task-17:completed"]
+    assert delegations.record("task-17").deferred == ()
