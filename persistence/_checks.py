@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from persistence._errors import StaleOwner, UsageError
 from persistence.records import (
+    MAX_HANDLE_BYTES,
     MAX_SEQ,
     OPEN_OP_STATES,
     Capability,
     CutState,
+    HandleRecord,
+    HandleStatus,
     OperationRecord,
     OpState,
     ToolKind,
@@ -59,6 +64,8 @@ def check_boundary(session: str, boundary: Boundary) -> None:
             cut_state(change.state)
     if len(rows) > 1:
         _check_rows(rows)
+    if boundary.handles:
+        check_handles(boundary.handles)
 
 
 def check_receipts(session: str, operations: Sequence[OperationRecord]) -> None:
@@ -78,6 +85,75 @@ def check_receipts(session: str, operations: Sequence[OperationRecord]) -> None:
             and capability.name
         ):
             raise _receipt_problem(session, operations)
+
+
+def check_handles(handles: Sequence[HandleRecord]) -> None:
+    """``check_boundary`` for a boundary's handle records (B10).
+
+    Raises:
+        UsageError: A record :func:`handle_problem` finds wrong, naming its index, id and
+            field, or a handle id the boundary holds twice; nothing is written.
+    """
+    seen: set[str] = set()
+    for index, record in enumerate(handles):
+        problem = handle_problem(record) or _oversized(record)
+        if problem is not None:
+            raise UsageError(
+                f"Boundary.handles[{index}] ({record.handle_id!r}){problem}; nothing was written"
+            )
+        if record.handle_id in seen:
+            raise UsageError(
+                f"handle {record.handle_id!r} appears twice in one boundary; nothing was written"
+            )
+        seen.add(record.handle_id)
+
+
+_ENCODE = msgspec.json.Encoder().encode
+_ID_FIELDS = ("handle_id", "owner", "target", "turn_id")
+
+
+def _oversized(record: HandleRecord) -> str | None:
+    """Refuse a record larger than a store reads back (a reader would call it damage)."""
+    size = len(_ENCODE(record))
+    if size <= MAX_HANDLE_BYTES:
+        return None
+    return f": {size:,} bytes, more than a handle record holds ({MAX_HANDLE_BYTES:,})"
+
+
+def handle_problem(record: HandleRecord) -> str | None:
+    """What is wrong with a handle record, led by its field (``.owner: empty``); else ``None``.
+
+    The rules a commit refuses by and a reader calls damage: ids are non-empty text, the
+    owner is not the target, deferred ids are non-empty and distinct, the status is a
+    ``HandleStatus``, ``reason`` is set exactly when settled, ``report`` only on a completed
+    handle and ``delivered`` only on a settled one.
+    """
+    for name in _ID_FIELDS:
+        value = getattr(record, name)
+        if type(value) is not str or not value:
+            return f".{name}: empty" if value == "" else f".{name}: {value!r} is not text"
+    if record.owner == record.target:
+        return f".target: {record.target!r} is the owner (a session delegates to another)"
+    seen: set[str] = set()
+    for index, stream in enumerate(record.deferred):
+        if type(stream) is not str or not stream:
+            return f".deferred[{index}]: empty" if stream == "" else f".deferred[{index}]: not text"
+        if stream in seen:
+            return f".deferred[{index}]: {stream!r} is there twice"
+        seen.add(stream)
+    status = record.status
+    if type(status) is not HandleStatus:
+        return f".status: {status!r} is not a HandleStatus"
+    settled = status is not HandleStatus.ACTIVE
+    if settled and not record.reason:
+        return f".reason: a {status.value} handle needs one (why it settled)"
+    if not settled and record.reason is not None:
+        return ".reason: an active handle has none"
+    if record.report is not None and status is not HandleStatus.COMPLETED:
+        return f".report: only a completed handle has one (this one is {status.value})"
+    if record.delivered and not settled:
+        return ".delivered: only a settled handle is delivered"
+    return None
 
 
 def _receipt_problem(session: str, operations: Sequence[OperationRecord]) -> UsageError:

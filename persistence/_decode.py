@@ -20,12 +20,14 @@ from persistence import _checks
 from persistence._errors import CorruptRecord
 from persistence._text import NotUtf8, clip
 from persistence.records import (
+    MAX_HANDLE_BYTES,
     MAX_RECEIPT_BYTES,
     MAX_RECORD_BYTES,
     MAX_SEQ,
     Capability,
     CutRecord,
     CutState,
+    HandleRecord,
     HistoryRow,
     OperationRecord,
     RecoverableCut,
@@ -63,6 +65,7 @@ _CUT = msgspec.json.Decoder(CutRecord)
 _SESSION = msgspec.json.Decoder(SessionRecord)
 _ENVELOPE = msgspec.json.Decoder(TurnEnvelope)
 _OPERATION = msgspec.json.Decoder(_stored_operation())
+_HANDLE = msgspec.json.Decoder(HandleRecord)
 _MSGSPEC_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 T = TypeVar("T")
 
@@ -298,6 +301,39 @@ def decode_operation(values: Sequence[Any]) -> OperationRecord:
     if record.op_id != op_id or record.state.value != state:
         said, columns = f"{clip(record.op_id)}/{record.state.value}", f"{key}/{clip(state)}"
         raise CorruptRecord("operations", key, f"$: the record says {said}, the columns {columns}")
+    return record
+
+
+def decode_handle(values: Sequence[Any]) -> HandleRecord:
+    """Build a handle record from its ``(handle_id, owner, target, status, record)`` columns.
+
+    Raises:
+        CorruptRecord: The record fails validation (its shape, or a rule a commit refuses
+            by: ``_checks.handle_problem``) or disagrees with its columns.
+    """
+    handle_id, owner, target, status, blob = values
+    key = clip(str(handle_id))
+    wrong = _blob("handles", key, "", blob)
+    if wrong is not None:
+        raise wrong
+    record = _decoded(_HANDLE, blob, ("handles", key, ""), MAX_HANDLE_BYTES)
+    for name, column in (
+        ("handle_id", handle_id),
+        ("owner", owner),
+        ("target", target),
+        ("status", status),
+    ):
+        said = getattr(record, name)
+        if said != column:
+            raise CorruptRecord(
+                "handles",
+                key,
+                f"$.{name}: the record says {clip(repr(str(said)))}, "
+                f"the {name} column says {clip(repr(column))}",
+            )
+    problem = _checks.handle_problem(record)
+    if problem is not None:
+        raise CorruptRecord("handles", key, f"${problem}")
     return record
 
 

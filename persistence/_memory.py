@@ -19,6 +19,8 @@ from persistence.records import (
     Boundary,
     Committed,
     CutState,
+    HandleQuery,
+    HandleRecord,
     HistoryRow,
     OperationRecord,
     OpState,
@@ -58,6 +60,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[str, _SessionData] = {}
         self._operations: dict[str, OperationRecord] = {}
+        self._handles: dict[str, HandleRecord] = {}
         self._open = False
         self._owner: str | None = None
 
@@ -132,7 +135,7 @@ class MemoryStore:
         if (
             boundary.create is None
             and boundary.envelope is None
-            and not (boundary.rows or boundary.delete or boundary.cut_states)
+            and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary: nothing to check against the store
             _checks.check_receipts(session, boundary.operations)
             for record in boundary.operations:
@@ -169,6 +172,8 @@ class MemoryStore:
                 data.envelopes[boundary.envelope.stream] = boundary.envelope
         for record in boundary.operations:
             self._operations[record.op_id] = record
+        for handle in boundary.handles:
+            self._handles[handle.handle_id] = handle
         return len(doomed)
 
     @staticmethod
@@ -255,3 +260,14 @@ class MemoryStore:
             candidates, session=session, op_id=op_id, states=states, recent=recent
         )
         return ReceiptQuery(records=records)
+
+    async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
+        """Handle records by ``handle_id``, only ``owner``'s and ``target``'s when given."""
+        self._check_open()
+        records = tuple(
+            self._handles[key]
+            for key in sorted(self._handles)
+            if (owner is None or self._handles[key].owner == owner)
+            and (target is None or self._handles[key].target == target)
+        )
+        return HandleQuery(records=records)

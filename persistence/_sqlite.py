@@ -37,7 +37,13 @@ from persistence._connection import (
     readonly_uri,
     transaction,
 )
-from persistence._decode import decode_load, decode_operation, decode_session, recovery_scan
+from persistence._decode import (
+    decode_handle,
+    decode_load,
+    decode_operation,
+    decode_session,
+    recovery_scan,
+)
 from persistence._errors import (
     CorruptRecord,
     DamagedStore,
@@ -50,10 +56,12 @@ from persistence._errors import (
 )
 from persistence._group import GroupCommit
 from persistence._migrations import Migration, load_migrations
-from persistence._text import tolerant
+from persistence._text import clip, tolerant
 from persistence.records import (
     Boundary,
     Committed,
+    HandleQuery,
+    HandleRecord,
     OperationRecord,
     OpState,
     ReceiptQuery,
@@ -87,6 +95,14 @@ SELECT_OPERATIONS = "SELECT op_id, state, record FROM operations ORDER BY rowid"
 SELECT_OPERATIONS_IN_SESSION = (
     "SELECT op_id, state, record FROM operations WHERE session = ? ORDER BY rowid"
 )
+_HANDLE_COLUMNS = "SELECT handle_id, owner, target, status, record FROM handles"
+#: The handles query, by which filters it has: ``(owner given, target given)``.
+SELECT_HANDLES = {
+    (False, False): f"{_HANDLE_COLUMNS} ORDER BY handle_id",
+    (True, False): f"{_HANDLE_COLUMNS} WHERE owner = ? ORDER BY handle_id",
+    (False, True): f"{_HANDLE_COLUMNS} WHERE target = ? ORDER BY handle_id",
+    (True, True): f"{_HANDLE_COLUMNS} WHERE owner = ? AND target = ? ORDER BY handle_id",
+}
 SELECT_VERSION = "SELECT version FROM schema_version"
 SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 INSERT_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
@@ -600,7 +616,7 @@ class SqliteStore:
         if (
             boundary.create is None
             and boundary.envelope is None
-            and not (boundary.rows or boundary.delete or boundary.cut_states)
+            and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary (two per tool step): its own short path
             _checks.check_receipts(session, boundary.operations)
             job = _writes.receipts(session, boundary.operations, self, owner)
@@ -686,3 +702,20 @@ class SqliteStore:
             records, session=session, op_id=op_id, states=states, recent=recent
         )
         return ReceiptQuery(records=ordered, corrupt=tuple(corrupt))
+
+    async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
+        """Handle records by ``handle_id`` (through the owner or target index when filtered).
+
+        A row that fails validation is reported by id in ``corrupt`` and skipped (never
+        dropped or rewritten).
+        """
+        sql = SELECT_HANDLES[owner is not None, target is not None]
+        params = tuple(value for value in (owner, target) if value is not None)
+        records: list[HandleRecord] = []
+        corrupt: list[tuple[str, str]] = []
+        for row in await self._read(_writes.select(sql, params)):
+            try:
+                records.append(decode_handle(row))
+            except CorruptRecord as error:
+                corrupt.append((clip(str(row[0])), str(error)))
+        return HandleQuery(records=tuple(records), corrupt=tuple(corrupt))

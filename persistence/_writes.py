@@ -24,7 +24,14 @@ import msgspec
 from persistence import _checks
 from persistence._decode import decode_session
 from persistence._errors import CorruptRecord, UsageError
-from persistence.records import Boundary, CutState, HistoryRow, OperationRecord, SessionRecord
+from persistence.records import (
+    Boundary,
+    CutState,
+    HandleRecord,
+    HistoryRow,
+    OperationRecord,
+    SessionRecord,
+)
 
 T = TypeVar("T")
 
@@ -60,6 +67,11 @@ PUT_OPERATION = (
     "session = excluded.session, state = excluded.state, capability = excluded.capability, "
     "target = excluded.target, resolved_by = excluded.resolved_by, "
     "resolved_at = excluded.resolved_at, record = excluded.record"
+)
+PUT_HANDLE = (
+    "INSERT INTO handles (handle_id, owner, target, status, record) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (handle_id) DO UPDATE SET owner = excluded.owner, target = excluded.target, "
+    "status = excluded.status, record = excluded.record"
 )
 #: The end of a receipt's bytes when nobody resolved it: the fields migration 0003 added, all
 #: unset. Left off, so such a receipt keeps the bytes it always had (they decode to the
@@ -108,6 +120,17 @@ def operation_params(record: OperationRecord) -> tuple[object, ...]:
     )
 
 
+def handle_params(record: HandleRecord) -> tuple[object, ...]:
+    """The upsert parameters of a handle record, in ``PUT_HANDLE`` order."""
+    return (
+        record.handle_id,
+        record.owner,
+        record.target,
+        record.status.value,
+        _ENCODE(record),
+    )
+
+
 class _Plan(msgspec.Struct, frozen=True):
     """A boundary encoded on the event loop, ready to run on the connection's thread."""
 
@@ -120,10 +143,11 @@ class _Plan(msgspec.Struct, frozen=True):
     cuts: list[tuple[str, str]]
     envelope: tuple[str, str, bytes] | None
     operations: list[tuple[object, ...]]
+    handles: list[tuple[object, ...]]
 
     @property
     def statements(self) -> int:
-        """How many statements it runs (a batch of receipts is one ``executemany``)."""
+        """How many statements it runs (a batch of receipts or handles is one ``executemany``)."""
         return (
             (self.created is not None)
             + (self.doomed is not None)
@@ -131,6 +155,7 @@ class _Plan(msgspec.Struct, frozen=True):
             + len(self.cuts)
             + (self.envelope is not None)
             + min(len(self.operations), 1)
+            + min(len(self.handles), 1)
         )
 
 
@@ -156,7 +181,12 @@ def commit(
     closure cell is one more object for the cyclic collector.
     """
     envelope, rows, cuts = boundary.envelope, boundary.rows, boundary.cut_states
-    if boundary.create is None and not boundary.delete and not boundary.operations:
+    if (
+        boundary.create is None
+        and not boundary.delete
+        and not boundary.operations
+        and not boundary.handles
+    ):
         # The hottest boundaries are one statement (a row, an envelope, a record's state):
         # their jobs skip the plan and run ``_apply``'s statements (``_insert``, ...) alone.
         if envelope is None and not cuts and len(rows) == 1:
@@ -168,7 +198,7 @@ def commit(
         if envelope is not None and not rows and not cuts:
             params = (session, envelope.stream, _ENCODE(envelope))
             return partial(_put_envelope, store, owner, session, params)
-    if not (boundary.create or boundary.delete or rows or cuts or envelope):
+    if not (boundary.create or boundary.delete or rows or cuts or envelope or boundary.handles):
         return receipts(session, boundary.operations, store, owner)
     plan = _Plan(
         session=session,
@@ -180,11 +210,12 @@ def commit(
         cuts=[(c.row_id, _checks.cut_state(c.state).value) for c in boundary.cut_states],
         envelope=None if envelope is None else (session, envelope.stream, _ENCODE(envelope)),
         operations=[operation_params(record) for record in boundary.operations],
+        handles=[handle_params(record) for record in boundary.handles],
     )
     statements = plan.statements
     if statements == 0:
         return None
-    bare = statements == 1 and len(plan.operations) <= 1
+    bare = statements == 1 and len(plan.operations) <= 1 and len(plan.handles) <= 1
     return partial(_run_plan, store, owner, plan, bare)
 
 
@@ -291,6 +322,8 @@ def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
         db.execute(PUT_OPERATION, plan.operations[0])
     elif plan.operations:
         db.executemany(PUT_OPERATION, plan.operations)
+    if plan.handles:
+        db.executemany(PUT_HANDLE, plan.handles)
     return deleted
 
 

@@ -28,6 +28,8 @@ MAX_STEPS = 2**31 - 1
 MAX_RECORD_BYTES = 65_536
 #: The largest receipt a store reads back (a receipt may hold a person's note).
 MAX_RECEIPT_BYTES = 1_048_576
+#: The largest handle record a store takes and reads back (a handle may hold a turn's report).
+MAX_HANDLE_BYTES = 1_048_576
 Steps = Annotated[int, msgspec.Meta(ge=0, le=MAX_STEPS)]
 Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 

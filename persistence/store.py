@@ -4,8 +4,8 @@ Two implementations share one conformance suite (``tests/persistence``): ``Memor
 tests and ``--memory`` runs, ``SqliteStore`` for everything durable. The port is shaped by the
 engine's durable boundaries: one :meth:`Store.commit` per boundary of one session (what the
 boundary makes durable is a :class:`~persistence.Boundary`), one :meth:`Store.load` per
-session, one scan for startup recovery and one receipts query. A PostgreSQL store with leases
-implements the same verbs; the owner token every commit carries is its fence.
+session, one scan for startup recovery, one receipts query and one handles query. A PostgreSQL
+store with leases implements the same verbs; the owner token every commit carries is its fence.
 
 A commit is one durable boundary: when it returns, what it wrote is committed (and with
 ``synchronous=FULL``, on disk); when it raises, it wrote nothing.
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from persistence.records import (
         Boundary,
         Committed,
+        HandleQuery,
         OpState,
         ReceiptQuery,
         RecoveryScan,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class Store(Protocol):
-    """Durable storage for sessions: history rows, cut records, turn envelopes, receipts.
+    """Durable storage for sessions: history rows, cut records, envelopes, receipts, handles.
 
     A store is opened before use and closed after; ``async with store:`` does both. Opening a
     read-write store makes its opener the store's owner (:attr:`owner`). Misuse (a duplicate
@@ -74,16 +75,17 @@ class Store(Protocol):
         """Make one durable boundary of ``session`` durable, all of it or nothing.
 
         The parts are applied in the order ``create``, ``delete``, ``rows``, ``cut_states``,
-        ``envelope``, ``operations``, in one transaction.
+        ``envelope``, ``operations``, ``handles``, in one transaction.
 
         Raises:
             StaleOwner: ``owner`` is not the store's current owner.
             UsageError: A record of the boundary belongs to another session (the message
                 names the field); the session does not exist (for rows, cut states and the
-                envelope; operations need none); a row's (session, row_id) or (session,
-                seq) is taken; a cut state names a row that does not exist or has no cut
-                record; ``create`` differs from the stored session with that id; the store
-                is closed or read-only. Nothing of the boundary is written.
+                envelope; operations and handles need none); a handle record a store cannot
+                take (``_checks.handle_problem``) or one handle id twice; a row's (session,
+                row_id) or (session, seq) is taken; a cut state names a row that does not exist
+                or has no cut record; ``create`` differs from the stored session with that
+                id; the store is closed or read-only. Nothing of the boundary is written.
             CorruptRecord: A stored value the commit had to read fails validation (nothing
                 is written).
         """
@@ -138,5 +140,19 @@ class Store(Protocol):
         Returns:
             Indeterminate receipts first, then requested and running, then the terminal ones
             newest first; a row that fails validation is reported in ``corrupt`` and skipped.
+        """
+        ...
+
+    async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
+        """Delegated-turn handle records (B10), ordered by ``handle_id``.
+
+        Args:
+            owner: Only handles this session delegated.
+            target: Only handles whose turn runs in this session (both: handles matching
+                both).
+
+        Returns:
+            The records that validate; a stored record that fails validation is reported in
+            ``corrupt`` (its id and what was wrong, naming the field) and skipped.
         """
         ...

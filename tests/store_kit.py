@@ -16,6 +16,7 @@ from persistence import Boundary, CutState, CutStateChange, MemoryStore
 if TYPE_CHECKING:
     from persistence import (
         Committed,
+        HandleRecord,
         HistoryRow,
         OperationRecord,
         SessionRecord,
@@ -41,6 +42,7 @@ async def commit(
     cut_states: Iterable[tuple[str, CutState]] = (),
     envelope: TurnEnvelope | None = None,
     operations: Iterable[OperationRecord] = (),
+    handles: Iterable[HandleRecord] = (),
 ) -> Committed:
     """One boundary of ``session``, committed as the store's current owner."""
     boundary = Boundary(
@@ -50,6 +52,7 @@ async def commit(
         cut_states=tuple(CutStateChange(row_id=r, state=s) for r, s in cut_states),
         envelope=envelope,
         operations=tuple(operations),
+        handles=tuple(handles),
     )
     return await store.commit(session, boundary, owner=owner(store))
 

@@ -24,6 +24,7 @@ from agent_session.ports import PreStreamFailure
 from persistence import (
     Boundary,
     Committed,
+    HandleQuery,
     OpState,
     ReceiptQuery,
     RecoveryScan,
@@ -302,6 +303,10 @@ class FaultyStore:
         """Receipts, open ones first."""
         query = self._inner.receipts(session, op_id=op_id, states=states, recent=recent)
         return await self._counted(query)
+
+    async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
+        """Delegated-turn handle records, by id."""
+        return await self._counted(self._inner.handles(owner=owner, target=target))
 
 
 def _parts(session: str, boundary: Boundary) -> str:

@@ -326,7 +326,7 @@ CASES: dict[str, Case] = {
         sql("UPDATE schema_version SET version = 1"), 4, ("of a later version exists",)
     ),
     "schema-version-older-truly": Case(
-        sql("UPDATE schema_version SET version = 1", "DROP TABLE operations"),
+        sql("UPDATE schema_version SET version = 1", "DROP TABLE operations", "DROP TABLE handles"),
         2,
         ("needs migrating",),
     ),

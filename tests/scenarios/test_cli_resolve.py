@@ -222,5 +222,7 @@ def test_resolve_migrates_a_schema_2_store_and_settles_it(
     assert main(["resolve", OP, "--db", str(db), "--as", "completed", "--note", NOTE]) == 0
     assert "resolved as completed: completed (operator_completed)" in capsys.readouterr().out
     with plain_sqlite(db) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [
+            (_sqlite.schema_version(),)
+        ]
         assert conn.execute("SELECT resolved_by FROM operations").fetchall() == [("operator",)]
