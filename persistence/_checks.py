@@ -124,10 +124,16 @@ def handle_problem(record: HandleRecord) -> str | None:
     """What is wrong with a handle record, led by its field (``.owner: empty``); else ``None``.
 
     The rules a commit refuses by and a reader calls damage: ids are non-empty text, the
-    owner is not the target, deferred ids are non-empty and distinct, the status is a
-    ``HandleStatus``, ``reason`` is set exactly when settled, ``report`` only on a completed
-    handle and ``delivered`` only on a settled one.
+    owner is not the target, deferred ids are non-empty and distinct, ``reason`` and
+    ``report`` are text when set, the status is a ``HandleStatus``, ``reason`` is set exactly
+    when settled, ``report`` only on a completed handle and ``delivered`` only on a settled
+    one.
     """
+    return _handle_text_problem(record) or _handle_status_problem(record)
+
+
+def _handle_text_problem(record: HandleRecord) -> str | None:
+    """``handle_problem``'s rules for the record's ids and texts."""
     for name in _ID_FIELDS:
         value = getattr(record, name)
         if type(value) is not str or not value:
@@ -141,6 +147,15 @@ def handle_problem(record: HandleRecord) -> str | None:
         if stream in seen:
             return f".deferred[{index}]: {stream!r} is there twice"
         seen.add(stream)
+    for name in ("reason", "report"):
+        value = getattr(record, name)
+        if value is not None and type(value) is not str:
+            return f".{name}: {type(value).__name__}, not text"
+    return None
+
+
+def _handle_status_problem(record: HandleRecord) -> str | None:
+    """``handle_problem``'s rules for what a handle's status allows."""
     status = record.status
     if type(status) is not HandleStatus:
         return f".status: {status!r} is not a HandleStatus"

@@ -23,6 +23,9 @@ from agent_session.harness.redaction import redact
 from persistence import (
     CorruptRecord,
     DamagedStore,
+    HandleQuery,
+    HandleRecord,
+    HandleStatus,
     NotResolvable,
     OperationRecord,
     OpState,
@@ -49,6 +52,17 @@ def _receipt_row(record: OperationRecord) -> dict[str, Any]:
     data: dict[str, Any] = msgspec.to_builtins(record)
     data["capability"] = record.capability.text  # shown as stored: ``client:bash``
     return {key: redact(value) if isinstance(value, str) else value for key, value in data.items()}
+
+
+def _handle_row(record: HandleRecord) -> dict[str, Any]:
+    """A handle as ``inspect --json`` shows it: its fields redacted, what it waits on, flagged."""
+    data: dict[str, Any] = msgspec.to_builtins(record)
+    row = {key: redact(value) if isinstance(value, str) else value for key, value in data.items()}
+    active = record.status is HandleStatus.ACTIVE
+    row["deferred"] = [redact(stream) for stream in record.deferred]
+    row["waiting_on"] = row["deferred"] if active else []
+    row["undelivered"] = not active and not record.delivered
+    return row
 
 
 #: Exit codes of ``inspect`` and ``receipts`` (docs/cli.md).
@@ -239,6 +253,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     finally:
         await opened.close()
     records: list[OperationRecord] = report.pop("records")
+    handles: list[HandleRecord] = report.pop("handle_records")
     report["corrupt"] = found.json()
     if as_json:
         print(_encoder.encode(report).decode())
@@ -259,7 +274,8 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
             )
     else:
         console.print("owed continuations: none")
-    console.print("pending follow-ups: none; delegated handles: none")
+    console.print("pending follow-ups: none")
+    _print_handles(console, handles)
     _print_receipts(records)
     if found.items:
         console.print(f"damaged: {len(found.items)} problems reported (exit 4)")
@@ -294,6 +310,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         query = ReceiptQuery(records=())
     for op_id, detail in query.corrupt:
         found.add(f"skipped corrupt receipt {redact(op_id)}", detail)
+    handles = await _handles(store, session, found)
     owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
     return {
         "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
@@ -309,11 +326,54 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
             for row in owed
         ],
         "follow_ups": [],  # compaction follow-ups arrive with the compaction work
-        "handles": [],  # delegated handles arrive with the delegation work
+        "handles": [_handle_row(h) for h in handles],
         "receipts": [_receipt_row(r) for r in query.records],
         "corrupt_receipts": [{"op": redact(op), "detail": redact(d)} for op, d in query.corrupt],
         "records": list(query.records),
+        "handle_records": handles,
     }
+
+
+async def _handles(store: SqliteStore, session: str | None, found: _Findings) -> list[HandleRecord]:
+    """The delegated handles (every one, or those ``session`` owns or runs), by id."""
+    filters = [{}] if session is None else [{"owner": session}, {"target": session}]
+    records: dict[str, HandleRecord] = {}
+    corrupt: dict[str, str] = {}
+    for where in filters:
+        try:
+            query = await store.handles(**where)
+        except StoreError as error:
+            found.add("delegated handles", str(error))
+            query = HandleQuery()
+        records.update((record.handle_id, record) for record in query.records)
+        corrupt.update(query.corrupt)
+    for handle_id, detail in sorted(corrupt.items()):
+        found.add(f"skipped corrupt handle {handle_id}", detail)
+    return [records[key] for key in sorted(records)]
+
+
+def _print_handles(console: Console, handles: list[HandleRecord]) -> None:
+    """One line per handle: who delegated to whom, and what it waits on or how it settled."""
+    if not handles:
+        console.print("delegated handles: none")
+        return
+    console.print(f"delegated handles: {len(handles)}")
+    for record in handles:
+        head = (
+            f"  {_shown(record.handle_id)}: {_shown(record.owner)} → {_shown(record.target)} "
+            f"(turn {_shown(record.turn_id)})"
+        )
+        if record.status is HandleStatus.ACTIVE:
+            waiting = ", ".join(_shown(stream) for stream in record.deferred)
+            state = f"active: waiting on {waiting}" if waiting else "active: running"
+        else:
+            state = f"settled {record.status.value}: {_shown(record.reason or '')}"
+            if not record.delivered:
+                state += " (not yet delivered)"
+        console.print(f"{head}, {state}", markup=False, soft_wrap=True)  # stored text, one line
+        if record.report is not None:
+            report = f"    {_shown(record.handle_id)} report: {_shown(record.report)}"
+            console.print(report, markup=False, soft_wrap=True)
 
 
 async def _sessions(

@@ -182,3 +182,8 @@ async def test_a_handle_id_twice_in_one_boundary_is_refused(store: Store) -> Non
 async def test_a_handle_too_large_to_read_back_is_refused(store: Store) -> None:
     huge = msgspec.structs.replace(SETTLED, report="r" * MAX_HANDLE_BYTES)
     await refused(store, r"handles\[0\] \('h-7'\): 1,048,\d+ bytes, more than", huge)
+
+
+async def test_a_handle_reason_that_is_not_text_is_refused(store: Store) -> None:
+    coded = changed(status=HandleStatus.ERROR, reason=503)
+    await refused(store, r"\.reason: int, not text", coded)

@@ -580,6 +580,7 @@ async def test_a_closed_store_refuses_every_verb(make_store: Callable[[], Store]
         store.sessions,
         store.scan_recoverable,
         store.receipts,
+        store.handles,
     ]
     for call in calls:
         with pytest.raises(UsageError, match="not open"):
