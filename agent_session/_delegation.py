@@ -279,6 +279,16 @@ class Delegations:
             self._spawn(lambda: write)
         return True
 
+    def settle_orphan(self, handle: str, why: str) -> None:
+        """Settle the active ``handle`` ``interrupted`` (startup: nothing continues its turn)."""
+        record = self._handles.get(handle)
+        if record is None or record.status is not HandleStatus.ACTIVE:
+            return
+        self._settle(record, HandleStatus.INTERRUPTED, why)
+        write = self._take_writes()
+        if write is not None:
+            self._spawn(lambda: write)
+
     def _ended(self, event: ChildEnded, correlation: Correlation) -> None:
         record = self._active(correlation, event.target)
         if record is None or event.stream in record.deferred:

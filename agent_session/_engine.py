@@ -27,6 +27,7 @@ from persistence import (
     Boundary,
     CutState,
     CutStateChange,
+    HandleStatus,
     HistoryRow,
     OperationRecord,
     OpState,
@@ -144,6 +145,7 @@ class Engine:
                 log.error("handle %s is damaged and treated as not active: %s", key, why)
             if self.config.recover_at_start:
                 await self.recover()
+                self._settle_orphaned_handles()
         except BaseException:
             self._stack = None
             self._group.cancel_scope.cancel("the engine did not start")
@@ -322,6 +324,25 @@ class Engine:
             held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
             self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
+
+    def _settle_orphaned_handles(self) -> None:
+        """A delegated turn a previous process left active, and nothing owed continues: settled.
+
+        After startup recovery the only continuations are the resumed cuts (queued entries did
+        not survive the process): an active handle whose turn none of them carries would wait
+        for ever, so it settles ``interrupted`` (recovery settles or resumes, never neither).
+        """
+        carried = {
+            handle
+            for session in self._sessions.values()
+            if (handle := session.owed_handle()) is not None
+        }
+        for record in self.delegations.records:
+            if record.status is HandleStatus.ACTIVE and record.handle_id not in carried:
+                self.delegations.settle_orphan(
+                    record.handle_id,
+                    "its turn did not survive the restart: nothing owed continues it",
+                )
 
     async def _commit_plans(self, voids: list[tuple[str, str, CutState]]) -> set[str]:
         """Write the record changes the plans decided, one boundary per session.

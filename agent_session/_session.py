@@ -913,6 +913,13 @@ class AgentSession:
         """The handle of the delegated turn whose stream runs here now, if one does."""
         return self._machine.running_handle()
 
+    def owed_handle(self) -> str | None:
+        """The handle of the delegated turn this session owes a continuation, if it does."""
+        marker = self._machine.continuation.marker
+        if marker is None or marker.correlation is None:
+            return None
+        return marker.correlation.handle_id
+
     def claim(self, correlation: Correlation, stream: str) -> bool:
         """ST-15: the owner's claim: will anything continue the turn that ``stream`` cut?
 

@@ -27,6 +27,10 @@ from the store before and after, it returns one :class:`Finding` per violated in
     An operation is still ``requested`` or ``running`` after recovery, or has more than one
     ``receipt`` event (a second one is allowed only with ``resolved_late`` true), across the
     child's trace and the recovery's events.
+``handle``
+    A delegated turn's handle settles twice (two ``settled`` events across the child's trace
+    and the recovery's events), or is still ``active`` in the store after recovery reached
+    quiescence: nothing would ever settle it (recovery settles or resumes, never neither).
 ``recovery``
     The recovery engine raised, or did not reach quiescence.
 """
@@ -50,6 +54,7 @@ CLASSES: tuple[str, ...] = (
     "owed-unanswered-user",
     "user-row-lost",
     "receipt",
+    "handle",
     "recovery",
 )
 
@@ -98,6 +103,8 @@ class RecoveryFacts(msgspec.Struct, kw_only=True):
     open_ops_after_recovery: list[tuple[str, str]] = msgspec.field(default_factory=list)
     #: Rows of the stores that failed validation (``(what, detail)``).
     corrupt: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    #: ``(handle id, status)`` of every delegated turn's handle after recovery.
+    handles_after_recovery: list[tuple[str, str]] = msgspec.field(default_factory=list)
 
 
 def check_trial(trace: Sequence[EventData], facts: RecoveryFacts) -> list[Finding]:
@@ -112,7 +119,30 @@ def check_trial(trace: Sequence[EventData], facts: RecoveryFacts) -> list[Findin
         _check_owed(facts, ended, findings)
         _check_user_rows(trace, facts, findings)
     _check_receipts(trace, facts, findings)
+    _check_handles(trace, facts, findings)
     return findings
+
+
+def _check_handles(
+    trace: Sequence[EventData], facts: RecoveryFacts, findings: list[Finding]
+) -> None:
+    """A handle settles at most once, and none is left active once recovery is quiescent."""
+    settled: dict[str, int] = {}
+    for event in (*trace, *facts.recovery_events):
+        if event.get("event") == "settled":
+            handle = str(event.get("handle"))
+            settled[handle] = settled.get(handle, 0) + 1
+    findings.extend(
+        Finding(cls="handle", reason=f"handle {handle} settled {count} times")
+        for handle, count in settled.items()
+        if count > 1
+    )
+    if facts.recovery_error is None and facts.reopen_error is None:
+        findings.extend(
+            Finding(cls="handle", reason=f"handle {handle} is still active after recovery")
+            for handle, status in facts.handles_after_recovery
+            if status == "active"
+        )
 
 
 def _check_store(facts: RecoveryFacts) -> list[Finding]:

@@ -123,6 +123,11 @@ async def _look_after_recovery(db: Path, facts: RecoveryFacts) -> None:
                 )
         still_open = await store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
         facts.open_ops_after_recovery = [(r.op_id, r.state.value) for r in still_open.records]
+        handles = await store.handles()
+        facts.handles_after_recovery = [(r.handle_id, r.status.value) for r in handles.records]
+        facts.corrupt.extend(
+            (f"handle {key} (after recovery)", why) for key, why in handles.corrupt
+        )
 
 
 def _unanswered_user(owed: HistoryRow, history: Sequence[HistoryRow]) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 
 from agent_session import Engine, EngineConfig
@@ -23,10 +24,11 @@ from agent_session._delegation import (
 )
 from agent_session.cli import main
 from message_queue import Correlation
-from persistence import Boundary, MemoryStore, UsageError
+from persistence import Boundary, HandleRecord, HandleStatus, MemoryStore, UsageError
 from stream_manager import FinishReason, ScriptedModel, ScriptStep, VirtualClock
 
 STORES = [pytest.param((), id="sqlite"), pytest.param(("--memory",), id="memory")]
+HANG_S = 10.0
 
 HEAD = """
 name = "delegation"
@@ -326,3 +328,23 @@ async def test_td10_a_settlement_changes_nothing_unless_the_handle_is_still_acti
     )
     assert writes == ["task-17:completed"]
     assert delegations.record("task-17").deferred == ()
+
+
+async def test_ps6_an_active_handle_nothing_continues_after_a_restart_settles_interrupted() -> None:
+    store = MemoryStore()
+    async with store:
+        left = HandleRecord(handle_id="task-31", owner="lead-2", target="worker-5", turn_id="t-8")
+        await store.commit("lead-2", Boundary(handles=(left,)), owner=store.owner)
+    model = ScriptedModel("alpha", [], record=False)
+    engine = Engine(store=store, models={"alpha": model}, clock=VirtualClock())
+    async with engine:
+        await engine.wait_idle()
+        with anyio.fail_after(HANG_S):  # a guard against a hang, not a wait for time
+            await engine.delegations.wait_settled("task-31")
+        record = engine.delegations.record("task-31")
+    assert (record.status, record.reason) == (
+        HandleStatus.INTERRUPTED,
+        "its turn did not survive the restart: nothing owed continues it",
+    )
+    async with store:
+        assert [r.status for r in (await store.handles()).records] == [HandleStatus.INTERRUPTED]

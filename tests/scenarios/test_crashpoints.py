@@ -246,3 +246,15 @@ def test_invariant_5_one_receipt_per_operation_but_a_late_resolution() -> None:
 def test_a_recovery_that_raised_or_never_settled_is_reported() -> None:
     facts = clean_facts(recovery_error="the recovery engine did not reach quiescence: s1 busy")
     assert classes(check_trial(CUT_THEN_STOP, facts)) == ["recovery"]
+
+
+def test_a_delegated_handle_settled_twice_or_left_active_is_a_violation() -> None:
+    """Recovery settles or resumes a delegated turn, never both, never neither (issue 23)."""
+    settled = {"event": "settled", "session": "lead", "handle": "review-4", "status": "completed"}
+    twice = check_trial([*CUT_THEN_STOP, settled], clean_facts(recovery_events=[settled]))
+    assert [f.reason for f in twice] == ["handle review-4 settled 2 times"]
+    stranded = clean_facts(handles_after_recovery=[("review-4", "active"), ("done-1", "error")])
+    assert [f.reason for f in check_trial(CUT_THEN_STOP, stranded)] == [
+        "handle review-4 is still active after recovery"
+    ]
+    assert check_trial([*CUT_THEN_STOP, settled], clean_facts()) == []
