@@ -121,7 +121,8 @@ class Delegation:
         Raises:
             TurnkeeperError: the delegation never started (its handle could not be written).
         """
-        await self._delegations.wait_settled(self.handle)
+        if self._failed is None:
+            await self._delegations.wait_settled(self.handle)
         if self._failed is not None:
             raise self._failed
         return self.record
@@ -196,9 +197,11 @@ class Delegations:
 
     async def wait_settled(self, handle: str) -> None:
         """Return once ``handle`` is settled and its settlement durable (or it never started)."""
-        record = self.record(handle)
-        if record.status is not HandleStatus.ACTIVE and handle not in self.retrying:
-            return
+        record = self._handles.get(handle)
+        if record is None or (
+            record.status is not HandleStatus.ACTIVE and handle not in self.retrying
+        ):
+            return  # never started (its write failed), or settled and durable
         await self._settled.setdefault(handle, anyio.Event()).wait()
 
     # ------------------------------------------------------------ delegating

@@ -24,7 +24,15 @@ from agent_session._delegation import (
 )
 from agent_session.cli import main
 from message_queue import Correlation
-from persistence import Boundary, HandleRecord, HandleStatus, MemoryStore, UsageError
+from persistence import (
+    Boundary,
+    Committed,
+    HandleRecord,
+    HandleStatus,
+    MemoryStore,
+    StoreError,
+    UsageError,
+)
 from stream_manager import FinishReason, ScriptedModel, ScriptStep, VirtualClock
 
 STORES = [pytest.param((), id="sqlite"), pytest.param(("--memory",), id="memory")]
@@ -348,3 +356,28 @@ async def test_ps6_an_active_handle_nothing_continues_after_a_restart_settles_in
     )
     async with store:
         assert [r.status for r in (await store.handles()).records] == [HandleStatus.INTERRUPTED]
+
+
+class _HandlelessStore(MemoryStore):
+    """A store whose handle writes fail (the task store is down)."""
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        if boundary.handles:
+            raise StoreError("the task store is down")
+        return await super().commit(session, boundary, owner=owner)
+
+
+async def test_a_delegation_whose_handle_cannot_be_written_never_starts() -> None:
+    model = ScriptedModel("alpha", [ScriptStep(text="done")], record=False)
+    engine = Engine(store=_HandlelessStore(), models={"alpha": model}, clock=VirtualClock())
+    async with engine:
+        await engine.open_session("lead-2", model="alpha")
+        worker = await engine.open_session("worker-5", model="alpha")
+        delegation = engine.delegate("lead-2", "worker-5", "task-17", "run it")
+        with anyio.fail_after(HANG_S), pytest.raises(StoreError, match="task store is down"):
+            await delegation.settled()
+        await engine.wait_idle()
+        assert model.steps_played == 0  # the prompt was never sent
+        assert worker.phase.value == "idle"
+        with pytest.raises(UnknownHandle):
+            engine.delegations.record("task-17")
