@@ -19,6 +19,7 @@ from agent_session._continuation import (
     SweepSnapshot,
     plan_sweep,
 )
+from agent_session._delegation import Delegation, HandleInUse, UnknownHandle
 from agent_session._engine import Engine, EngineObserver
 from agent_session._events import (
     ContinuationEnded,
@@ -28,6 +29,8 @@ from agent_session._events import (
     EntryDequeued,
     EntryQueued,
     EntryWithdrawn,
+    HandleClaimed,
+    HandleSettled,
     Persisted,
     PhaseChanged,
     QueueCleared,
@@ -47,6 +50,7 @@ __all__ = [
     "Continuation",
     "ContinuationEnded",
     "ContinuationOwed",
+    "Delegation",
     "EndedHow",
     "Engine",
     "EngineConfig",
@@ -56,6 +60,9 @@ __all__ = [
     "EntryDequeued",
     "EntryQueued",
     "EntryWithdrawn",
+    "HandleClaimed",
+    "HandleInUse",
+    "HandleSettled",
     "IllegalTransition",
     "Marker",
     "OpenGate",
@@ -72,5 +79,6 @@ __all__ = [
     "SessionEvent",
     "SessionStatistics",
     "SweepSnapshot",
+    "UnknownHandle",
     "plan_sweep",
 ]

@@ -20,6 +20,7 @@ BENCHMARKS = (
     "resume",
     "many_sessions",
     "recovery",
+    "delegation",
     "memory",
     "models",
 )
