@@ -1020,6 +1020,21 @@ class TurnMachine:
             ]
         return effects
 
+    def queued_or_dispatching(self, correlation: Correlation) -> bool:
+        """ST-16: a live entry of ``correlation`` is queued, or dispatching and not withdrawn.
+
+        Withdrawn entries never count (MQ-7): the owner reads this to decide whether a new
+        report may carry the correlation (TD-9).
+        """
+        turn = self._preparing_turn
+        if (
+            turn is not None
+            and turn.correlation == correlation
+            and not (turn.cancel_token is not None and turn.cancel_token.cancelled)
+        ):
+            return True
+        return any(entry.correlation == correlation for entry in self.queue if not entry.withdrawn)
+
     def running_handle(self) -> str | None:
         """The handle of the delegated turn whose stream runs now, if one does."""
         correlation = self.context.correlation

@@ -920,6 +920,10 @@ class AgentSession:
             return None
         return marker.correlation.handle_id
 
+    def queued_or_dispatching(self, correlation: Correlation) -> bool:
+        """ST-16: is a live entry of ``correlation`` queued or dispatching (withdrawn: no)?"""
+        return self._machine.queued_or_dispatching(correlation)
+
     def claim(self, correlation: Correlation, stream: str) -> bool:
         """ST-15: the owner's claim: will anything continue the turn that ``stream`` cut?
 

@@ -147,3 +147,25 @@ def test_st15_the_claim_input_replies_without_writing() -> None:
     effects = kit.give(_in.Claim(CORRELATION, "another-stream"))
 
     assert [type(e).__name__ for e in effects] == ["Reply"]
+
+
+def test_st16_the_owners_queued_or_dispatching_read_ignores_withdrawn_entries() -> None:
+    kit = Kit()
+    kit.streaming(EntryKind.WAKE)  # an uncorrelated turn runs; entries queue behind it
+    report = kit.queue(EntryKind.REPORT, correlated=True)
+    assert kit.machine.queued_or_dispatching(CORRELATION) is True
+    assert kit.machine.queued_or_dispatching(OTHER) is False
+    kit.withdraw(report)
+    assert kit.machine.queued_or_dispatching(CORRELATION) is False  # MQ-7: withdrawn is gone
+
+
+def test_st16_a_dispatching_correlated_entry_counts_until_its_cancel_fires() -> None:
+    kit = Kit()
+    kit.streaming(EntryKind.WAKE)
+    kit.queue(EntryKind.REPORT, correlated=True)
+    kit.end(2)  # the drain dequeues the report: dispatching, PREPARING
+    dispatch = kit.dispatches[0]
+    assert dispatch.turn.entry_id is not None
+    assert kit.machine.queued_or_dispatching(CORRELATION) is True
+    kit.withdraw(dispatch.turn.entry_id)
+    assert kit.machine.queued_or_dispatching(CORRELATION) is False
