@@ -413,8 +413,11 @@ class SqliteStore:
         files: tuple[str, ...] = ()
         try:
             # Raises for anything that is not a turnkeeper store, touching nothing.
-            async with cls._held_view(database) as store:
-                found = await store.read_label()
+            try:
+                async with cls._held_view(database) as store:
+                    found = await store.read_label()
+            except MigrationRequired:  # a store of ours an older version made: its label reads
+                found = await anyio.to_thread.run_sync(_read_label, database)
             if label is not None and found != label:
                 raise ForeignStore(database, found, label)
             files = (database, f"{database}-wal", f"{database}-shm", _lock.holder_path(database))
@@ -719,3 +722,11 @@ class SqliteStore:
             except CorruptRecord as error:
                 corrupt.append((clip(str(row[0])), str(error)))
         return HandleQuery(records=tuple(records), corrupt=tuple(corrupt))
+
+
+def _read_label(database: str) -> int:
+    """The label (``user_version``) of a store too old to open, read without changing it."""
+    uri = f"file:{database}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        (value,) = conn.execute("PRAGMA user_version").fetchone()
+    return int(value)

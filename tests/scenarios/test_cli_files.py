@@ -14,9 +14,11 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+import anyio
 import pytest
 
 from agent_session.cli import main
+from persistence import SqliteStore, _sqlite
 from tests.persistence.helpers import snapshot
 
 SCENARIO = Path(__file__).resolve().parents[2] / "docs" / "scenarios" / "withdrawn-wake.toml"
@@ -171,3 +173,37 @@ def test_demo_replaces_a_store_it_made(tmp_path: Path, capsys: pytest.CaptureFix
     capsys.readouterr()
     assert count_sessions(db) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.db"]
+
+
+def test_demo_replaces_a_store_an_older_demo_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After an upgrade that adds a migration, ``make demo`` must not stop on its own old file."""
+    db = tmp_path / "demo.db"
+    assert main(["demo", "--db", str(db), "--plain"]) == 0
+    newest = len(_sqlite.migrations())
+    with closing(sqlite3.connect(db)) as conn, conn:  # as the code before migration 0004 left it
+        conn.execute("DROP TABLE handles")
+        conn.execute("UPDATE schema_version SET version = ?", (newest - 1,))
+    assert main(["demo", "--db", str(db), "--plain"]) == 0  # replaced, at the current version
+    capsys.readouterr()
+    with closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (newest,)
+
+
+def test_demo_refuses_an_older_store_it_did_not_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "work.db"
+    known = _sqlite.migrations()
+
+    async def make() -> None:
+        async with SqliteStore(db):
+            pass
+
+    with monkeypatch.context() as patched:
+        patched.setattr(_sqlite, "migrations", lambda: known[:-1])
+        anyio.run(make)
+    before = db.read_bytes()
+    refused(["demo", "--db", str(db), "--plain"], capsys, "did not make")
+    assert db.read_bytes() == before
