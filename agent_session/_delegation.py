@@ -277,9 +277,7 @@ class Delegations:
         if record.status is not HandleStatus.ACTIVE:
             raise UsageError(f"the delegated turn {handle!r} already settled {record.status}")
         self._settle(record, HandleStatus.INTERRUPTED, "interrupted by its owner")
-        write = self._take_writes()
-        if write is not None:
-            self._spawn(lambda: write)
+        self._write_in_a_task()
         return True
 
     def settle_orphan(self, handle: str, why: str) -> None:
@@ -288,9 +286,7 @@ class Delegations:
         if record is None or record.status is not HandleStatus.ACTIVE:
             return
         self._settle(record, HandleStatus.INTERRUPTED, why)
-        write = self._take_writes()
-        if write is not None:
-            self._spawn(lambda: write)
+        self._write_in_a_task()
 
     def _ended(self, event: ChildEnded, correlation: Correlation) -> None:
         record = self._active(correlation, event.target)
@@ -394,6 +390,12 @@ class Delegations:
         if settles:
             self.retrying.add(record.handle_id)
         self._writes.append((record, tell, settles))
+
+    def _write_in_a_task(self) -> None:
+        """What a host's call decided, written in a task of the engine's (no flow awaits it)."""
+        write = self._take_writes()
+        if write is not None:
+            self._spawn(lambda: write)
 
     def _take_writes(self) -> Coroutine[Any, Any, None] | None:
         """The decided writes, in order, as one awaitable; ``None`` when there are none."""

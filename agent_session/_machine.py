@@ -1027,11 +1027,7 @@ class TurnMachine:
         report may carry the correlation (TD-9).
         """
         turn = self._preparing_turn
-        if (
-            turn is not None
-            and turn.correlation == correlation
-            and not (turn.cancel_token is not None and turn.cancel_token.cancelled)
-        ):
+        if turn is not None and turn.correlation == correlation and not turn.canceled():
             return True
         return any(entry.correlation == correlation for entry in self.queue if not entry.withdrawn)
 
@@ -1070,7 +1066,7 @@ class TurnMachine:
             marker = self.continuation.marker
             return marker is not None and marker.correlation == correlation
         turn = self._preparing_turn
-        if turn is None or (turn.cancel_token is not None and turn.cancel_token.cancelled):
+        if turn is None or turn.canceled():
             return None  # nothing engaged, or it will cancel before acceptance
         return turn.correlation == correlation or turn.kind is EntryKind.WAKE
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, assert_never
+from typing import TYPE_CHECKING, Any, Final, TypeVar, assert_never
 
 import anyio
 import msgspec
@@ -370,11 +370,7 @@ class AgentSession:
         tell = self._tell_owner
         if tell is None:
             return None
-        self._out += 1
-        try:
-            return tell(effect.child)
-        finally:
-            self._out -= 1
+        return self._calling_out(lambda: tell(effect.child))
 
     async def _owner_writes(self, effect: TellOwner) -> None:
         """The owner hears ``effect``; what its claim decided runs, then its write is awaited.
@@ -501,11 +497,11 @@ class AgentSession:
         if effects is not None:
             self._do(effects)
 
-    def _calling_out(self, call: Callable[[], object]) -> None:
+    def _calling_out(self, call: Callable[[], _T]) -> _T:
         """Run host-facing ``call`` (callbacks, a stop request) with host calls deferred."""
         self._out += 1
         try:
-            call()
+            return call()
         finally:
             self._out -= 1
 
@@ -1131,6 +1127,8 @@ class AgentSession:
             delay = min(delay * 2, FLUSH_RETRY_MAX_S)
             await self._perform([Next(_in.FlushRecords())])
 
+
+_T = TypeVar("_T")
 
 #: A disposed session's failed record write is tried again after this many seconds, doubling.
 FLUSH_RETRY_FIRST_S: Final = 1.0

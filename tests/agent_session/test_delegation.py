@@ -80,6 +80,11 @@ steps = [
 """
 
 
+def settled(status: str) -> dict[str, object]:
+    """The owner's ``settled`` line for ``task-17`` (as :func:`of` gives it)."""
+    return {"event": "settled", "session": "lead-2", "handle": "task-17", "status": status}
+
+
 def run(
     tmp_path: Path, store: tuple[str, ...], text: str, code: int = 0
 ) -> list[dict[str, object]]:
@@ -118,7 +123,7 @@ def test_td2_st15_a_live_wake_defers_and_its_turn_completes_the_delegated_turn(
     assert of(lines, "claim", "settled") == [
         {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
          "answer": "defer"},
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "completed"},
+        settled("completed"),
     ]  # fmt: skip
     starts = [line["handle"] for line in lines if line["event"] == "stream-start"]
     assert starts == ["task-17", "task-17"]  # the wake's turn inherits the correlation
@@ -135,7 +140,7 @@ def test_td3_st15_an_unrelated_message_cuts_the_turn_and_the_owner_settles_inter
     assert of(lines, "claim", "settled") == [
         {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
          "answer": "settle"},
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"},
+        settled("interrupted"),
     ]  # fmt: skip
     ended = of(lines, "continuation-ended")
     assert [(e["cut"], e["how"]) for e in ended] == [("worker-5/1", "voided")]  # binding no
@@ -149,9 +154,7 @@ def test_td5_a_user_stop_of_the_delegated_stream_settles_interrupted(
     text = HEAD + CUT_SCRIPT + cut_by(stop)
     lines = run(tmp_path, store, text)
 
-    assert of(lines, "settled") == [
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"}
-    ]
+    assert of(lines, "settled") == [settled("interrupted")]
 
 
 @pytest.mark.parametrize("store", STORES)
@@ -164,9 +167,7 @@ def test_td8_the_owner_interrupts_its_handle_and_the_stream_stops(
     )
     lines = run(tmp_path, store, text)
 
-    assert of(lines, "settled") == [
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"}
-    ]
+    assert of(lines, "settled") == [settled("interrupted")]
     aborts = of(lines, "stream-abort")
     assert [(a["stream"], a["reason"]) for a in aborts] == [("worker-5/1", "system")]
 
@@ -178,9 +179,7 @@ def test_td3_a_stream_error_of_the_delegated_turn_settles_error(
     script = '\n[scripts.alpha]\nsteps = [{ error = "terminal" }]\n'
     lines = run(tmp_path, store, HEAD + script + '[expect]\nhandles = { task-17 = "error" }\n')
 
-    assert of(lines, "settled") == [
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "error"}
-    ]
+    assert of(lines, "settled") == [settled("error")]
 
 
 @pytest.mark.parametrize("store", STORES)
@@ -216,7 +215,7 @@ do = { op = "dispose", session = "worker-5" }
     assert of(lines, "claim", "settled") == [
         {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
          "answer": "defer"},
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"},
+        settled("interrupted"),
     ]  # fmt: skip
     assert [line["stream"] for line in lines if line["event"] == "stream-start"] == ["worker-5/1"]
 
@@ -256,9 +255,7 @@ def test_td7_r52_a_hard_stop_of_the_target_settles_its_delegated_turn_once(
     text = HEAD + CUT_SCRIPT + cut_by(hard) + '[expect]\nhandles = { task-17 = "interrupted" }\n'
     lines = run(tmp_path, store, text)
 
-    assert of(lines, "settled") == [
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"}
-    ]
+    assert of(lines, "settled") == [settled("interrupted")]
 
 
 @pytest.mark.parametrize("store", STORES)
@@ -281,7 +278,7 @@ do = { op = "send", session = "worker-5", text = "unrelated" }
     assert of(lines, "claim", "settled") == [
         {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
          "answer": "defer"},
-        {"event": "settled", "session": "lead-2", "handle": "task-17", "status": "interrupted"},
+        settled("interrupted"),
     ]  # fmt: skip
     starts = [line["handle"] for line in lines if line["event"] == "stream-start"]
     assert starts == ["task-17", None]
