@@ -5,9 +5,7 @@ pipeline, queue drain, stops), the owed continuation and its idempotent idle swe
 recovery of owed cuts, the pre-stream gate port, the scenario harness (with its trace) and the
 ``turnkeeper`` CLI.
 
-Not built yet: delegated turns (the owner's claim of a cut and the settlement of a handle), goal
-and workspace admission, auto-retry and startup retry, compaction, a durable queue. The
-scenario harness refuses scenarios that need them.
+Not built yet: auto-retry and startup retry, compaction, a durable queue.
 
 May import every other package; nothing imports it.
 """

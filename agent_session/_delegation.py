@@ -189,6 +189,28 @@ class Delegations:
             r.target == target and r.status is HandleStatus.ACTIVE for r in self._handles.values()
         )
 
+    def refusal(self, correlation: Correlation, target: str) -> str | None:
+        """R41's handle admission: why ``target`` may not go on with ``correlation``'s turn.
+
+        The handle must exist, be this target's and this turn's, and still be active; a
+        damaged record is never active.
+        """
+        handle = correlation.handle_id
+        if handle in self._corrupt:
+            return f"the handle {handle} is damaged in the store"
+        record = self._handles.get(handle)
+        if record is None:
+            return f"no delegated turn has the handle {handle}"
+        if (
+            record.target != target
+            or record.owner != correlation.owner_session
+            or record.turn_id != correlation.turn_id
+        ):
+            return f"the handle {handle} is another turn's"
+        if record.status is not HandleStatus.ACTIVE:
+            return f"the handle {handle} is settled {record.status}"
+        return None
+
     def load(self, records: Iterable[HandleRecord], corrupt: Iterable[str]) -> None:
         """The handles the store holds, read at startup (a damaged one is never active)."""
         for record in records:

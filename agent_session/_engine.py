@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import anyio.abc
+import msgspec
 
+from agent_session._admission import Admission, GoalBoard, Goals, WorkspaceBoard, Workspaces
 from agent_session._delegation import Delegation, Delegations
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
@@ -80,6 +82,8 @@ class Engine:
         clock: Clock | None = None,
         config: EngineConfig | None = None,
         gate: PreStreamGate | None = None,
+        goals: Goals | None = None,
+        workspaces: Workspaces | None = None,
         observers: Iterable[EngineObserver] = (),
     ) -> None:
         self.config = config or EngineConfig()
@@ -126,6 +130,11 @@ class Engine:
             write=self._write_handle,
             claimer=self._sessions.get,
         )
+        #: The host's goals and workspaces (in-process boards unless given): what a resume
+        #: asks again before it launches, with the handle of a delegated turn (ST-8, R41).
+        self.goals: Goals = goals if goals is not None else GoalBoard()
+        self.workspaces: Workspaces = workspaces if workspaces is not None else WorkspaceBoard()
+        self._admission = Admission(self.goals, self.workspaces, self.delegations.refusal)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -401,8 +410,13 @@ class Engine:
                 await slots.acquire()
                 group.start_soon(start, session, release)
 
-    async def open_session(self, session_id: str, *, model: str) -> AgentSession:
+    async def open_session(
+        self, session_id: str, *, model: str, goal: str | None = None
+    ) -> AgentSession:
         """Create (or reopen) a session and return it.
+
+        ``goal``: the goal the session's turns are attributed to (kept with the session when
+        it is created; a resume of its turns asks that goal again, R8).
 
         Raises:
             UsageError: an unknown model, or the id exists with another model.
@@ -411,11 +425,13 @@ class Engine:
             return self._sessions[session_id]
         if model not in self._models:
             raise UsageError(f"unknown model {model!r} for session {session_id!r}")
-        record = SessionRecord(id=session_id, model=model)
+        record = SessionRecord(id=session_id, model=model, goal=goal)
         await self._writer.write(session_id, Boundary(create=record))
         loaded = await self.store.load(session_id)
         rows = () if loaded is None else loaded.rows
         envelopes = () if loaded is None else loaded.envelopes
+        if loaded is not None and loaded.record.goal is not None:  # the goal it was created with
+            record = msgspec.structs.replace(record, goal=loaded.record.goal)
         return self._make_session(
             record,
             next_seq=1 + max((r.seq for r in rows), default=0),
@@ -461,6 +477,8 @@ class Engine:
             next_seq=next_seq,
             next_stream=next_stream,
             tell_owner=self.delegations.on_child,
+            goal=record.goal,
+            admission=self._admission,
         )
         if self.delegations.active_into(record.id):
             session.listen_for_owner()

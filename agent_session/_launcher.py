@@ -31,6 +31,7 @@ from stream_manager import (
 )
 
 if TYPE_CHECKING:
+    from agent_session._admission import Ticket
     from agent_session._effects import Perform
     from agent_session._machine import TurnMachine
     from agent_session._session_store import SessionStore
@@ -49,7 +50,7 @@ log = logging.getLogger("turnkeeper.session")
 class StreamLauncher:
     """Launches one session's streams and performs their durable writes (their ``StreamHost``)."""
 
-    __slots__ = ("_machine", "_manager", "_perform", "_store")
+    __slots__ = ("_machine", "_manager", "_perform", "_store", "_ticket")
 
     def __init__(
         self,
@@ -58,11 +59,14 @@ class StreamLauncher:
         store: SessionStore,
         manager: StreamManager,
         perform: Perform,
+        ticket: Ticket | None = None,
     ) -> None:
         self._machine = machine
         self._store = store
         self._manager = manager
         self._perform = perform
+        #: An admitted resume's ticket: its combined probe is SM-4's (ST-9, R17).
+        self._ticket = ticket
 
     async def _decide(self, given: _in.Input) -> object:
         """Give the machine ``given``; perform its decision; raise the error it replies."""
@@ -93,6 +97,9 @@ class StreamLauncher:
                 host=self,
             )
             outcome = await self._manager.start_stream(request)
+            ticket = self._ticket
+            if ticket is not None and ticket.error is not None:
+                raise ticket.error  # the probe could not read: a failure before start
         except BaseException:
             if sentinel is not None:  # R34: a launch that failed leaves no orphan sentinel
                 with self._manager.bounded_cleanup(f"removal of the sentinel {sentinel.row_id}"):
@@ -113,8 +120,14 @@ class StreamLauncher:
         return self._machine.queue.has_queued(DispatchMode.TOOL_END)
 
     def refusal(self) -> str | None:
-        """SM-4's launch probe: the session refuses nothing yet (admission is not built)."""
-        return None
+        """SM-4's launch probe: an admitted resume's combined probe (ST-9), else nothing.
+
+        The manager asks it right before the stream registers (after the history read, the
+        sentinel write and the request's construction: nothing awaits between them) and again
+        after the turn envelope is written: every checkpoint ST-9 lists.
+        """
+        ticket = self._ticket
+        return None if ticket is None else ticket.refusal()
 
     def queued_stop(self, report: QueuedStopReport) -> None:
         """ST-2, R1: the machine records the owed continuation, synchronously."""

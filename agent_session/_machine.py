@@ -105,6 +105,7 @@ from message_queue import (
     SendOptions,
 )
 from persistence import (
+    CutRecord,
     CutState,
     HistoryRow,
     RowKind,
@@ -131,6 +132,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from message_queue import CancelToken, Correlation, EntryCallbacks, EntrySnapshot
+    from stream_manager import ModelFallbackProgress
+
+#: The goal kind of a turn attributed to its session's goal (the cut record's ``goal_kind``).
+GOAL_KIND = "goal"
 
 _FLUSH = Next(_in.FlushRecords())
 _DRAIN = Next(_in.Drain())
@@ -170,6 +175,7 @@ class TurnMachine:
         "defer_drain",
         "dispatching",
         "disposed",
+        "goal",
         "id",
         "manual_preflight",
         "model",
@@ -193,9 +199,12 @@ class TurnMachine:
         queue: MessageQueue | None = None,
         next_seq: int = 1,
         next_stream: int = 1,
+        goal: str | None = None,
     ) -> None:
         self.id = session_id
         self.model = model
+        #: The goal this session's turns are attributed to (their resumes ask it again, R8).
+        self.goal = goal
         self._known_models = known_models
         self._resume_cap = resume_attempt_cap
         self.queue = queue if queue is not None else MessageQueue()
@@ -864,6 +873,8 @@ class TurnMachine:
             progress=report.fallback_progress,
             options=msgspec.structs.replace(retry_safe(context.options), model=report.model),
             correlation=context.correlation,
+            goal_kind=GOAL_KIND if self.goal is not None else None,
+            goal_id=self.goal,
             agent_initiated=context.agent_initiated,
             thinking_level=(  # R20: a pending change survives the cut
                 self.thinking.at_cut() if self.thinking is not None else context.thinking_level
@@ -888,11 +899,14 @@ class TurnMachine:
         owed = None if self._records is None else self._records.untold_owed
         if ended.queued_stop is not None and owed is not None and owed.cut == ended.stream:
             stop = ended.queued_stop
-            record = cut_record(
-                stop.steps_remaining, stop.model, stop.fallback_progress, self.context.correlation
-            )
+            record = self._cut_record(stop.steps_remaining, stop.model, stop.fallback_progress)
         body = body_from_parts(ended.parts, finish=ended.finish, model=ended.model)
         return self.new_row(RowKind.ASSISTANT, encode_body(body), stream=ended.stream, cut=record)
+
+    def _cut_record(self, remaining: int, model: str, progress: ModelFallbackProgress) -> CutRecord:
+        """The durable record of a cut of the current turn (R60): its correlation and goal."""
+        goal = (GOAL_KIND if self.goal is not None else None, self.goal)
+        return cut_record(remaining, model, progress, self.context.correlation, goal)
 
     def _final_ready(self, ended: Ended) -> list[Effect]:
         row = self.final_row(ended)
@@ -1124,12 +1138,7 @@ class TurnMachine:
         if aborted.parts and not abandon:
             record = None
             if owes:
-                record = cut_record(
-                    meta.steps_remaining,
-                    meta.model,
-                    meta.fallback_progress,
-                    self.context.correlation,
-                )
+                record = self._cut_record(meta.steps_remaining, meta.model, meta.fallback_progress)
             body = body_from_parts(aborted.parts, finish=None, model=meta.model)
             row = self.new_row(
                 RowKind.PARTIAL, encode_body(body), stream=aborted.stream, cut=record

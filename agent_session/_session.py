@@ -104,6 +104,7 @@ from stream_manager import (
 )
 
 if TYPE_CHECKING:
+    from agent_session._admission import Admission, Ticket
     from agent_session._continuation import Continuation, Marker
     from agent_session._turn import StreamContext
     from agent_session.ports import EngineConfig, PreStreamGate
@@ -123,6 +124,7 @@ class AgentSession:
 
     # Slots: thousands of idle sessions share one process; a per-instance dict costs ~1.6 KB.
     __slots__ = (
+        "_admission",
         "_emit",
         "_gate",
         "_idle",
@@ -158,6 +160,8 @@ class AgentSession:
         next_seq: int = 1,
         next_stream: int = 1,
         tell_owner: Callable[[ChildEvent], Awaitable[None] | None] | None = None,
+        goal: str | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.id = session_id
         #: The store port the engine shares (reads go through a ``SessionStore`` made for the
@@ -172,6 +176,8 @@ class AgentSession:
         #: The owner side of delegated turns (the engine's ``Delegations``): what a correlated
         #: stream of this session did, and forfeits of a delegated turn's continuation.
         self._tell_owner = tell_owner
+        #: What a resume asks before it launches (goal, workspace, handle: ST-8, ST-9).
+        self._admission = admission
         self._spawn = spawn
         self._machine = TurnMachine(
             session_id,
@@ -180,6 +186,7 @@ class AgentSession:
             resume_attempt_cap=config.resume_attempt_cap,
             next_seq=next_seq,
             next_stream=next_stream,
+            goal=goal,
         )
         self._prepared_abort: AbortSignal | None = None
         self._resume_abort: AbortSignal | None = None
@@ -199,6 +206,11 @@ class AgentSession:
     def model(self) -> str:
         """The session's model."""
         return self._machine.model
+
+    @property
+    def goal(self) -> str | None:
+        """The goal the session's turns are attributed to, if any."""
+        return self._machine.goal
 
     @property
     def phase(self) -> Phase:
@@ -553,13 +565,14 @@ class AgentSession:
             launch=self._launch_turn,
         )
 
-    def _launcher(self) -> StreamLauncher:
+    def _launcher(self, ticket: Ticket | None = None) -> StreamLauncher:
         """The launcher for one stream (made per launch: an idle session holds none)."""
         return StreamLauncher(
             self._machine,
             store=self._history(),
             manager=self._manager,
             perform=self._perform,
+            ticket=ticket,
         )
 
     # ------------------------------------------------------------ tasks and idleness
@@ -784,10 +797,13 @@ class AgentSession:
         context = machine.resume_context(marker, attempt)
         try:
             await self._gate.check(self.id, "resume")
+            admitted = self._admit(marker)  # ST-8: goal, workspace, handle (R8, R41)
             if abort.reason is not None:
                 outcome: StreamOutcome = Withdrawn(abort.reason)
-            else:
-                outcome = await self._launcher().launch(context, abort)
+            elif isinstance(admitted, str):
+                outcome = Refused(admitted)
+            else:  # the probe rides through the launch (ST-9, R17)
+                outcome = await self._launcher(admitted).launch(context, abort)
         except CorruptRecord as error:  # R61: damage a retry cannot mend; never a forfeit
             log.error(
                 "resume of %s given up: the history it needs is unreadable (the record stays "
@@ -806,6 +822,16 @@ class AgentSession:
             await self._perform([*not_started, Next(_in.FlushRecords())], then)
         else:
             await self._perform(machine.handle(_in.Outcome(outcome, context)), then)
+
+    def _admit(self, marker: Marker) -> Ticket | str | None:
+        """ST-8's admission of a resume of ``marker``: its ticket, or why it is refused.
+
+        Raises:
+            AdmissionUnreadable: a port could not answer (a failure before start).
+        """
+        if self._admission is None:
+            return None
+        return self._admission.admit(self.id, marker.goal_id, marker.correlation)
 
     # ------------------------------------------------------------ the queue
 

@@ -21,7 +21,6 @@ import msgspec
 from agent_session.harness.loader import ScenarioError, load_scenario, shorten
 from agent_session.harness.runner import SUPPORTED_OPS, RunResult, run_scenario
 from agent_session.harness.scenario import Scenario
-from agent_session.harness.support import unsupported_features
 from agent_session.harness.targets import DEMO_LABEL, trace_conflict
 from agent_session.harness.timeline import Timeline, verdict
 from agent_session.harness.trace import encode_line
@@ -51,8 +50,6 @@ def load_all(paths: list[str]) -> tuple[list[Scenario], list[str]]:
         except ScenarioError as error:
             problems.extend(map(redact, error.problems))
             continue
-        unsupported = unsupported_features(scenario)
-        problems.extend(redact(f"{path}: {line}") for line in unsupported)
         scenarios.append(scenario)
     return scenarios, problems
 

@@ -40,6 +40,7 @@ from agent_session.harness.scenario import (
     EnqueueAction,
     EventTrigger,
     Expect,
+    GoalAction,
     HandleAction,
     Scenario,
     SendAction,
@@ -513,6 +514,7 @@ class _Names:
     entries: frozenset[tuple[str, str]]  # (session, entry) declared by send/enqueue
     cancelable: frozenset[tuple[str, str]]  # ... by enqueue: only those have a cancel signal
     handles: frozenset[str]  # declared by delegate
+    goals: frozenset[str]  # sessions that declare a goal
 
     @classmethod
     def of(cls, scenario: Scenario) -> _Names:
@@ -532,6 +534,7 @@ class _Names:
                 if isinstance(a, EnqueueAction) and a.entry is not None
             ),
             handles=frozenset(a.handle for a in actions if isinstance(a, DelegateAction)),
+            goals=frozenset(s.id for s in scenario.sessions if s.goal is not None),
         )
 
     def named(self, field: str) -> frozenset[str]:
@@ -610,6 +613,12 @@ def _check_action(
             yield (*loc, field), f"unknown session {shorten(value)!r}"
     if isinstance(action, WithdrawAction):
         yield from _check_withdraw(action, loc, names)
+    if (
+        isinstance(action, GoalAction)
+        and action.session in names.sessions
+        and action.session not in names.goals
+    ):
+        yield (*loc, "session"), f"{shorten(action.session)!r} declares no goal to move"
     handle = action.handle if isinstance(action, HandleAction | EnqueueAction) else None
     if handle is not None and handle not in names.handles:
         yield (

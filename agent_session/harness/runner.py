@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from agent_session._admission import GoalBoard, WorkspaceBoard
 from agent_session._engine import Engine
 from agent_session._events import EngineEvent
 from agent_session.harness.expect import check_expectations
@@ -41,6 +42,7 @@ from agent_session.harness.scenario import (
     EnqueueAction,
     EventTrigger,
     FailNextAction,
+    GoalAction,
     HandleAction,
     HardStopAction,
     RemoveDedupeAction,
@@ -52,6 +54,7 @@ from agent_session.harness.scenario import (
     ThinkingAction,
     TimeTrigger,
     WithdrawAction,
+    WorkspaceAction,
 )
 from agent_session.harness.trace import Crash, Recorded, TraceLine, TraceRecorder
 from agent_session.harness.virtual_time import VirtualTime, busy_sessions
@@ -80,6 +83,8 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
         "restart",
         "delegate",
         "handle",
+        "goal",
+        "workspace",
     }
 )
 
@@ -271,6 +276,19 @@ def _cancel_op(engine: Engine, faults: Faults, do: Any) -> None:
         raise RunFailed(f"no running operation {do.op_id or do.tool!r} to cancel")
 
 
+def _goal(engine: Engine, faults: Faults, do: Any) -> None:
+    goal = engine.session(do.session).goal
+    if goal is None or not isinstance(engine.goals, GoalBoard):  # the loader refuses the first
+        raise RunFailed(f"goal: session {do.session!r} has no goal the scenario can move")
+    engine.goals.set(goal, do.state)
+
+
+def _workspace(engine: Engine, faults: Faults, do: Any) -> None:
+    if not isinstance(engine.workspaces, WorkspaceBoard):
+        raise RunFailed("workspace: the engine's workspaces are not the scenario's")
+    engine.workspaces.set(do.session, do.state)
+
+
 def _dispose(engine: Engine, faults: Faults, do: Any) -> None:
     engine._spawn(engine.session(do.session).dispose)
 
@@ -294,6 +312,8 @@ _HANDLERS: dict[type, _Handler] = {
     DiscardContextAction: lambda e, f, do: e.session(do.session).discard_context(),
     DelegateAction: lambda e, f, do: e.delegate(do.owner, do.target, do.handle, do.text),
     HandleAction: lambda e, f, do: e.interrupt_handle(do.handle),
+    GoalAction: _goal,
+    WorkspaceAction: _workspace,
 }
 
 
@@ -345,6 +365,9 @@ class _ScenarioRun:
         }
         self.tools = {t.name: ScenarioTool(t, self.clock, behaviours) for t in scenario.tools}
         self.recorder = TraceRecorder(self.clock)
+        #: The host's goals and workspaces: they outlive every engine generation.
+        self.goals = GoalBoard()
+        self.workspaces = WorkspaceBoard()
         self.config = engine_config(scenario)
         self.actions: _Actions | None = None
         self.group: anyio.abc.TaskGroup | None = None
@@ -415,6 +438,8 @@ class _ScenarioRun:
             clock=self.clock,
             config=self.config,
             gate=self.faults,
+            goals=self.goals,
+            workspaces=self.workspaces,
             observers=(observe,),
         )
         generation = _Generation(engine=engine, store=faulty)
@@ -439,7 +464,7 @@ class _ScenarioRun:
                 async with generation.engine as engine:
                     try:
                         for spec in self.scenario.sessions:
-                            await engine.open_session(spec.id, model=spec.model)
+                            await engine.open_session(spec.id, model=spec.model, goal=spec.goal)
                     except Exception as error:
                         generation.failure = error
                         return

@@ -29,7 +29,8 @@ from agent_session import (
 from agent_session.harness.fakes import Faults, FaultyStore
 from agent_session.harness.trace import event_name as tag
 from agent_session.harness.virtual_time import VirtualTime
-from persistence import HistoryRow, MemoryStore, RowKind, SqliteStore, Store
+from message_queue import Correlation
+from persistence import HandleRecord, HistoryRow, MemoryStore, RowKind, SqliteStore, Store
 from stream_manager import (
     Model,
     ScriptedModel,
@@ -152,10 +153,14 @@ async def session_rig(
     gate: PreStreamGate | None = None,
     store: Store | None = None,
     sessions: Sequence[tuple[str, str]] = (("s1", "M"),),
+    handles: Sequence[tuple[Correlation, str]] = (),
 ) -> AsyncIterator[Rig]:
     """An engine with one session per ``sessions`` entry, running, with events recorded.
 
     ``models`` are models of the test's own (by id) beside the scripted ones, which they replace.
+    ``handles``: ``(correlation, target)`` of delegated turns active once the engine is open
+    (an owner of the test's own, known to the engine's: a resume of such a turn is admitted,
+    R41). A test of startup writes them with :func:`active_handles` first instead.
     """
     clock = VirtualClock()
     scripted = {name: ScriptedModel(name, steps, clock=clock) for name, steps in scripts.items()}
@@ -189,10 +194,30 @@ async def session_rig(
         observers=[observe],
     )
     async with engine:
+        engine.delegations.load(map(handle_record, handles), ())
         for session, model in sessions:
             await engine.open_session(session, model=model)
         time = VirtualTime(clock, store=tracked if isinstance(tracked, FaultyStore) else None)
         yield Rig(engine, clock, scripted, tool_map, the_store, events, hooks, time)
+
+
+def handle_record(handle: tuple[Correlation, str]) -> HandleRecord:
+    """The active handle record of ``(correlation, target)``."""
+    correlation, target = handle
+    return HandleRecord(
+        handle_id=correlation.handle_id,
+        owner=correlation.owner_session,
+        target=target,
+        turn_id=correlation.turn_id,
+    )
+
+
+async def active_handles(store: Store, *handles: tuple[Correlation, str]) -> None:
+    """Write an active handle for each ``(correlation, target)`` (the owner's records)."""
+    async with store:
+        for handle in handles:
+            record = handle_record(handle)
+            await store_kit.commit(store, record.owner, handles=(record,))
 
 
 class FailingGate:

@@ -66,7 +66,14 @@ from stream_manager import (
     TextPart,
     ToolCallPart,
 )
-from tests.agent_session.support import T_, FailingGate, HookTool, Rig, X, session_rig
+from tests.agent_session.support import (
+    T_,
+    FailingGate,
+    HookTool,
+    Rig,
+    X,
+    session_rig,
+)
 
 C = Correlation(handle_id="h1", owner_session="ow", turn_id="t1")
 C2 = Correlation(handle_id="h2", owner_session="ow", turn_id="t2")
@@ -557,9 +564,10 @@ async def test_as13_a_raising_pre_stream_failure_callback_does_not_stop_the_drai
 async def test_as4_a_refused_synthetic_entry_leaves_the_owed_continuation_alone(
     kind: EntryKind,
 ) -> None:
-    # Delegated turn C is cut by an entry of another delegated turn (C2), which the gate then
-    # refuses. A refused synthetic send keeps no row, so it supersedes nothing (R35): the cut
-    # turn is still owed and is resumed, under its own correlation and remainder.
+    # A turn is cut by an entry of a delegated turn (C2), which the gate then refuses. A
+    # refused synthetic send keeps no row, so it supersedes nothing (R35): the cut turn is
+    # still owed and is resumed, under its remainder. (The cut turn is not a delegated one:
+    # a delegated turn's owner would answer the claim at the cut, ST-15, and be told "no".)
     calls = Calls()
     gate = FailingGate(0, "send")
 
@@ -572,17 +580,17 @@ async def test_as4_a_refused_synthetic_entry_leaves_the_owed_continuation_alone(
         tools=[HookTool("bash", before=queue_other_turn)],
         gate=gate,
     ) as r:
-        r.session().enqueue("delegated task", kind=EntryKind.SYSTEM, correlation=C)
+        r.session().enqueue("scheduled task", kind=EntryKind.SYSTEM)
         await r.settle()
         kinds = await r.kinds()
         assert not r.session().owes()
     assert calls.log == [("failed", "pre_stream")]
     assert r.of(StreamFailed) == []
-    assert [(e.cut, e.remaining, e.handle) for e in r.of(ContinuationOwed)] == [("s1/1", 7, "h1")]
+    assert [(e.cut, e.remaining, e.handle) for e in r.of(ContinuationOwed)] == [("s1/1", 7, None)]
     assert [e.how for e in r.of(ContinuationEnded)] == ["consumed"]
     assert [(str(s.cause), s.budget, s.handle) for s in r.of(StreamStarted)] == [
-        ("queue", 8, "h1"),
-        ("resume", 7, "h1"),
+        ("queue", 8, None),
+        ("resume", 7, None),
     ]
     assert gate.checks == ["send", "send", "resume"]
     assert kinds == [RowKind.USER, RowKind.ASSISTANT, RowKind.SENTINEL, RowKind.ASSISTANT]

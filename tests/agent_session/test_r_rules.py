@@ -73,7 +73,9 @@ def provider_call(tool: str) -> Callable[[EngineEvent], bool]:
 
 async def test_r2_a_resume_carries_the_cut_streams_correlation() -> None:
     wakes = Wakes()
-    async with session_rig(incident(), tools=[HookTool("task_await", before=wakes.queue)]) as r:
+    async with session_rig(
+        incident(), tools=[HookTool("task_await", before=wakes.queue)], handles=((C, "s1"),)
+    ) as r:
         wakes.attach(r)
         r.session().enqueue("delegated task", kind=EntryKind.SYSTEM, correlation=C)
         await r.settle()

@@ -32,7 +32,7 @@ from persistence import (
 )
 from stream_manager import FellBack, Persisted, ScriptedModel, ScriptStep, StreamStarted
 from tests import store_kit
-from tests.agent_session.support import T_, HookTool, X, session_rig
+from tests.agent_session.support import T_, HookTool, X, active_handles, session_rig
 from tests.operations.support import LedgerStore
 from tests.store_kit import commit
 
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 
 DELEGATED = Correlation(handle_id="h1", owner_session="owner", turn_id="t1")
+#: The delegated turns of the seeded cut records (``correlated``, and the all-fields record).
+H1 = Correlation(handle_id="h1", owner_session="ow", turn_id="t1")
+H9 = Correlation(handle_id="h9", owner_session="owner", turn_id="t9")
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -142,9 +145,13 @@ async def test_ps6_r60_every_field_of_the_durable_record_reaches_the_resumed_str
         turn_id="t9",
     )
     await seed(store, record=record)
+    await active_handles(store, (H9, "s1"))
     scripts = {"alpha": [], "beta": [ScriptStep(refuse=True)], "gamma": [X("from gamma")]}
     async with session_rig(
-        scripts, store=store, sessions=(), fallbacks={"alpha": ["beta", "gamma"]}
+        scripts,
+        store=store,
+        sessions=(),
+        fallbacks={"alpha": ["beta", "gamma"]},
     ) as r:
         await r.settle()
         (start,) = r.of(StreamStarted)
@@ -223,8 +230,13 @@ async def test_ps6_a_cut_followed_by_a_row_that_continues_it_resumes_after_that_
     # AS-8: the durable row continues the cut turn; its stream never started, so the resume
     # starts it, under the cut's budget, with that row as the last word (no sentinel).
     await seed(store, record=correlated(remaining=4))
+    await active_handles(store, (H1, "s1"))
     await follow(store, body)
-    async with session_rig({"M": [X("read the monitors")]}, store=store, sessions=()) as r:
+    async with session_rig(
+        {"M": [X("read the monitors")]},
+        store=store,
+        sessions=(),
+    ) as r:
         await r.settle()
         assert [e.action for e in r.of(Recovered)] == ["resume"]
         (start,) = r.of(StreamStarted)
@@ -391,6 +403,7 @@ async def test_r60_a_real_cut_after_a_hop_survives_a_crash_with_its_chain_and_co
             store=dying,
             fallbacks=chain,
             sessions=(("s1", "alpha"),),
+            handles=((DELEGATED, "s1"),),
         ) as r:
 
             def queue_wake() -> None:
@@ -407,6 +420,7 @@ async def test_r60_a_real_cut_after_a_hop_survives_a_crash_with_its_chain_and_co
             r.session().enqueue("delegated task", kind="system", correlation=DELEGATED)
             await r.settle()
     scripts = {"alpha": [], "beta": [ScriptStep(refuse=True)], "gamma": [X("from gamma")]}
+    await active_handles(SqliteStore(path), (DELEGATED, "s1"))  # the owner's, still active
     async with session_rig(scripts, store=SqliteStore(path), sessions=(), fallbacks=chain) as a:
         await a.settle()
         (start,) = a.of(StreamStarted)

@@ -1396,7 +1396,9 @@ async def test_st13_a_resume_keeps_walking_the_original_fallback_chain() -> None
 async def test_st14_r45_each_resume_logs_a_forensic_line(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="turnkeeper.session")
     wakes = Wakes()
-    async with session_rig(incident(), tools=[HookTool("task_await", before=wakes.queue)]) as r:
+    async with session_rig(
+        incident(), tools=[HookTool("task_await", before=wakes.queue)], handles=((C, "s1"),)
+    ) as r:
         wakes.attach(r)
         r.session().enqueue("delegated task", kind=EntryKind.SYSTEM, correlation=C)
         await r.settle()

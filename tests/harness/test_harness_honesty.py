@@ -212,14 +212,6 @@ def test_withdrawing_a_user_message_is_refused_before_the_run(
     assert "$.actions[1].do.entry: entry 'u1' is a user message (send)" in err
 
 
-def test_a_session_goal_is_refused_not_ignored(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    text = BASE.replace('model = "m"\n[scripts', 'model = "m"\ngoal = "ship it"\n[scripts')
-    err = invalid(tmp_path, text, capsys)
-    assert "$.sessions[0].goal: goals are not supported yet" in err
-
-
 # ---------------------------------------------------------------- expect.unanswered counts
 
 UNANSWERED = """

@@ -16,28 +16,6 @@ from agent_session.cli import main
 LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 FILES = sorted(LIBRARY.glob("*.toml"))
 
-GOAL = """
-name = "goals are refused until they are built"
-
-[[models]]
-id = "m"
-
-[[sessions]]
-id = "owner"
-model = "m"
-
-[[sessions]]
-id = "child"
-model = "m"
-
-[scripts.m]
-steps = [{ text = "done" }]
-
-[[actions]]
-at = "start"
-do = { op = "goal", session = "owner", state = "paused" }
-"""
-
 
 def test_the_library_is_there() -> None:
     assert len(FILES) >= 15, f"expected the scenario library in {LIBRARY}"
@@ -74,10 +52,3 @@ def test_the_library_trace_is_byte_identical_across_runs(
     assert main(["run", *store, *files, "--trace", str(second)]) == 0
     assert first.read_bytes() == second.read_bytes()
     assert first.read_bytes().count(b"\n") > 400
-
-
-def test_goals_are_refused_not_faked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    scenario = tmp_path / "goal.toml"
-    scenario.write_text(GOAL, encoding="utf-8")
-    assert main(["run", str(scenario)]) == 2
-    assert "'goal' is not supported yet" in capsys.readouterr().err
