@@ -30,7 +30,7 @@ IN_THE_COPY = (
     f"{LIBRARY_TESTS}test_the_readme_lists_every_file",
     f"{LIBRARY_TESTS}test_scenario_passes_in_memory[withdrawn-wake]",
     f"{LIBRARY_TESTS}test_scenario_passes_on_sqlite[crash-mid-turn]",
-    f"{LIBRARY_TESTS}test_goals_are_refused_not_faked",
+    f"{LIBRARY_TESTS}test_scenario_passes_on_sqlite[delegated-handle-stopped]",
     "tests/harness/test_loader.py::test_every_library_scenario_loads",
     "tests/test_rules.py",
 )
