@@ -504,8 +504,9 @@ class Engine:
     def interrupt_handle(self, handle: str) -> bool:
         """TD-8: the owner stops the delegated turn ``handle``; ``False`` if it already was.
 
-        The handle settles ``interrupted`` and the target's stream of that turn, if one runs,
-        is stopped (``system``).
+        The handle settles ``interrupted``; then the entries queued in the target for that
+        turn (its prompt, a correlated wake) are removed, nothing else; then the target's
+        stream of that turn, if one runs, is stopped (``system``).
 
         Raises:
             UnknownHandle: no delegated turn has that handle.
@@ -515,7 +516,10 @@ class Engine:
         if not self.delegations.interrupt(handle):
             return False
         target = self._sessions.get(record.target)
-        if target is not None and target.running_handle() == handle:
+        if target is None or target.disposed:
+            return True
+        target.remove_workspace_turn(handle, "its delegated turn was interrupted by its owner")
+        if target.running_handle() == handle:
             self.manager.request_stop_nowait(record.target, soft=False, reason=AbortReason.SYSTEM)
         return True
 

@@ -514,6 +514,16 @@ class TurnMachine:
         effects.append(_FLUSH)
         return removal.removed_messages, effects
 
+    def remove_workspace_turn(self, handle: str, reason: str) -> tuple[int, list[Effect]]:
+        """TD-8: remove the queued entries of the delegated turn ``handle`` (MQ-11), no other."""
+        before = {e.id: e for e in self.queue}
+        removed = self.queue.remove_workspace_turn(handle)
+        if not removed:
+            return 0, []
+        effects = self.removed(removed, reason, before)
+        effects.append(_FLUSH)
+        return len(removed), effects
+
     # ------------------------------------------------------------ the sweep
 
     def sweep(self) -> list[Effect]:
@@ -1648,6 +1658,10 @@ class TurnMachine:
         count, effects = self.remove_dedupe(prefix, reason)
         return [Reply(count), *effects]
 
+    def _on_RemoveWorkspaceTurn(self, given: _in.RemoveWorkspaceTurn) -> list[Effect]:
+        count, effects = self.remove_workspace_turn(given.handle, given.reason)
+        return [Reply(count), *effects]
+
     def _on_Stop(self, given: _in.Stop) -> list[Effect]:
         return self.stop()
 
@@ -1769,6 +1783,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.Clear: TurnMachine._on_Clear,
     _in.Restore: TurnMachine._on_Restore,
     _in.RemoveDedupe: TurnMachine._on_RemoveDedupe,
+    _in.RemoveWorkspaceTurn: TurnMachine._on_RemoveWorkspaceTurn,
     _in.Stop: TurnMachine._on_Stop,
     _in.HardStop: TurnMachine._on_HardStop,
     _in.SendNow: TurnMachine._on_SendNow,

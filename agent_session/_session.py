@@ -945,6 +945,18 @@ class AgentSession:
         assert isinstance(removed, int)
         return removed
 
+    def remove_workspace_turn(self, handle: str, reason: str = "removed") -> int:
+        """TD-8: remove the entries queued for the delegated turn ``handle``; how many left.
+
+        Only entries correlated to that handle go (a correlated entry is sealed: it holds that
+        turn's messages alone); their cancellations run as for any removal (R32), then the
+        sweep.
+        """
+        self._alive()
+        removed = self._host(self._machine.handle(_in.RemoveWorkspaceTurn(handle, reason)))
+        assert isinstance(removed, int)
+        return removed
+
     def restore_queue(self) -> str:
         """AS-17: give user-authored text back for the composer and cancel the rest.
 

@@ -1,0 +1,194 @@
+"""The owner's remaining rules of delegated turns: TD-3 self-heal, TD-8 removal, TD-9 report
+wake-ups, and the startup completion of a turn whose stop row outlived its settlement (PS-6).
+
+As in ``test_delegation.py``: scenarios through ``turnkeeper run`` (memory and SQLite), the
+owner ``lead-2`` delegating to ``worker-5`` under the handle ``task-17``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agent_session.cli import main
+from persistence import HandleStatus, SqliteStore
+from tests.agent_session.test_delegation import CUT_SCRIPT, HEAD, STORES, cut_by, of, settled
+
+BUSY_HEAD = HEAD.replace(
+    '[[actions]]\nat = "start"\ndo = { op = "delegate"',
+    '[[actions]]\nat = "start"\ndo = { op = "send", session = "worker-5", text = "first" }\n\n'
+    '[[actions]]\nat = "start"\n'
+    'do = { op = "send", session = "worker-5", entry = "other-9", text = "then this" }\n\n'
+    '[[actions]]\nat = "start"\ndo = { op = "delegate"',
+)
+
+
+def run(
+    tmp_path: Path, store: tuple[str, ...], text: str, *, db: Path | None = None
+) -> list[dict[str, object]]:
+    scenario, trace = tmp_path / "owner.toml", tmp_path / "trace.jsonl"
+    scenario.write_text(text, encoding="utf-8")
+    where = ("--db", str(db)) if db is not None and not store else store
+    assert main(["run", *where, "--trace", str(trace), str(scenario)]) == 0
+    return [json.loads(line) for line in trace.read_bytes().splitlines()]
+
+
+def statuses(lines: list[dict[str, object]]) -> list[object]:
+    return [line["status"] for line in lines if line["event"] == "settled"]
+
+
+def handles_of(lines: list[dict[str, object]]) -> list[object]:
+    return [line["handle"] for line in lines if line["event"] == "stream-start"]
+
+
+# ---------------------------------------------------------------- TD-8
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td8_interrupting_a_handle_removes_only_its_queued_prompt(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = """
+[scripts.alpha]
+steps = [
+  { text = "first answer", delay_ms = 40 },
+  { text = "answer to the other message" },
+  { text = "the delegated answer" },
+]
+"""
+    interrupt = """
+[[actions]]
+at = { time_ms = 15 }
+do = { op = "handle", handle = "task-17", state = "interrupted" }
+"""
+    expect = '[expect]\nhandles = { task-17 = "interrupted" }\nstreams = { worker-5 = 2 }\n'
+    lines = run(tmp_path, store, BUSY_HEAD + script + interrupt + expect)
+
+    queued = [line for line in lines if line["event"] == "queued"]
+    assert [q["entry"] for q in queued][0] == "other-9"
+    prompt = queued[1]["entry"]
+    canceled = of(lines, "entry-canceled")
+    assert [c["entry"] for c in canceled] == [prompt]  # that handle's prompt, nothing else
+    assert handles_of(lines) == [None, None]  # the delegated prompt never ran
+    assert statuses(lines) == ["interrupted"]
+    assert [line["stream"] for line in lines if line["event"] == "stream-abort"] == []
+
+
+# ---------------------------------------------------------------- TD-3 self-heal
+
+CORRELATED_WAKE = (
+    '{ op = "enqueue", session = "worker-5", entry = "w-4", kind = "wake", text = "go on", '
+    'handle = "task-17", mode = "turn-end" }'
+)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td3_a_later_correlated_stop_heals_an_error_settlement_to_completed(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = '\n[scripts.alpha]\nsteps = [{ error = "terminal" }, { text = "Report: healed." }]\n'
+    wake = f"""
+[[actions]]
+at = {{ event = "stream-start", session = "worker-5", nth = 1 }}
+do = {CORRELATED_WAKE}
+"""
+    expect = '[expect]\nhandles = { task-17 = "completed" }\n'
+    lines = run(tmp_path, store, HEAD + script + wake + expect)
+
+    assert of(lines, "settled") == [settled("error"), settled("completed")]
+    assert handles_of(lines) == ["task-17", "task-17"]
+    persisted = [
+        line["seq"]
+        for line in lines
+        if line["event"] == "persisted" and line["what"] == "handle" and line["session"] == "lead-2"
+    ]
+    second = [line["seq"] for line in lines if line["event"] == "settled"][1]
+    assert persisted[-1] == int(str(second)) - 1  # durable before told
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td3_a_later_correlated_stop_heals_a_superseded_interrupted_settlement(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = """
+[scripts.alpha]
+steps = [
+  { tool_calls = [{ tool = "bash", args = { cmd = "start" } }] },
+  { tool_calls = [{ tool = "task_await" }] },
+  { text = "the other answer" },
+  { text = "Report: 3 of 3 green." },
+]
+"""
+    user = '{ op = "send", session = "worker-5", text = "something else" }'
+    lines = run(tmp_path, store, HEAD + script + cut_by(user) + cut_by(CORRELATED_WAKE))
+
+    assert statuses(lines) == ["interrupted", "completed"]
+    assert handles_of(lines) == ["task-17", None, "task-17"]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td3_td8_an_owner_interrupted_handle_is_never_settled_again(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
+    interrupt = """
+[[actions]]
+at = { event = "claim", handle = "task-17", nth = 1 }
+do = { op = "handle", handle = "task-17", state = "interrupted" }
+"""
+    expect = '[expect]\nhandles = { task-17 = "interrupted" }\n'
+    lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(wake) + interrupt + expect)
+
+    assert handles_of(lines) == ["task-17", "task-17"]  # the wake's turn still ran and stopped
+    assert statuses(lines) == ["interrupted"]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td3_td5_a_user_stopped_handle_is_never_settled_again(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = '\n[scripts.alpha]\nsteps = [{ text = "slow", delay_ms = 30 }, { text = "late" }]\n'
+    stop_then_wake = f"""
+[[actions]]
+at = {{ time_ms = 10 }}
+do = {{ op = "stop", session = "worker-5" }}
+
+[[actions]]
+at = {{ event = "stream-abort", session = "worker-5", nth = 1 }}
+do = {CORRELATED_WAKE}
+"""
+    lines = run(tmp_path, store, HEAD + script + stop_then_wake)
+
+    assert handles_of(lines) == ["task-17", "task-17"]  # the wake's turn ran and stopped
+    assert statuses(lines) == ["interrupted"]
+
+
+# ---------------------------------------------------------------- startup completion
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_ps6_a_stop_row_durable_before_its_settlement_completes_the_handle_at_start(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = '\n[scripts.alpha]\nsteps = [{ text = "Report: 5 of 5 green." }]\n'
+    crash = '[[actions]]\nat = { event = "stream-end", session = "worker-5", nth = 1 }\n'
+    crash += 'do = { op = "crash" }\n'
+    expect = '[expect]\nhandles = { task-17 = "completed" }\n'
+    db = tmp_path / "store.db"
+    lines = run(tmp_path, store, HEAD + script + crash + expect, db=db)
+
+    crashed = next(line["seq"] for line in lines if line["event"] == "crash")
+    after = [line for line in lines if int(str(line["seq"])) > int(str(crashed))]
+    assert of(after, "settled") == [settled("completed")]
+    if not store:  # the SQLite store outlives the run: the report is the stop row's text
+        record = anyio.run(_handle_in, db)
+        assert (record.status, record.report) == (HandleStatus.COMPLETED, "Report: 5 of 5 green.")
+
+
+async def _handle_in(db: Path) -> object:
+    async with SqliteStore(db) as sqlite:
+        (record,) = (await sqlite.handles()).records
+    return record
