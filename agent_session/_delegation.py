@@ -40,6 +40,17 @@ RETRY_FIRST_S: Final = 1.0
 #: The longest wait between two attempts of one settlement write.
 RETRY_MAX_S: Final = 30.0
 
+#: Why a turn settled ``interrupted`` when an unrelated entry cut it (TD-3, the claim's no).
+SUPERSEDED: Final = "superseded by new input"
+#: Why a turn settled ``interrupted`` when an uncorrelated stream ended in its session (TD-4).
+SUPERSEDED_UNCORRELATED: Final = "superseded by an uncorrelated stream-end in its session"
+#: Why a turn settled ``interrupted`` when its report wake-up was cancelled (TD-9).
+REPORT_CANCELED: Final = "its report wake-up was cancelled before it ran"
+#: The ``interrupted`` settlements a later correlated stream-end of the same turn may prove
+#: stale, and so re-settle (TD-3): the ones the owner inferred, never one that someone asked
+#: for (the owner's interrupt, a user's stop, a hard stop) or a forfeit of the continuation.
+STALE_INTERRUPTIONS: Final = frozenset({SUPERSEDED, SUPERSEDED_UNCORRELATED, REPORT_CANCELED})
+
 
 class ChildEnded(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A stream of the target ended (``stream-end``); ``report``: its final text."""
@@ -290,8 +301,11 @@ class Delegations:
 
     def _ended(self, event: ChildEnded, correlation: Correlation) -> None:
         record = self._active(correlation, event.target)
-        if record is None or event.stream in record.deferred:
-            return  # TD-1: missing, out of scope, settled, or deferred on already
+        if record is None:
+            self._heal(event, correlation)
+            return
+        if event.stream in record.deferred:
+            return  # TD-1: deferred on already
         if event.finish is FinishReason.TOOL_CALLS:  # TD-2: one claim
             claimer = self._claimer(event.target)
             if claimer is not None and claimer.claim(correlation, event.stream):
@@ -307,7 +321,7 @@ class Delegations:
             claimed = HandleClaimed(
                 session=event.target, handle=record.handle_id, cut=event.stream, answer="settle"
             )
-            self._settle(record, HandleStatus.INTERRUPTED, "superseded by new input", (claimed,))
+            self._settle(record, HandleStatus.INTERRUPTED, SUPERSEDED, (claimed,))
         elif event.finish is FinishReason.STOP:  # TD-3
             self._settle(record, HandleStatus.COMPLETED, "completed", report=event.report)
         else:
@@ -324,8 +338,32 @@ class Delegations:
 
         Not a turn that has not begun yet: that stream-end precedes the turn's prompt row.
         """
-        why = "superseded by an uncorrelated stream-end in its session"
-        self._interrupt_all(event.target, why, begun_only=True)
+        self._interrupt_all(event.target, SUPERSEDED_UNCORRELATED, begun_only=True)
+
+    def _heal(self, event: ChildEnded, correlation: Correlation) -> None:
+        """TD-3: a correlated stream-end re-settles a handle settled ``error`` or stale.
+
+        The turn went on after that settlement (a correlated entry ran it) and this end says
+        how it really ended: ``stop`` completes it with the report; another non-``tool-calls``
+        finish turns a stale ``interrupted`` into ``error``. A ``tool-calls`` end changes
+        nothing (the turn is still going; a later end of it may heal it). Never a
+        ``completed`` handle, an ``interrupted`` one someone asked for (TD-5, TD-7, TD-8) or
+        a forfeit's, and not while the earlier settlement is still being written (R54).
+        Missing or out of scope: ignored (TD-1).
+        """
+        record = self._matching(correlation, event.target)
+        if record is None or record.handle_id in self.retrying:
+            return
+        stale = record.status is HandleStatus.ERROR or (
+            record.status is HandleStatus.INTERRUPTED and record.reason in STALE_INTERRUPTIONS
+        )
+        if not stale or event.finish is FinishReason.TOOL_CALLS:
+            return
+        if event.finish is FinishReason.STOP:
+            self._settle(record, HandleStatus.COMPLETED, "completed", report=event.report)
+        elif record.status is HandleStatus.INTERRUPTED:
+            why = f"ended before completion (finish {event.finish})"
+            self._settle(record, HandleStatus.ERROR, why)
 
     def _interrupt_all(self, target: str, why: str, *, begun_only: bool = False) -> None:
         for record in list(self._handles.values()):
@@ -335,10 +373,16 @@ class Delegations:
                 self._settle(record, HandleStatus.INTERRUPTED, why)
 
     def _active(self, correlation: Correlation, target: str) -> HandleRecord | None:
+        record = self._matching(correlation, target)
+        if record is None or record.status is not HandleStatus.ACTIVE:
+            return None
+        return record
+
+    def _matching(self, correlation: Correlation, target: str) -> HandleRecord | None:
+        """The handle ``correlation`` names, if it is that turn's in ``target`` (TD-1)."""
         record = self._handles.get(correlation.handle_id)
         if (
             record is None
-            or record.status is not HandleStatus.ACTIVE
             or record.target != target
             or record.owner != correlation.owner_session
             or record.turn_id != correlation.turn_id

@@ -68,7 +68,7 @@ do = { op = "handle", handle = "task-17", state = "interrupted" }
     lines = run(tmp_path, store, BUSY_HEAD + script + interrupt + expect)
 
     queued = [line for line in lines if line["event"] == "queued"]
-    assert [q["entry"] for q in queued][0] == "other-9"
+    assert queued[0]["entry"] == "other-9"
     prompt = queued[1]["entry"]
     canceled = of(lines, "entry-canceled")
     assert [c["entry"] for c in canceled] == [prompt]  # that handle's prompt, nothing else
