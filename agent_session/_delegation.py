@@ -23,11 +23,14 @@ import anyio
 import msgspec
 
 from agent_session._events import EngineEvent, HandleClaimed, HandleSettled
+from agent_session._rows import decode_body
 from message_queue import Correlation
 from persistence import (
     Boundary,
     HandleRecord,
     HandleStatus,
+    RowKind,
+    SessionLoad,
     TurnkeeperError,
     UsageError,
 )
@@ -291,12 +294,19 @@ class Delegations:
         self._write_in_a_task()
         return True
 
-    def settle_orphan(self, handle: str, why: str) -> None:
-        """Settle the active ``handle`` ``interrupted`` (startup: nothing continues its turn)."""
+    def settle_orphan(self, handle: str, why: str, *, report: str | None = None) -> None:
+        """Settle the active ``handle`` at startup: nothing continues its turn.
+
+        ``interrupted``; or ``completed`` with ``report`` when the turn's last stream had
+        ended ``stop`` in a durable row (:func:`final_report`) before its settlement was.
+        """
         record = self._handles.get(handle)
         if record is None or record.status is not HandleStatus.ACTIVE:
             return
-        self._settle(record, HandleStatus.INTERRUPTED, why)
+        if report is None:
+            self._settle(record, HandleStatus.INTERRUPTED, why)
+        else:
+            self._settle(record, HandleStatus.COMPLETED, "completed", report=report)
         self._write_in_a_task()
 
     def _ended(self, event: ChildEnded, correlation: Correlation) -> None:
@@ -508,6 +518,32 @@ class Delegations:
         return self._clock.now()
 
 
+def final_report(handle: str, load: SessionLoad) -> str | None:
+    """The report of the turn ``handle`` if its last stream ended ``stop`` in a durable row.
+
+    Read from the target's history at startup: the last stream of the handle (its turn
+    envelopes name it) wrote a complete assistant row with the finish ``stop``, and no row of
+    the turn follows it. ``None`` otherwise (the turn did not finish, or ended otherwise),
+    and for a row that cannot be read (its damage is reported where it is read).
+    """
+    streams = [envelope.stream for envelope in load.envelopes if envelope.handle == handle]
+    if not streams:
+        return None
+    mine = frozenset(streams)
+    last = next(
+        (row for row in reversed(load.rows) if row.stream in mine and row.kind is not RowKind.USER),
+        None,
+    )
+    if last is None or last.kind is not RowKind.ASSISTANT or last.stream != streams[-1]:
+        return None
+    try:
+        body = decode_body(last)
+    except TurnkeeperError as error:
+        log.warning("the last row of %s's turn is unreadable: %s", handle, error)
+        return None
+    return body.text if body.finish == FinishReason.STOP.value else None
+
+
 class SettlementFailed(TurnkeeperError):
     """A settlement could not be recorded (it is retried, R54)."""
 
@@ -524,4 +560,5 @@ __all__ = [
     "HandleInUse",
     "SettlementFailed",
     "UnknownHandle",
+    "final_report",
 ]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 import anyio.abc
 
-from agent_session._delegation import Delegation, Delegations
+from agent_session._delegation import Delegation, Delegations, final_report
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session import AgentSession, SessionDisposed
@@ -145,7 +145,7 @@ class Engine:
                 log.error("handle %s is damaged and treated as not active: %s", key, why)
             if self.config.recover_at_start:
                 await self.recover()
-                self._settle_orphaned_handles()
+                await self._settle_orphaned_handles()
         except BaseException:
             self._stack = None
             self._group.cancel_scope.cancel("the engine did not start")
@@ -325,12 +325,15 @@ class Engine:
             self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
 
-    def _settle_orphaned_handles(self) -> None:
+    async def _settle_orphaned_handles(self) -> None:
         """A delegated turn a previous process left active, and nothing owed continues: settled.
 
         After startup recovery the only continuations are the resumed cuts (queued entries did
         not survive the process): an active handle whose turn none of them carries would wait
-        for ever, so it settles ``interrupted`` (recovery settles or resumes, never neither).
+        for ever, so it settles (recovery settles or resumes, never neither): ``completed``
+        with the report when the turn's last stream had ended ``stop`` in a durable row and
+        the process died before the settlement was written (``final_report``, read from the
+        target's history), else ``interrupted``.
         """
         carried = {
             handle
@@ -342,7 +345,17 @@ class Engine:
                 self.delegations.settle_orphan(
                     record.handle_id,
                     "its turn did not survive the restart: nothing owed continues it",
+                    report=await self._final_report(record.handle_id, record.target),
                 )
+
+    async def _final_report(self, handle: str, target: str) -> str | None:
+        """The report of ``handle``'s turn, ended ``stop`` in ``target``'s history, if it did."""
+        try:
+            loaded = await self.store.load(target)
+        except (TurnkeeperError, OSError) as error:
+            log.warning("the history of %s is unreadable: %s", clip(target), error)
+            return None
+        return None if loaded is None else final_report(handle, loaded)
 
     async def _commit_plans(self, voids: list[tuple[str, str, CutState]]) -> set[str]:
         """Write the record changes the plans decided, one boundary per session.

@@ -13,8 +13,19 @@ from pathlib import Path
 import anyio
 import pytest
 
+from agent_session._delegation import final_report
+from agent_session._rows import RowBody, encode_body
 from agent_session.cli import main
-from persistence import HandleStatus, SqliteStore
+from persistence import (
+    HandleRecord,
+    HandleStatus,
+    HistoryRow,
+    RowKind,
+    SessionLoad,
+    SessionRecord,
+    SqliteStore,
+    TurnEnvelope,
+)
 from tests.agent_session.test_delegation import CUT_SCRIPT, HEAD, STORES, cut_by, of, settled
 
 BUSY_HEAD = HEAD.replace(
@@ -188,7 +199,46 @@ def test_ps6_a_stop_row_durable_before_its_settlement_completes_the_handle_at_st
         assert (record.status, record.report) == (HandleStatus.COMPLETED, "Report: 5 of 5 green.")
 
 
-async def _handle_in(db: Path) -> object:
+async def _handle_in(db: Path) -> HandleRecord:
     async with SqliteStore(db) as sqlite:
         (record,) = (await sqlite.handles()).records
     return record
+
+
+def _load(*rows: tuple[str, RowKind, str | None], streams: tuple[str, ...]) -> SessionLoad:
+    """``worker-5``'s history: ``(stream, kind, finish)`` rows; ``streams`` ran for task-17."""
+    history = tuple(
+        HistoryRow(
+            session="worker-5",
+            seq=seq,
+            row_id=f"worker-5:r{seq}",
+            kind=kind,
+            body=encode_body(RowBody(text=f"said {seq}", finish=finish)),
+            stream=stream,
+        )
+        for seq, (stream, kind, finish) in enumerate(rows, start=1)
+    )
+    envelopes = tuple(
+        TurnEnvelope(session="worker-5", stream=s, model="alpha", budget=7, cause="send",
+                     handle="task-17")
+        for s in streams
+    )  # fmt: skip
+    return SessionLoad(
+        record=SessionRecord(id="worker-5", model="alpha"), rows=history, envelopes=envelopes
+    )
+
+
+def test_ps6_only_a_stop_row_of_the_handles_last_stream_is_its_final_report() -> None:
+    stop, cut = (
+        ("worker-5/2", RowKind.ASSISTANT, "stop"),
+        ("worker-5/2", RowKind.ASSISTANT, "tool-calls"),
+    )
+    assert final_report("task-17", _load(stop, streams=("worker-5/2",))) == "said 1"
+    assert final_report("task-17", _load(cut, streams=("worker-5/2",))) is None
+    assert final_report("task-99", _load(stop, streams=("worker-5/2",))) is None
+    partial = ("worker-5/2", RowKind.PARTIAL, None)
+    assert final_report("task-17", _load(stop, partial, streams=("worker-5/2",))) is None
+    # its last stream (worker-5/3) started and wrote nothing: the turn did not finish
+    assert final_report("task-17", _load(stop, streams=("worker-5/2", "worker-5/3"))) is None
+    length = ("worker-5/2", RowKind.ASSISTANT, "length")
+    assert final_report("task-17", _load(length, streams=("worker-5/2",))) is None
