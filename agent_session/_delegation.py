@@ -24,7 +24,16 @@ import msgspec
 
 from agent_session._events import EngineEvent, HandleClaimed, HandleSettled
 from agent_session._rows import decode_body
-from message_queue import Correlation
+from message_queue import (
+    CancelToken,
+    Correlation,
+    DispatchMode,
+    EntryKind,
+    MessageMetadata,
+    MetadataType,
+    NewMessage,
+    SendFailure,
+)
 from persistence import (
     Boundary,
     HandleRecord,
@@ -307,6 +316,72 @@ class Delegations:
             self._settle(record, HandleStatus.INTERRUPTED, why)
         else:
             self._settle(record, HandleStatus.COMPLETED, "completed", report=report)
+        self._write_in_a_task()
+
+    # ------------------------------------------------------------ report wake-ups (TD-9)
+
+    def report_correlation(self, target: str, handle: str | None = None) -> Correlation | None:
+        """The active delegated turn of ``target`` a report queued there would continue.
+
+        ``handle``: only that one (``None`` when it is not active in ``target``); else the
+        latest delegated into ``target`` of those still active.
+        """
+        active = [
+            record
+            for record in self._handles.values()
+            if record.target == target
+            and record.status is HandleStatus.ACTIVE
+            and handle in (None, record.handle_id)
+        ]
+        if not active:
+            return None
+        record = max(active, key=lambda r: (r.created_at, r.handle_id))
+        return Correlation(
+            handle_id=record.handle_id, owner_session=record.owner, turn_id=record.turn_id
+        )
+
+    def report_message(
+        self,
+        text: str,
+        correlation: Correlation | None,
+        *,
+        entry: str | None,
+        mode: DispatchMode | str,
+        token: CancelToken,
+    ) -> NewMessage:
+        """A report wake-up: with ``correlation``, callbacks that settle its turn (TD-9).
+
+        Cancelled before acceptance (withdrawn, removed, cleared): ``interrupted``; accepted
+        and failed before its stream: ``error``. Both act only on a still-active handle
+        (TD-10); an uncorrelated report settles nothing.
+        """
+        if correlation is None:
+            return NewMessage(text=text, kind=EntryKind.REPORT, id=entry, mode=mode,
+                              cancel_token=token)  # fmt: skip
+        turn = correlation
+
+        def canceled(reason: str) -> None:
+            self.report_settles(turn, HandleStatus.INTERRUPTED, REPORT_CANCELED)
+
+        def failed(failure: SendFailure) -> None:
+            why = f"its report wake-up failed before its stream ({failure.type}: {failure.message})"
+            self.report_settles(turn, HandleStatus.ERROR, why)
+
+        return NewMessage(
+            text=text,
+            kind=EntryKind.REPORT,
+            id=entry,
+            mode=mode,
+            metadata=MessageMetadata(type=MetadataType.WORKSPACE_TURN, correlation=correlation),
+            cancel_token=token,
+            workspace_turn_continuation=True,
+            on_canceled=canceled,
+            on_accepted_pre_stream_failure=failed,
+        )
+
+    def report_settles(self, correlation: Correlation, status: HandleStatus, why: str) -> None:
+        """A report wake-up of ``correlation`` went nowhere: settle its turn if still active."""
+        self._settle_active(correlation, status, why)
         self._write_in_a_task()
 
     def _ended(self, event: ChildEnded, correlation: Correlation) -> None:

@@ -23,6 +23,7 @@ from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
+from message_queue import CancelToken, DispatchMode
 from persistence import (
     Boundary,
     CutState,
@@ -535,6 +536,47 @@ class Engine:
         if target.running_handle() == handle:
             self.manager.request_stop_nowait(record.target, soft=False, reason=AbortReason.SYSTEM)
         return True
+
+    def queue_report(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        entry: str | None = None,
+        dedupe_key: str | None = None,
+        mode: DispatchMode | str = DispatchMode.TOOL_END,
+        handle: str | None = None,
+    ) -> CancelToken:
+        """TD-9: queue a report wake-up (kind ``report``) into ``session_id``.
+
+        It carries the correlation of the delegated turn active in that session (``handle``'s
+        when given, if it is active there) unless something unrelated is live in the queue
+        ahead of it (``AgentSession.unrelated_live``; then it carries none and settles
+        nothing). A correlated report's cancellation before acceptance settles that turn
+        ``interrupted``; a failure after acceptance and before its stream, or the queue
+        refusing it here, settles it ``error``. ``dedupe_key`` is removable
+        (``remove_dedupe``). Returns the entry's cancel token.
+
+        Raises:
+            UsageError: no open session ``session_id``, or it is disposed; the queue refused
+                the report (blank text, a held dedupe key, a duplicate entry id).
+        """
+        session = self.session(session_id)
+        correlation = self.delegations.report_correlation(session_id, handle)
+        if correlation is not None and session.unrelated_live(correlation):
+            correlation = None  # an unrelated predecessor: the report must not continue it
+        token = CancelToken()
+        message = self.delegations.report_message(
+            text, correlation, entry=entry, mode=mode, token=token
+        )
+        try:
+            session.enqueue_message(message, dedupe_key=dedupe_key)
+        except UsageError as error:
+            if correlation is not None:
+                why = f"its report wake-up could not be queued: {error}"
+                self.delegations.report_settles(correlation, HandleStatus.ERROR, why)
+            raise
+        return token
 
     def session(self, session_id: str) -> AgentSession:
         """The open session ``session_id``.

@@ -1041,6 +1041,17 @@ class TurnMachine:
             return True
         return any(entry.correlation == correlation for entry in self.queue if not entry.withdrawn)
 
+    def unrelated_live(self, correlation: Correlation) -> bool:
+        """TD-9: a live entry not of ``correlation`` is queued, or dispatching and not withdrawn.
+
+        The complement of :meth:`queued_or_dispatching` over the same entries: a report may
+        carry ``correlation`` only when this is ``False`` (nothing unrelated ahead of it).
+        """
+        turn = self._preparing_turn
+        if turn is not None and turn.correlation != correlation and not turn.canceled():
+            return True
+        return any(entry.correlation != correlation for entry in self.queue if not entry.withdrawn)
+
     def running_handle(self) -> str | None:
         """The handle of the delegated turn whose stream runs now, if one does."""
         correlation = self.context.correlation

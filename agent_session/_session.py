@@ -920,6 +920,10 @@ class AgentSession:
         """ST-16: is a live entry of ``correlation`` queued or dispatching (withdrawn: no)?"""
         return self._machine.queued_or_dispatching(correlation)
 
+    def unrelated_live(self, correlation: Correlation) -> bool:
+        """TD-9: is a live entry of another turn (or of none) queued or dispatching here?"""
+        return self._machine.unrelated_live(correlation)
+
     def claim(self, correlation: Correlation, stream: str) -> bool:
         """ST-15: the owner's claim: will anything continue the turn that ``stream`` cut?
 

@@ -13,20 +13,33 @@ from pathlib import Path
 import anyio
 import pytest
 
+from agent_session import Engine
 from agent_session._delegation import final_report
+from agent_session._events import HandleSettled
 from agent_session._rows import RowBody, encode_body
 from agent_session.cli import main
 from persistence import (
     HandleRecord,
     HandleStatus,
     HistoryRow,
+    MemoryStore,
     RowKind,
     SessionLoad,
     SessionRecord,
     SqliteStore,
     TurnEnvelope,
+    UsageError,
 )
-from tests.agent_session.test_delegation import CUT_SCRIPT, HEAD, STORES, cut_by, of, settled
+from stream_manager import ScriptedModel, ScriptStep, StreamStarted, VirtualClock
+from tests.agent_session.test_delegation import (
+    CUT_SCRIPT,
+    HANG_S,
+    HEAD,
+    STORES,
+    cut_by,
+    of,
+    settled,
+)
 
 BUSY_HEAD = HEAD.replace(
     '[[actions]]\nat = "start"\ndo = { op = "delegate"',
@@ -242,3 +255,106 @@ def test_ps6_only_a_stop_row_of_the_handles_last_stream_is_its_final_report() ->
     assert final_report("task-17", _load(stop, streams=("worker-5/2", "worker-5/3"))) is None
     length = ("worker-5/2", RowKind.ASSISTANT, "length")
     assert final_report("task-17", _load(length, streams=("worker-5/2",))) is None
+
+
+# ---------------------------------------------------------------- TD-9 report wake-ups
+
+
+def report(entry: str, **extra: str) -> str:
+    """An action's op: a report wake-up for task-17 queued into worker-5 (its target)."""
+    more = "".join(f', {key} = "{value}"' for key, value in extra.items())
+    return (
+        f'{{ op = "enqueue", session = "worker-5", entry = "{entry}", kind = "report", '
+        f'text = "child says 2 of 3 done", handle = "task-17"{more} }}'
+    )
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td9_a_report_with_nothing_unrelated_ahead_carries_the_correlation(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    expect = '[expect]\nhandles = { task-17 = "completed" }\n'
+    lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(report("rep-3")) + expect)
+
+    assert of(lines, "claim")[0]["answer"] == "defer"
+    assert handles_of(lines) == ["task-17", "task-17"]
+    assert statuses(lines) == ["completed"]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td9_a_report_behind_an_unrelated_entry_carries_no_correlation(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = CUT_SCRIPT.replace('green." },\n', 'green." },\n  { text = "the report turn" },\n')
+    user = '{ op = "send", session = "worker-5", text = "something else" }'
+    text = HEAD + script + cut_by(user) + cut_by(report("rep-3"))
+    lines = run(tmp_path, store, text)
+
+    assert handles_of(lines) == ["task-17", None, None]  # the report ran uncorrelated
+    assert statuses(lines) == ["interrupted"]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td9_td3_a_removed_report_settles_interrupted_and_the_turn_s_stop_heals_it(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    script = '\n[scripts.alpha]\nsteps = [{ text = "Report: all 3 done.", delay_ms = 30 }]\n'
+    actions = f"""
+[[actions]]
+at = {{ event = "stream-start", session = "worker-5", nth = 1 }}
+do = {report("rep-3", dedupe_key="report:task-17", mode="turn-end")}
+
+[[actions]]
+at = {{ event = "queued", entry = "rep-3", nth = 1 }}
+do = {{ op = "remove_dedupe", session = "worker-5", prefix = "report:" }}
+"""
+    lines = run(tmp_path, store, HEAD + script + actions)
+
+    canceled = of(lines, "entry-canceled")
+    assert [(c["entry"], c["reason"]) for c in canceled] == [("rep-3", "removed")]
+    # the cancellation settles the turn; the turn then ends stop and heals it (TD-3)
+    assert statuses(lines) == ["interrupted", "completed"]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_td9_a_report_failing_before_its_stream_settles_error(
+    tmp_path: Path, store: tuple[str, ...]
+) -> None:
+    fail = '{ op = "fail_next", what = "pre_stream", count = 1 }'
+    claim = f"""
+[[actions]]
+at = {{ event = "claim", handle = "task-17", nth = 1 }}
+do = {fail}
+"""
+    lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(report("rep-3")) + claim)
+
+    assert statuses(lines)[0] == "error"
+
+
+async def test_td9_a_report_that_cannot_be_queued_settles_error() -> None:
+    model = ScriptedModel("alpha", [ScriptStep(text="done")], record=False)
+    engine = Engine(store=MemoryStore(), models={"alpha": model}, clock=VirtualClock())
+    told: list[str] = []
+    refused: list[UsageError] = []
+
+    def observe(event: object) -> None:
+        if isinstance(event, HandleSettled):
+            told.append(event.status)
+        if isinstance(event, StreamStarted) and event.handle == "task-17":
+            try:  # a blank report: the queue refuses it
+                engine.queue_report("worker-5", "  ", entry="rep-3", handle="task-17")
+            except UsageError as error:
+                refused.append(error)
+
+    async with engine:
+        await engine.open_session("lead-2", model="alpha")
+        await engine.open_session("worker-5", model="alpha")
+        engine.add_observer(observe)
+        engine.delegate("lead-2", "worker-5", "task-17", "run it")
+        await engine.wait_idle()
+        with anyio.fail_after(HANG_S):  # a guard against a hang, not a wait for time
+            await engine.delegations.wait_settled("task-17")
+    assert [str(e) for e in refused] == [
+        "session worker-5: a message needs non-blank text or attachments"
+    ]
+    assert told[0] == "error"
