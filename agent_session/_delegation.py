@@ -23,11 +23,23 @@ import anyio
 import msgspec
 
 from agent_session._events import EngineEvent, HandleClaimed, HandleSettled
-from message_queue import Correlation
+from agent_session._rows import decode_body
+from message_queue import (
+    CancelToken,
+    Correlation,
+    DispatchMode,
+    EntryKind,
+    MessageMetadata,
+    MetadataType,
+    NewMessage,
+    SendFailure,
+)
 from persistence import (
     Boundary,
     HandleRecord,
     HandleStatus,
+    RowKind,
+    SessionLoad,
     TurnkeeperError,
     UsageError,
 )
@@ -39,6 +51,17 @@ log = logging.getLogger("turnkeeper.delegation")
 RETRY_FIRST_S: Final = 1.0
 #: The longest wait between two attempts of one settlement write.
 RETRY_MAX_S: Final = 30.0
+
+#: Why a turn settled ``interrupted`` when an unrelated entry cut it (TD-3, the claim's no).
+SUPERSEDED: Final = "superseded by new input"
+#: Why a turn settled ``interrupted`` when an uncorrelated stream ended in its session (TD-4).
+SUPERSEDED_UNCORRELATED: Final = "superseded by an uncorrelated stream-end in its session"
+#: Why a turn settled ``interrupted`` when its report wake-up was cancelled (TD-9).
+REPORT_CANCELED: Final = "its report wake-up was cancelled before it ran"
+#: The ``interrupted`` settlements a later correlated stream-end of the same turn may prove
+#: stale, and so re-settle (TD-3): the ones the owner inferred, never one that someone asked
+#: for (the owner's interrupt, a user's stop, a hard stop) or a forfeit of the continuation.
+STALE_INTERRUPTIONS: Final = frozenset({SUPERSEDED, SUPERSEDED_UNCORRELATED, REPORT_CANCELED})
 
 
 class ChildEnded(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -302,18 +325,94 @@ class Delegations:
         self._write_in_a_task()
         return True
 
-    def settle_orphan(self, handle: str, why: str) -> None:
-        """Settle the active ``handle`` ``interrupted`` (startup: nothing continues its turn)."""
+    def settle_orphan(self, handle: str, why: str, *, report: str | None = None) -> None:
+        """Settle the active ``handle`` at startup: nothing continues its turn.
+
+        ``interrupted``; or ``completed`` with ``report`` when the turn's last stream had
+        ended ``stop`` in a durable row (:func:`final_report`) before its settlement was.
+        """
         record = self._handles.get(handle)
         if record is None or record.status is not HandleStatus.ACTIVE:
             return
-        self._settle(record, HandleStatus.INTERRUPTED, why)
+        if report is None:
+            self._settle(record, HandleStatus.INTERRUPTED, why)
+        else:
+            self._settle(record, HandleStatus.COMPLETED, "completed", report=report)
+        self._write_in_a_task()
+
+    # ------------------------------------------------------------ report wake-ups (TD-9)
+
+    def report_correlation(self, target: str, handle: str | None = None) -> Correlation | None:
+        """The active delegated turn of ``target`` a report queued there would continue.
+
+        ``handle``: only that one (``None`` when it is not active in ``target``); else the
+        latest delegated into ``target`` of those still active.
+        """
+        active = [
+            record
+            for record in self._handles.values()
+            if record.target == target
+            and record.status is HandleStatus.ACTIVE
+            and handle in (None, record.handle_id)
+        ]
+        if not active:
+            return None
+        record = max(active, key=lambda r: (r.created_at, r.handle_id))
+        return Correlation(
+            handle_id=record.handle_id, owner_session=record.owner, turn_id=record.turn_id
+        )
+
+    def report_message(
+        self,
+        text: str,
+        correlation: Correlation | None,
+        *,
+        entry: str | None,
+        mode: DispatchMode | str,
+        token: CancelToken,
+    ) -> NewMessage:
+        """A report wake-up: with ``correlation``, callbacks that settle its turn (TD-9).
+
+        Cancelled before acceptance (withdrawn, removed, cleared): ``interrupted``; accepted
+        and failed before its stream: ``error``. Both act only on a still-active handle
+        (TD-10); an uncorrelated report settles nothing.
+        """
+        if correlation is None:
+            return NewMessage(text=text, kind=EntryKind.REPORT, id=entry, mode=mode,
+                              cancel_token=token)  # fmt: skip
+        turn = correlation
+
+        def canceled(reason: str) -> None:
+            self.report_settles(turn, HandleStatus.INTERRUPTED, REPORT_CANCELED)
+
+        def failed(failure: SendFailure) -> None:
+            why = f"its report wake-up failed before its stream ({failure.type}: {failure.message})"
+            self.report_settles(turn, HandleStatus.ERROR, why)
+
+        return NewMessage(
+            text=text,
+            kind=EntryKind.REPORT,
+            id=entry,
+            mode=mode,
+            metadata=MessageMetadata(type=MetadataType.WORKSPACE_TURN, correlation=correlation),
+            cancel_token=token,
+            workspace_turn_continuation=True,
+            on_canceled=canceled,
+            on_accepted_pre_stream_failure=failed,
+        )
+
+    def report_settles(self, correlation: Correlation, status: HandleStatus, why: str) -> None:
+        """A report wake-up of ``correlation`` went nowhere: settle its turn if still active."""
+        self._settle_active(correlation, status, why)
         self._write_in_a_task()
 
     def _ended(self, event: ChildEnded, correlation: Correlation) -> None:
         record = self._active(correlation, event.target)
-        if record is None or event.stream in record.deferred:
-            return  # TD-1: missing, out of scope, settled, or deferred on already
+        if record is None:
+            self._heal(event, correlation)
+            return
+        if event.stream in record.deferred:
+            return  # TD-1: deferred on already
         if event.finish is FinishReason.TOOL_CALLS:  # TD-2: one claim
             claimer = self._claimer(event.target)
             if claimer is not None and claimer.claim(correlation, event.stream):
@@ -329,7 +428,7 @@ class Delegations:
             claimed = HandleClaimed(
                 session=event.target, handle=record.handle_id, cut=event.stream, answer="settle"
             )
-            self._settle(record, HandleStatus.INTERRUPTED, "superseded by new input", (claimed,))
+            self._settle(record, HandleStatus.INTERRUPTED, SUPERSEDED, (claimed,))
         elif event.finish is FinishReason.STOP:  # TD-3
             self._settle(record, HandleStatus.COMPLETED, "completed", report=event.report)
         else:
@@ -346,8 +445,32 @@ class Delegations:
 
         Not a turn that has not begun yet: that stream-end precedes the turn's prompt row.
         """
-        why = "superseded by an uncorrelated stream-end in its session"
-        self._interrupt_all(event.target, why, begun_only=True)
+        self._interrupt_all(event.target, SUPERSEDED_UNCORRELATED, begun_only=True)
+
+    def _heal(self, event: ChildEnded, correlation: Correlation) -> None:
+        """TD-3: a correlated stream-end re-settles a handle settled ``error`` or stale.
+
+        The turn went on after that settlement (a correlated entry ran it) and this end says
+        how it really ended: ``stop`` completes it with the report; another non-``tool-calls``
+        finish turns a stale ``interrupted`` into ``error``. A ``tool-calls`` end changes
+        nothing (the turn is still going; a later end of it may heal it). Never a
+        ``completed`` handle, an ``interrupted`` one someone asked for (TD-5, TD-7, TD-8) or
+        a forfeit's, and not while the earlier settlement is still being written (R54).
+        Missing or out of scope: ignored (TD-1).
+        """
+        record = self._matching(correlation, event.target)
+        if record is None or record.handle_id in self.retrying:
+            return
+        stale = record.status is HandleStatus.ERROR or (
+            record.status is HandleStatus.INTERRUPTED and record.reason in STALE_INTERRUPTIONS
+        )
+        if not stale or event.finish is FinishReason.TOOL_CALLS:
+            return
+        if event.finish is FinishReason.STOP:
+            self._settle(record, HandleStatus.COMPLETED, "completed", report=event.report)
+        elif record.status is HandleStatus.INTERRUPTED:
+            why = f"ended before completion (finish {event.finish})"
+            self._settle(record, HandleStatus.ERROR, why)
 
     def _interrupt_all(self, target: str, why: str, *, begun_only: bool = False) -> None:
         for record in list(self._handles.values()):
@@ -357,10 +480,16 @@ class Delegations:
                 self._settle(record, HandleStatus.INTERRUPTED, why)
 
     def _active(self, correlation: Correlation, target: str) -> HandleRecord | None:
+        record = self._matching(correlation, target)
+        if record is None or record.status is not HandleStatus.ACTIVE:
+            return None
+        return record
+
+    def _matching(self, correlation: Correlation, target: str) -> HandleRecord | None:
+        """The handle ``correlation`` names, if it is that turn's in ``target`` (TD-1)."""
         record = self._handles.get(correlation.handle_id)
         if (
             record is None
-            or record.status is not HandleStatus.ACTIVE
             or record.target != target
             or record.owner != correlation.owner_session
             or record.turn_id != correlation.turn_id
@@ -486,6 +615,32 @@ class Delegations:
         return self._clock.now()
 
 
+def final_report(handle: str, load: SessionLoad) -> str | None:
+    """The report of the turn ``handle`` if its last stream ended ``stop`` in a durable row.
+
+    Read from the target's history at startup: the last stream of the handle (its turn
+    envelopes name it) wrote a complete assistant row with the finish ``stop``, and no row of
+    the turn follows it. ``None`` otherwise (the turn did not finish, or ended otherwise),
+    and for a row that cannot be read (its damage is reported where it is read).
+    """
+    streams = [envelope.stream for envelope in load.envelopes if envelope.handle == handle]
+    if not streams:
+        return None
+    mine = frozenset(streams)
+    last = next(
+        (row for row in reversed(load.rows) if row.stream in mine and row.kind is not RowKind.USER),
+        None,
+    )
+    if last is None or last.kind is not RowKind.ASSISTANT or last.stream != streams[-1]:
+        return None
+    try:
+        body = decode_body(last)
+    except TurnkeeperError as error:
+        log.warning("the last row of %s's turn is unreadable: %s", handle, error)
+        return None
+    return body.text if body.finish == FinishReason.STOP.value else None
+
+
 class SettlementFailed(TurnkeeperError):
     """A settlement could not be recorded (it is retried, R54)."""
 
@@ -502,4 +657,5 @@ __all__ = [
     "HandleInUse",
     "SettlementFailed",
     "UnknownHandle",
+    "final_report",
 ]

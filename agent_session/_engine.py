@@ -18,13 +18,14 @@ import anyio.abc
 import msgspec
 
 from agent_session._admission import Admission, GoalBoard, Goals, WorkspaceBoard, Workspaces
-from agent_session._delegation import Delegation, Delegations
+from agent_session._delegation import Delegation, Delegations, final_report
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
+from message_queue import CancelToken, DispatchMode
 from persistence import (
     Boundary,
     CutState,
@@ -154,7 +155,7 @@ class Engine:
                 log.error("handle %s is damaged and treated as not active: %s", key, why)
             if self.config.recover_at_start:
                 await self.recover()
-                self._settle_orphaned_handles()
+                await self._settle_orphaned_handles()
         except BaseException:
             self._stack = None
             self._group.cancel_scope.cancel("the engine did not start")
@@ -334,12 +335,15 @@ class Engine:
             self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
 
-    def _settle_orphaned_handles(self) -> None:
+    async def _settle_orphaned_handles(self) -> None:
         """A delegated turn a previous process left active, and nothing owed continues: settled.
 
         After startup recovery the only continuations are the resumed cuts (queued entries did
         not survive the process): an active handle whose turn none of them carries would wait
-        for ever, so it settles ``interrupted`` (recovery settles or resumes, never neither).
+        for ever, so it settles (recovery settles or resumes, never neither): ``completed``
+        with the report when the turn's last stream had ended ``stop`` in a durable row and
+        the process died before the settlement was written (``final_report``, read from the
+        target's history), else ``interrupted``.
         """
         carried = {
             handle
@@ -351,7 +355,17 @@ class Engine:
                 self.delegations.settle_orphan(
                     record.handle_id,
                     "its turn did not survive the restart: nothing owed continues it",
+                    report=await self._final_report(record.handle_id, record.target),
                 )
+
+    async def _final_report(self, handle: str, target: str) -> str | None:
+        """The report of ``handle``'s turn, ended ``stop`` in ``target``'s history, if it did."""
+        try:
+            loaded = await self.store.load(target)
+        except (TurnkeeperError, OSError) as error:
+            log.warning("the history of %s is unreadable: %s", clip(target), error)
+            return None
+        return None if loaded is None else final_report(handle, loaded)
 
     async def _commit_plans(self, voids: list[tuple[str, str, CutState]]) -> set[str]:
         """Write the record changes the plans decided, one boundary per session.
@@ -522,8 +536,9 @@ class Engine:
     def interrupt_handle(self, handle: str) -> bool:
         """TD-8: the owner stops the delegated turn ``handle``; ``False`` if it already was.
 
-        The handle settles ``interrupted`` and the target's stream of that turn, if one runs,
-        is stopped (``system``).
+        The handle settles ``interrupted``; then the entries queued in the target for that
+        turn (its prompt, a correlated wake) are removed, nothing else; then the target's
+        stream of that turn, if one runs, is stopped (``system``).
 
         Raises:
             UnknownHandle: no delegated turn has that handle.
@@ -533,9 +548,53 @@ class Engine:
         if not self.delegations.interrupt(handle):
             return False
         target = self._sessions.get(record.target)
-        if target is not None and target.running_handle() == handle:
+        if target is None or target.disposed:
+            return True
+        target.remove_workspace_turn(handle, "its delegated turn was interrupted by its owner")
+        if target.running_handle() == handle:
             self.manager.request_stop_nowait(record.target, soft=False, reason=AbortReason.SYSTEM)
         return True
+
+    def queue_report(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        entry: str | None = None,
+        dedupe_key: str | None = None,
+        mode: DispatchMode | str = DispatchMode.TOOL_END,
+        handle: str | None = None,
+    ) -> CancelToken:
+        """TD-9: queue a report wake-up (kind ``report``) into ``session_id``.
+
+        It carries the correlation of the delegated turn active in that session (``handle``'s
+        when given, if it is active there) unless something unrelated is live in the queue
+        ahead of it (``AgentSession.unrelated_live``; then it carries none and settles
+        nothing). A correlated report's cancellation before acceptance settles that turn
+        ``interrupted``; a failure after acceptance and before its stream, or the queue
+        refusing it here, settles it ``error``. ``dedupe_key`` is removable
+        (``remove_dedupe``). Returns the entry's cancel token.
+
+        Raises:
+            UsageError: no open session ``session_id``, or it is disposed; the queue refused
+                the report (blank text, a held dedupe key, a duplicate entry id).
+        """
+        session = self.session(session_id)
+        correlation = self.delegations.report_correlation(session_id, handle)
+        if correlation is not None and session.unrelated_live(correlation):
+            correlation = None  # an unrelated predecessor: the report must not continue it
+        token = CancelToken()
+        message = self.delegations.report_message(
+            text, correlation, entry=entry, mode=mode, token=token
+        )
+        try:
+            session.enqueue_message(message, dedupe_key=dedupe_key)
+        except UsageError as error:
+            if correlation is not None:
+                why = f"its report wake-up could not be queued: {error}"
+                self.delegations.report_settles(correlation, HandleStatus.ERROR, why)
+            raise
+        return token
 
     def session(self, session_id: str) -> AgentSession:
         """The open session ``session_id``.

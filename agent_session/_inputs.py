@@ -96,6 +96,13 @@ class RemoveDedupe(_S, frozen=True):
     reason: str
 
 
+class RemoveWorkspaceTurn(_S, frozen=True):
+    """TD-8: remove the queued entries of the delegated turn ``handle``; replies a count."""
+
+    handle: str
+    reason: str
+
+
 class Stop(_S, frozen=True):
     """AS-30: a user Stop."""
 
@@ -509,6 +516,7 @@ Input: TypeAlias = (
     | Clear
     | Restore
     | RemoveDedupe
+    | RemoveWorkspaceTurn
     | Stop
     | HardStop
     | SendNow

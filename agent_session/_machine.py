@@ -523,6 +523,16 @@ class TurnMachine:
         effects.append(_FLUSH)
         return removal.removed_messages, effects
 
+    def remove_workspace_turn(self, handle: str, reason: str) -> tuple[int, list[Effect]]:
+        """TD-8: remove the queued entries of the delegated turn ``handle`` (MQ-11), no other."""
+        before = {e.id: e for e in self.queue}
+        removed = self.queue.remove_workspace_turn(handle)
+        if not removed:
+            return 0, []
+        effects = self.removed(removed, reason, before)
+        effects.append(_FLUSH)
+        return len(removed), effects
+
     # ------------------------------------------------------------ the sweep
 
     def sweep(self) -> list[Effect]:
@@ -1044,6 +1054,17 @@ class TurnMachine:
         if turn is not None and turn.correlation == correlation and not turn.canceled():
             return True
         return any(entry.correlation == correlation for entry in self.queue if not entry.withdrawn)
+
+    def unrelated_live(self, correlation: Correlation) -> bool:
+        """TD-9: a live entry not of ``correlation`` is queued, or dispatching and not withdrawn.
+
+        The complement of :meth:`queued_or_dispatching` over the same entries: a report may
+        carry ``correlation`` only when this is ``False`` (nothing unrelated ahead of it).
+        """
+        turn = self._preparing_turn
+        if turn is not None and turn.correlation != correlation and not turn.canceled():
+            return True
+        return any(entry.correlation != correlation for entry in self.queue if not entry.withdrawn)
 
     def running_handle(self) -> str | None:
         """The handle of the delegated turn whose stream runs now, if one does."""
@@ -1657,6 +1678,10 @@ class TurnMachine:
         count, effects = self.remove_dedupe(prefix, reason)
         return [Reply(count), *effects]
 
+    def _on_RemoveWorkspaceTurn(self, given: _in.RemoveWorkspaceTurn) -> list[Effect]:
+        count, effects = self.remove_workspace_turn(given.handle, given.reason)
+        return [Reply(count), *effects]
+
     def _on_Stop(self, given: _in.Stop) -> list[Effect]:
         return self.stop()
 
@@ -1778,6 +1803,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.Clear: TurnMachine._on_Clear,
     _in.Restore: TurnMachine._on_Restore,
     _in.RemoveDedupe: TurnMachine._on_RemoveDedupe,
+    _in.RemoveWorkspaceTurn: TurnMachine._on_RemoveWorkspaceTurn,
     _in.Stop: TurnMachine._on_Stop,
     _in.HardStop: TurnMachine._on_HardStop,
     _in.SendNow: TurnMachine._on_SendNow,

@@ -946,6 +946,10 @@ class AgentSession:
         """ST-16: is a live entry of ``correlation`` queued or dispatching (withdrawn: no)?"""
         return self._machine.queued_or_dispatching(correlation)
 
+    def unrelated_live(self, correlation: Correlation) -> bool:
+        """TD-9: is a live entry of another turn (or of none) queued or dispatching here?"""
+        return self._machine.unrelated_live(correlation)
+
     def claim(self, correlation: Correlation, stream: str) -> bool:
         """ST-15: the owner's claim: will anything continue the turn that ``stream`` cut?
 
@@ -968,6 +972,18 @@ class AgentSession:
         """AS-16: remove the queued messages whose dedupe keys start with ``prefix``."""
         self._alive()
         removed = self._host(self._machine.handle(_in.RemoveDedupe(prefix, reason)))
+        assert isinstance(removed, int)
+        return removed
+
+    def remove_workspace_turn(self, handle: str, reason: str = "removed") -> int:
+        """TD-8: remove the entries queued for the delegated turn ``handle``; how many left.
+
+        Only entries correlated to that handle go (a correlated entry is sealed: it holds that
+        turn's messages alone); their cancellations run as for any removal (R32), then the
+        sweep.
+        """
+        self._alive()
+        removed = self._host(self._machine.handle(_in.RemoveWorkspaceTurn(handle, reason)))
         assert isinstance(removed, int)
         return removed
 

@@ -247,6 +247,17 @@ def _send(engine: Engine, faults: Faults, do: Any) -> None:
 
 
 def _enqueue(engine: Engine, faults: Faults, do: Any) -> None:
+    mode = do.mode or DispatchMode.TOOL_END
+    if do.kind == "report" and do.handle is not None:  # TD-9: the engine decides its correlation
+        engine.queue_report(
+            do.session,
+            do.text,
+            entry=do.entry,
+            dedupe_key=do.dedupe_key,
+            mode=mode,
+            handle=do.handle,
+        )
+        return
     correlation = None
     if do.handle is not None:  # correlated to the delegated turn under that handle
         record = engine.delegations.record(do.handle)
@@ -257,7 +268,7 @@ def _enqueue(engine: Engine, faults: Faults, do: Any) -> None:
         do.text,
         kind=do.kind,
         entry=do.entry,
-        mode=do.mode or DispatchMode.TOOL_END,
+        mode=mode,
         dedupe_key=do.dedupe_key,
         correlation=correlation,
         sealed=do.sealed,
