@@ -83,7 +83,28 @@ class ChildHardStopped(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     target: str
 
 
-ChildEvent = ChildEnded | ChildAborted | ChildFailed | ChildForfeited | ChildHardStopped
+class ChildUnsent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A send of the delegated turn went nowhere and nothing else carries the turn (TD-6)."""
+
+    target: str
+    correlation: Correlation
+
+
+class ChildDisposed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The target session is disposed (AS-31, R27): nothing will run its delegated turns."""
+
+    target: str
+
+
+ChildEvent = (
+    ChildEnded
+    | ChildAborted
+    | ChildFailed
+    | ChildForfeited
+    | ChildHardStopped
+    | ChildDisposed
+    | ChildUnsent
+)
 
 
 class Claimer(Protocol):
@@ -248,6 +269,13 @@ class Delegations:
             return
         if isinstance(event, ChildHardStopped):
             self._interrupt_all(event.target, "its session was hard-stopped (TD-7)")
+            return
+        if isinstance(event, ChildUnsent):
+            why = "its prompt was refused before a stream started, and nothing continues it"
+            self._settle_active(event.correlation, HandleStatus.ERROR, why)
+            return
+        if isinstance(event, ChildDisposed):  # R27: neither a stream event nor a marker will
+            self._interrupt_all(event.target, "its session was disposed (R27)")
             return
         correlation = event.correlation
         if correlation is None:
@@ -470,11 +498,13 @@ class SettlementFailed(TurnkeeperError):
 
 __all__ = [
     "ChildAborted",
+    "ChildDisposed",
     "ChildEnded",
     "ChildEvent",
     "ChildFailed",
     "ChildForfeited",
     "ChildHardStopped",
+    "ChildUnsent",
     "Delegation",
     "Delegations",
     "HandleInUse",

@@ -51,11 +51,13 @@ from agent_session._continuation import (
 from agent_session._cut_records import CutChange, CutRecords
 from agent_session._delegation import (
     ChildAborted,
+    ChildDisposed,
     ChildEnded,
     ChildEvent,
     ChildFailed,
     ChildForfeited,
     ChildHardStopped,
+    ChildUnsent,
 )
 from agent_session._effects import (
     AbortPrepared,
@@ -619,10 +621,27 @@ class TurnMachine:
         A drained entry gives PREPARING back and the drain goes on (AS-13); a direct send
         leaves preflight, and the sweep it held back runs again (R3).
         """
+        told = self._unsent(turn)
         if turn.dispatched:
-            return [*self._to_idle_from(Phase.PREPARING), _DRAIN_IF_IDLE]
+            return [*told, *self._to_idle_from(Phase.PREPARING), _DRAIN_IF_IDLE]
         self.release_preflight()
-        return [*self._to_idle_from(Phase.PREPARING), _SWEEP_WANTED, _DRAIN_IF_IDLE]
+        return [*told, *self._to_idle_from(Phase.PREPARING), _SWEEP_WANTED, _DRAIN_IF_IDLE]
+
+    def _unsent(self, turn: TurnInput) -> list[Effect]:
+        """TD-6: a delegated turn's send went nowhere; its owner hears if nothing carries it.
+
+        Nothing carries it when no owed marker and no live queued entry has its correlation
+        (a delegated prompt refused before its stream: no row, no stream event ever follows).
+        """
+        correlation = turn.correlation
+        if correlation is None or not self.owner_listens:
+            return []
+        marker = self.continuation.marker
+        if marker is not None and marker.correlation == correlation:
+            return []  # the sweep resumes the cut
+        if any(e.correlation == correlation for e in self.queue if not e.withdrawn):
+            return []
+        return [TellOwner(ChildUnsent(target=self.id, correlation=correlation))]
 
     def supersede(self, turn: TurnInput, why: str) -> list[Effect]:
         """R35: a durable row that does not continue the cut turn withdraws its continuation."""
@@ -1282,8 +1301,16 @@ class TurnMachine:
         return self._end(EndedHow.FORFEITED, "the history was discarded (R27)")
 
     def dispose(self) -> list[Effect]:
-        """AS-31: forfeit the owed continuation (R27) and abort a resume (R18)."""
-        return self._end(EndedHow.FORFEITED, "session disposed")
+        """AS-31: forfeit the owed continuation (R27), abort a resume (R18), settle the owner.
+
+        A delegated turn of this session that owes nothing (its prompt not yet streaming, or
+        its stream running) would hear of no stream event any more: the disposal's system
+        abort settles nothing (TD-5), so its owner is told the session is gone (R27).
+        """
+        effects = self._end(EndedHow.FORFEITED, "session disposed")
+        if self.owner_listens:
+            effects.append(TellOwner(ChildDisposed(target=self.id)))
+        return effects
 
     def disposed_now(self) -> list[Effect]:
         """AS-31: the queue is dropped; the session accepts nothing more."""

@@ -1,0 +1,63 @@
+"""Regressions found by the delegation state machine (``test_delegation_bookkeeping.py``).
+
+Each is that machine's shrunk order of actions on its scenario (``tests/stateful/
+delegation_kit.py``: ``lead`` delegates to ``worker`` under ``h-9``; a wake cuts the worker's
+first stream at a tool boundary), run on both stores, with what must hold spelled out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from persistence import HandleStatus
+from tests.stateful.delegation_kit import HANDLE, Action, check, lines_of, run_example
+
+KINDS = ["memory", "sqlite"]
+
+
+def settles_once(
+    actions: tuple[Action, ...], kind: str, *statuses: HandleStatus
+) -> list[dict[str, object]]:
+    """Run ``actions``: the handle is settled once, durably, with one of ``statuses``."""
+    outcome = run_example(actions, kind)
+    trace = outcome.result.trace
+    assert outcome.handles[HANDLE] in statuses, trace
+    settled = [trace[i] for i in lines_of(trace, "settled", handle=HANDLE)]
+    told = [(line["session"], line["status"]) for line in settled]
+    assert told == [("lead", outcome.handles[HANDLE].value)], trace
+    check(outcome)
+    return trace
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r27_as31_disposing_the_target_before_its_delegated_turn_starts_settles_the_owner(
+    kind: str,
+) -> None:
+    # the worker is disposed as the handle becomes durable: the prompt's send never streams,
+    # nothing is owed, and no stream event will ever tell the owner anything
+    trace = settles_once((("handle-1", "dispose"),), kind, HandleStatus.INTERRUPTED)
+    assert not lines_of(trace, "stream-start")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r27_as31_disposing_the_target_while_its_delegated_turn_streams_settles_the_owner(
+    kind: str,
+) -> None:
+    # the wake's turn carries the delegated turn on (its cut consumed); disposal stops that
+    # stream with a system abort, which settles nothing (TD-5), and nothing is owed to forfeit;
+    # in memory the stream may end (stop: completed) before the disposal's task runs
+    statuses = (HandleStatus.INTERRUPTED, HandleStatus.COMPLETED)
+    trace = settles_once((("ended", "dispose"),), kind, *statuses)
+    starts = [trace[i]["handle"] for i in lines_of(trace, "stream-start")]
+    assert starts == [HANDLE, HANDLE]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_td6_a_delegated_prompt_whose_send_is_refused_settles_the_owner_error(
+    kind: str,
+) -> None:
+    # the handle is durable; the write of the prompt's user row then fails, so the send is
+    # refused (no row, no stream, nothing owed): nothing else would ever settle the handle
+    trace = settles_once((("handle-1", "fail-store-1"),), kind, HandleStatus.ERROR)
+    assert not lines_of(trace, "stream-start")
+    assert not lines_of(trace, "persisted", what="user-row")
