@@ -211,9 +211,15 @@ class Delegations:
         )
 
     def load(self, records: Iterable[HandleRecord], corrupt: Iterable[str]) -> None:
-        """The handles the store holds, read at startup (a damaged one is never active)."""
+        """The handles the store holds, read at startup (a damaged one is never active).
+
+        An active one has begun (TD-4): its prompt row was written in an earlier process, so
+        every stream-end this process sees comes after it.
+        """
         for record in records:
             self._handles[record.handle_id] = record
+            if record.status is HandleStatus.ACTIVE:
+                self._begun.add(record.handle_id)
         self._corrupt.update(corrupt)
 
     async def wait_settled(self, handle: str) -> None:

@@ -1245,8 +1245,21 @@ class TurnMachine:
     # ------------------------------------------------------------ host actions
 
     def stop(self) -> list[Effect]:
-        """AS-30: a user Stop withdraws the continuation first (R6, R11), then stops."""
+        """AS-30: a user Stop withdraws the continuation first (R6, R11), then stops.
+
+        A delegated turn's owed continuation is the user's to end (TD-5): its owner hears a
+        user abort of the cut, since no stream of the turn runs to be aborted.
+        """
+        marker = self.continuation.marker
         effects = self._end(EndedHow.WITHDRAWN, "user stop")
+        if marker is not None and marker.correlation is not None and self.owner_listens:
+            aborted = ChildAborted(
+                target=self.id,
+                correlation=marker.correlation,
+                stream=marker.cut,
+                reason=AbortReason.USER,
+            )
+            effects.append(TellOwner(aborted))
         effects.append(AbortPrepared(AbortReason.USER))
         self._soft_stop = False
         self._active_tools.clear()

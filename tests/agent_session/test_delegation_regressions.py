@@ -61,3 +61,23 @@ def test_td6_a_delegated_prompt_whose_send_is_refused_settles_the_owner_error(
     trace = settles_once((("handle-1", "fail-store-1"),), kind, HandleStatus.ERROR)
     assert not lines_of(trace, "stream-start")
     assert not lines_of(trace, "persisted", what="user-row")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_td5_st5_a_user_stop_after_the_owner_deferred_settles_it_interrupted(kind: str) -> None:
+    # the owner deferred on the queued wake; the user's Stop comes before the wake's turn
+    # starts: the continuation is withdrawn (ST-5) and the Stop's abort has no stream, so the
+    # owner must hear the user's abort from the withdrawal itself (TD-5)
+    trace = settles_once((("claim", "stop"),), kind, HandleStatus.INTERRUPTED)
+    assert [trace[i]["stream"] for i in lines_of(trace, "stream-start")] == ["worker/1"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_td4_after_a_restart_an_uncorrelated_stream_end_supersedes_the_recovered_turn(
+    kind: str,
+) -> None:
+    # a crash as the cut is owed (before the owner's claim); the next engine recovers the cut
+    # and a user message then supersedes it (R35): the user's stream ends uncorrelated, which
+    # supersedes the delegated turn (TD-4), although it began in the previous process
+    trace = settles_once((("owed", "crash"), ("recovered", "send")), kind, HandleStatus.INTERRUPTED)
+    assert [trace[i]["handle"] for i in lines_of(trace, "stream-start")] == [HANDLE, None]

@@ -182,8 +182,18 @@ def told_lost_to_a_crash(trace: list[dict[str, Any]], handle: str) -> bool:
 NEXT_ENGINE_NOT_OPENED = "injected store write failure (commit of lead (create))"
 
 
-def check(outcome: Outcome) -> None:
-    """Properties 1 to 3 (``test_delegation_bookkeeping.py``) of one run."""
+#: How a continuation ends that the brief's property 2 covers: the owner's "no" voids it.
+NO: frozenset[str] = frozenset({"voided"})
+#: Every ending but a successor's start: a withdrawal or a forfeit must never be resumed either.
+ENDED: frozenset[str] = frozenset({"voided", "withdrawn", "forfeited"})
+
+
+def check(outcome: Outcome, *, ended: frozenset[str] = NO) -> None:
+    """Properties 1 to 3 (``test_delegation_bookkeeping.py``) of one run.
+
+    ``ended``: the ``continuation-ended`` kinds after which no resume of that cut may start
+    (a ``claim answer=settle`` always counts).
+    """
     result, trace = outcome.result, outcome.result.trace
     shown = "\n".join(str(line) for line in trace)
     # an action that could not run is an outcome; an engine failure or a hang is a finding
@@ -197,12 +207,12 @@ def check(outcome: Outcome) -> None:
         if not cut_short and lines_of(trace, "claim", handle=handle, answer="defer"):
             assert outcome.handles[handle] is not HandleStatus.ACTIVE, f"{handle}\n{shown}"
             assert settled or told_lost_to_a_crash(trace, handle), f"{handle} untold\n{shown}"
-    # 2: a no (or a continuation ended otherwise than consumed) is never resumed
+    # 2: a no (and with ``ended``, any end but a successor's start) is never resumed
     ends = [
         (i, line["cut"])
         for i, line in enumerate(trace)
         if (line["event"] == "claim" and line["answer"] == "settle")
-        or (line["event"] == "continuation-ended" and line["how"] != "consumed")
+        or (line["event"] == "continuation-ended" and line["how"] in ended)
     ]
     for at, cut in ends:
         resumed = [i for i in lines_of(trace, "resume", cut=cut, outcome="started") if i > at]
