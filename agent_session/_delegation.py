@@ -285,8 +285,8 @@ class Delegations:
             return
         correlation = event.correlation
         if correlation is None:
-            if isinstance(event, ChildEnded):
-                self._superseded(event)
+            if isinstance(event, ChildEnded | ChildFailed):  # TD-4; a failed supersede too
+                self._superseded(event.target)
             return
         if isinstance(event, ChildAborted):
             if event.reason is AbortReason.USER:  # TD-5: only a user's abort settles
@@ -353,13 +353,15 @@ class Delegations:
         if handle in self._handles:
             self._begun.add(handle)
 
-    def _superseded(self, event: ChildEnded) -> None:
+    def _superseded(self, target: str) -> None:
         """TD-4: an uncorrelated stream-end in the target supersedes its delegated turns.
 
-        Not a turn that has not begun yet: that stream-end precedes the turn's prompt row.
+        So does an uncorrelated stream that fails: the send that started it withdrew the
+        delegated turn's continuation (R35) for its own end to settle the turn, and no end
+        comes. Not a turn that has not begun yet: that stream precedes the turn's prompt row.
         """
-        why = "superseded by an uncorrelated stream-end in its session"
-        self._interrupt_all(event.target, why, begun_only=True)
+        why = "superseded by an uncorrelated stream in its session"
+        self._interrupt_all(target, why, begun_only=True)
 
     def _interrupt_all(self, target: str, why: str, *, begun_only: bool = False) -> None:
         for record in list(self._handles.values()):

@@ -477,6 +477,7 @@ class TurnMachine:
         effects += [
             Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason=reason)) for c in removed
         ]
+        effects += self._prompts_removed(removed, before)
         effects.append(CancelRemoved(tuple(removed), reason))
         effects.append(_SWEEP_WANTED)
         return effects
@@ -630,18 +631,41 @@ class TurnMachine:
     def _unsent(self, turn: TurnInput) -> list[Effect]:
         """TD-6: a delegated turn's send went nowhere; its owner hears if nothing carries it.
 
-        Nothing carries it when no owed marker and no live queued entry has its correlation
-        (a delegated prompt refused before its stream: no row, no stream event ever follows).
+        A delegated prompt refused before its stream: no row, no stream event ever follows.
         """
         correlation = turn.correlation
-        if correlation is None or not self.owner_listens:
-            return []
-        marker = self.continuation.marker
-        if marker is not None and marker.correlation == correlation:
-            return []  # the sweep resumes the cut
-        if any(e.correlation == correlation for e in self.queue if not e.withdrawn):
+        if correlation is None or not self.owner_listens or self._carried(correlation):
             return []
         return [TellOwner(ChildUnsent(target=self.id, correlation=correlation))]
+
+    def _prompts_removed(
+        self, removed: list[EntryCallbacks], before: Mapping[str, EntrySnapshot]
+    ) -> list[Effect]:
+        """R32: a removed entry of a delegated turn nothing else carries forfeits the turn.
+
+        A delegated prompt still queued when a clear (or a removal) takes it never runs: no
+        stream event will tell its owner anything.
+        """
+        if not self.owner_listens:
+            return []
+        effects: list[Effect] = []
+        for callbacks in removed:
+            entry = before.get(callbacks.entry_id)
+            correlation = entry.correlation if entry is not None else None
+            if correlation is not None and not self._carried(correlation):
+                why = "its queued prompt was removed before it ran"
+                forfeited = ChildForfeited(target=self.id, correlation=correlation, why=why)
+                effects.append(TellOwner(forfeited))
+        return effects
+
+    def _carried(self, correlation: Correlation) -> bool:
+        """Whether something here carries the turn: its owed cut, a live entry, its stream."""
+        marker = self.continuation.marker
+        if marker is not None and marker.correlation == correlation:
+            return True  # the sweep resumes the cut
+        if any(e.correlation == correlation for e in self.queue if not e.withdrawn):
+            return True
+        return self._streaming is not None and self.context.correlation == correlation
 
     def supersede(self, turn: TurnInput, why: str) -> list[Effect]:
         """R35: a durable row that does not continue the cut turn withdraws its continuation."""

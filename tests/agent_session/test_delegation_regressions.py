@@ -81,3 +81,23 @@ def test_td4_after_a_restart_an_uncorrelated_stream_end_supersedes_the_recovered
     # supersedes the delegated turn (TD-4), although it began in the previous process
     trace = settles_once((("owed", "crash"), ("recovered", "send")), kind, HandleStatus.INTERRUPTED)
     assert [trace[i]["handle"] for i in lines_of(trace, "stream-start")] == [HANDLE, None]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_td4_r35_a_superseding_stream_that_fails_settles_the_deferred_owner(kind: str) -> None:
+    # the owner deferred on the wake; the wake's row fails to write (it goes nowhere, the cut
+    # stays owed), then a queued user message supersedes the cut (R35: withdrawn, for the
+    # superseding stream's end to settle, TD-4); that stream fails instead of ending
+    actions = (("claim", "fail-store-1"), ("claim", "send"), ("start-2", "fail-store-1"))
+    trace = settles_once(actions, kind, HandleStatus.INTERRUPTED)
+    assert [trace[i]["handle"] for i in lines_of(trace, "stream-start")] == [HANDLE, None]
+    assert [trace[i]["type"] for i in lines_of(trace, "stream-error")] == ["store_write"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r32_a_delegated_prompt_cleared_from_the_queue_settles_the_owner(kind: str) -> None:
+    # a user message keeps the worker busy, so the delegated prompt is queued; it cuts the
+    # user's turn, and a plain clear then removes it before it ever ran: nothing carries the
+    # delegated turn any more
+    trace = settles_once((("cut-end", "clear"), ("start", "send")), kind, HandleStatus.INTERRUPTED)
+    assert all(trace[i]["handle"] is None for i in lines_of(trace, "stream-start"))

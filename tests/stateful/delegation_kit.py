@@ -168,12 +168,13 @@ def lines_of(trace: list[dict[str, Any]], event: str, **fields: object) -> list[
 
 
 def told_lost_to_a_crash(trace: list[dict[str, Any]], handle: str) -> bool:
-    """A crash ran inside a ``persisted handle`` emission: what that write decided is untold."""
-    return any(
-        trace[i + 1]["event"] == "crash"
-        for i in lines_of(trace, "persisted", what="handle", id=handle)
-        if i + 1 < len(trace)
-    )
+    """A crash came after the owner deferred: a settlement it decided may be untold.
+
+    Its write can commit (SQLite commits in a worker thread) while the process dies before the
+    event is told: the telling is lost, never the fact (the caller checks the store).
+    """
+    deferred = lines_of(trace, "claim", handle=handle, answer="defer")
+    return bool(deferred) and any(i > deferred[0] for i in lines_of(trace, "crash"))
 
 
 #: A ``fail_next store_write`` still armed when an engine goes away fails the next engine's

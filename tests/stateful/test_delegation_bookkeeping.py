@@ -18,9 +18,9 @@ run, from the trace (both engine lives of a crash are in one trace) and the stor
 
 1. a lead that deferred (``claim answer=defer``) is settled exactly once: one ``settled`` line
    for the handle (never two, for any handle), and the stored handle is not ``active``. A
-   crash inside the settlement's own ``persisted handle`` emission loses the telling, never
-   the fact (``docs/session.md``, "Decide, persist, tell"): then no line, and the store holds
-   the settlement (ST-6, R54, TD-10);
+   crash after the settlement's write committed and before it was told loses the telling,
+   never the fact (``docs/session.md``, "Decide, persist, tell"): after a crash the line may
+   be missing, but the store must hold the settlement (ST-6, R54, TD-10);
 2. a "no" is never followed by a resume of that cut: after ``claim answer=settle`` for cut X,
    or a ``continuation-ended`` that voids X, no ``resume`` of X starts (ST-15, R28, R33). The
    second test asks the same after a withdrawal or a forfeit of X (ST-5, ST-6): it fails
@@ -28,11 +28,12 @@ run, from the trace (both engine lives of a crash are in one trace) and the stor
 3. never both, never neither: at quiescence no stored handle is ``active`` unless its target's
    store still owes a cut (nothing runs at quiescence) (ST-6, TD-2).
 
-The ``@example`` orders include the five the machine found, each now a regression test in
+The ``@example`` orders include the seven the machine found, each now a regression test in
 ``tests/agent_session/test_delegation_regressions.py``: the target disposed before the
 delegated prompt streams, or while its stream runs; the prompt's user-row write failing; a
 user Stop after the owner deferred; a restart, then an unrelated message superseding the
-recovered turn.
+recovered turn; an unrelated message superseding the deferred cut whose stream then fails; a
+queued delegated prompt cleared before it ran.
 
 Open finding (not fixed: it lies in the resume's start, outside the claim bookkeeping): a user
 Stop or a hard-stop clear landing in the resumed stream's ``stream-start`` emission (before the
@@ -86,6 +87,12 @@ actions_strategy = st.lists(
 @example(actions=(("handle-1", "fail-store-1"),), kind="memory")
 @example(actions=(("claim", "stop"),), kind="memory")
 @example(actions=(("owed", "crash"), ("recovered", "send")), kind="memory")
+@example(
+    actions=(("claim", "fail-store-1"), ("claim", "send"), ("start-2", "fail-store-1")),
+    kind="memory",
+)
+@example(actions=(("cut-end", "clear"), ("start", "send")), kind="memory")
+@example(actions=(("end-2", "crash"), ("start-2", "clear-hard")), kind="sqlite")  # untold
 def test_st6_st15_r54_a_delegated_turn_settles_once_and_a_no_is_never_resumed(
     actions: tuple[Action, ...], kind: str
 ) -> None:
