@@ -101,3 +101,12 @@ def test_r32_a_delegated_prompt_cleared_from_the_queue_settles_the_owner(kind: s
     # delegated turn any more
     trace = settles_once((("cut-end", "clear"), ("start", "send")), kind, HandleStatus.INTERRUPTED)
     assert all(trace[i]["handle"] is None for i in lines_of(trace, "stream-start"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r27_disposing_the_target_as_it_is_delegated_to_settles_and_the_engine_runs_on(
+    kind: str,
+) -> None:
+    # the disposal runs before the delegation's own task writes the handle and sends the
+    # prompt: the send must not reach the disposed session (that failed the engine)
+    settles_once((("start", "dispose"), ("start", "dispose")), kind, HandleStatus.INTERRUPTED)

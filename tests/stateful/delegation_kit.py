@@ -72,6 +72,7 @@ do = {{ op = "enqueue", session = "worker", entry = "wk", kind = "wake", text = 
 #: Where generated actions fire: the delegated turn's trigger events (TOML inline tables).
 TRIGGERS: dict[str, str] = {
     "start": '"start"',
+    "bash-end": '{ event = "tool-call-end", tool = "bash", nth = 1 }',
     "wait-start": '{ event = "op-start", tool = "job_wait", nth = 1 }',
     "wait-end": '{ event = "tool-call-end", tool = "job_wait", nth = 1 }',
     "loop-stop": '{ event = "stop", session = "worker", why = "queued-message", nth = 1 }',

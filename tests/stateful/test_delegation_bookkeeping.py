@@ -28,12 +28,13 @@ run, from the trace (both engine lives of a crash are in one trace) and the stor
 3. never both, never neither: at quiescence no stored handle is ``active`` unless its target's
    store still owes a cut (nothing runs at quiescence) (ST-6, TD-2).
 
-The ``@example`` orders include the seven the machine found, each now a regression test in
+The ``@example`` orders include the eight the machine found, each now a regression test in
 ``tests/agent_session/test_delegation_regressions.py``: the target disposed before the
 delegated prompt streams, or while its stream runs; the prompt's user-row write failing; a
 user Stop after the owner deferred; a restart, then an unrelated message superseding the
 recovered turn; an unrelated message superseding the deferred cut whose stream then fails; a
-queued delegated prompt cleared before it ran.
+queued delegated prompt cleared before it ran; the target disposed before the delegation's
+own task sent the prompt (that failed the engine).
 
 Open finding (not fixed: it lies in the resume's start, outside the claim bookkeeping): a user
 Stop or a hard-stop clear landing in the resumed stream's ``stream-start`` emission (before the
@@ -76,7 +77,9 @@ actions_strategy = st.lists(
 @given(actions=actions_strategy.map(tuple), kind=st.sampled_from(["memory", "sqlite"]))
 @example(actions=(("claim", "withdraw"),), kind="memory")  # defer, then the wake is taken back
 @example(actions=(("claim", "fail-settlement-3"), ("claim", "dispose")), kind="sqlite")
-@example(actions=(("wait-start", "send"),), kind="memory")  # an unrelated head: a no
+@example(actions=(("wait-start", "send"),), kind="memory")  # behind the wake: a defer
+# R28 (b): an unrelated head cuts the loop (a no); it leaves the queue before it is dispatched
+@example(actions=(("bash-end", "send"), ("claim", "clear")), kind="sqlite")
 @example(actions=(("claim", "clear-hard"),), kind="sqlite")  # hard-stop clear forfeits
 @example(actions=(("claim", "crash"),), kind="sqlite")  # recovery resumes the owed cut
 @example(actions=(("claim", "withdraw"), ("sentinel", "crash")), kind="sqlite")
@@ -92,6 +95,7 @@ actions_strategy = st.lists(
     kind="memory",
 )
 @example(actions=(("cut-end", "clear"), ("start", "send")), kind="memory")
+@example(actions=(("start", "dispose"), ("start", "dispose")), kind="sqlite")
 @example(actions=(("end-2", "crash"), ("start-2", "clear-hard")), kind="sqlite")  # untold
 def test_st6_st15_r54_a_delegated_turn_settles_once_and_a_no_is_never_resumed(
     actions: tuple[Action, ...], kind: str
