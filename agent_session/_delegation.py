@@ -55,7 +55,7 @@ RETRY_MAX_S: Final = 30.0
 #: Why a turn settled ``interrupted`` when an unrelated entry cut it (TD-3, the claim's no).
 SUPERSEDED: Final = "superseded by new input"
 #: Why a turn settled ``interrupted`` when an uncorrelated stream ended in its session (TD-4).
-SUPERSEDED_UNCORRELATED: Final = "superseded by an uncorrelated stream-end in its session"
+SUPERSEDED_UNCORRELATED: Final = "superseded by an uncorrelated stream in its session"
 #: Why a turn settled ``interrupted`` when its report wake-up was cancelled (TD-9).
 REPORT_CANCELED: Final = "its report wake-up was cancelled before it ran"
 #: The ``interrupted`` settlements a later correlated stream-end of the same turn may prove
@@ -106,7 +106,28 @@ class ChildHardStopped(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     target: str
 
 
-ChildEvent = ChildEnded | ChildAborted | ChildFailed | ChildForfeited | ChildHardStopped
+class ChildUnsent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A send of the delegated turn went nowhere and nothing else carries the turn (TD-6)."""
+
+    target: str
+    correlation: Correlation
+
+
+class ChildDisposed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The target session is disposed (AS-31, R27): nothing will run its delegated turns."""
+
+    target: str
+
+
+ChildEvent = (
+    ChildEnded
+    | ChildAborted
+    | ChildFailed
+    | ChildForfeited
+    | ChildHardStopped
+    | ChildDisposed
+    | ChildUnsent
+)
 
 
 class Claimer(Protocol):
@@ -235,9 +256,15 @@ class Delegations:
         return None
 
     def load(self, records: Iterable[HandleRecord], corrupt: Iterable[str]) -> None:
-        """The handles the store holds, read at startup (a damaged one is never active)."""
+        """The handles the store holds, read at startup (a damaged one is never active).
+
+        An active one has begun (TD-4): its prompt row was written in an earlier process, so
+        every stream-end this process sees comes after it.
+        """
         for record in records:
             self._handles[record.handle_id] = record
+            if record.status is HandleStatus.ACTIVE:
+                self._begun.add(record.handle_id)
         self._corrupt.update(corrupt)
 
     async def wait_settled(self, handle: str) -> None:
@@ -294,10 +321,17 @@ class Delegations:
         if isinstance(event, ChildHardStopped):
             self._interrupt_all(event.target, "its session was hard-stopped (TD-7)")
             return
+        if isinstance(event, ChildUnsent):
+            why = "its prompt was refused before a stream started, and nothing continues it"
+            self._settle_active(event.correlation, HandleStatus.ERROR, why)
+            return
+        if isinstance(event, ChildDisposed):  # R27: neither a stream event nor a marker will
+            self._interrupt_all(event.target, "its session was disposed (R27)")
+            return
         correlation = event.correlation
         if correlation is None:
-            if isinstance(event, ChildEnded):
-                self._superseded(event)
+            if isinstance(event, ChildEnded | ChildFailed):  # TD-4; a failed supersede too
+                self._superseded(event.target)
             return
         if isinstance(event, ChildAborted):
             if event.reason is AbortReason.USER:  # TD-5: only a user's abort settles
@@ -440,12 +474,14 @@ class Delegations:
         if handle in self._handles:
             self._begun.add(handle)
 
-    def _superseded(self, event: ChildEnded) -> None:
+    def _superseded(self, target: str) -> None:
         """TD-4: an uncorrelated stream-end in the target supersedes its delegated turns.
 
-        Not a turn that has not begun yet: that stream-end precedes the turn's prompt row.
+        So does an uncorrelated stream that fails: the send that started it withdrew the
+        delegated turn's continuation (R35) for its own end to settle the turn, and no end
+        comes. Not a turn that has not begun yet: that stream precedes the turn's prompt row.
         """
-        self._interrupt_all(event.target, SUPERSEDED_UNCORRELATED, begun_only=True)
+        self._interrupt_all(target, SUPERSEDED_UNCORRELATED, begun_only=True)
 
     def _heal(self, event: ChildEnded, correlation: Correlation) -> None:
         """TD-3: a correlated stream-end re-settles a handle settled ``error`` or stale.
@@ -647,11 +683,13 @@ class SettlementFailed(TurnkeeperError):
 
 __all__ = [
     "ChildAborted",
+    "ChildDisposed",
     "ChildEnded",
     "ChildEvent",
     "ChildFailed",
     "ChildForfeited",
     "ChildHardStopped",
+    "ChildUnsent",
     "Delegation",
     "Delegations",
     "HandleInUse",

@@ -521,14 +521,16 @@ class Engine:
         delegation = Delegation(self.delegations, handle)
 
         async def start() -> None:
+            now = self.delegations.record(handle)  # settled already if the target went (R27)
             try:
-                await self._writer.write(owner, Boundary(handles=(record,)))
+                await self._writer.write(owner, Boundary(handles=(now,)))
             except (TurnkeeperError, OSError) as error:
                 log.warning("the delegated turn %s was not recorded: %s", handle, error)
                 self.delegations.delegated(delegation, error)
                 return
             self._emit(Persisted(session=owner, what="handle", id=handle))
-            child.send(text, correlation=correlation)
+            if not child.disposed and self.delegations.record(handle).status is record.status:
+                child.send(text, correlation=correlation)
 
         self._spawn(start)
         return delegation

@@ -51,11 +51,13 @@ from agent_session._continuation import (
 from agent_session._cut_records import CutChange, CutRecords
 from agent_session._delegation import (
     ChildAborted,
+    ChildDisposed,
     ChildEnded,
     ChildEvent,
     ChildFailed,
     ChildForfeited,
     ChildHardStopped,
+    ChildUnsent,
 )
 from agent_session._effects import (
     AbortPrepared,
@@ -484,6 +486,7 @@ class TurnMachine:
         effects += [
             Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason=reason)) for c in removed
         ]
+        effects += self._prompts_removed(removed, before)
         effects.append(CancelRemoved(tuple(removed), reason))
         effects.append(_SWEEP_WANTED)
         return effects
@@ -638,10 +641,50 @@ class TurnMachine:
         A drained entry gives PREPARING back and the drain goes on (AS-13); a direct send
         leaves preflight, and the sweep it held back runs again (R3).
         """
+        told = self._unsent(turn)
         if turn.dispatched:
-            return [*self._to_idle_from(Phase.PREPARING), _DRAIN_IF_IDLE]
+            return [*told, *self._to_idle_from(Phase.PREPARING), _DRAIN_IF_IDLE]
         self.release_preflight()
-        return [*self._to_idle_from(Phase.PREPARING), _SWEEP_WANTED, _DRAIN_IF_IDLE]
+        return [*told, *self._to_idle_from(Phase.PREPARING), _SWEEP_WANTED, _DRAIN_IF_IDLE]
+
+    def _unsent(self, turn: TurnInput) -> list[Effect]:
+        """TD-6: a delegated turn's send went nowhere; its owner hears if nothing carries it.
+
+        A delegated prompt refused before its stream: no row, no stream event ever follows.
+        """
+        correlation = turn.correlation
+        if correlation is None or not self.owner_listens or self._carried(correlation):
+            return []
+        return [TellOwner(ChildUnsent(target=self.id, correlation=correlation))]
+
+    def _prompts_removed(
+        self, removed: list[EntryCallbacks], before: Mapping[str, EntrySnapshot]
+    ) -> list[Effect]:
+        """R32: a removed entry of a delegated turn nothing else carries forfeits the turn.
+
+        A delegated prompt still queued when a clear (or a removal) takes it never runs: no
+        stream event will tell its owner anything.
+        """
+        if not self.owner_listens:
+            return []
+        effects: list[Effect] = []
+        for callbacks in removed:
+            entry = before.get(callbacks.entry_id)
+            correlation = entry.correlation if entry is not None else None
+            if correlation is not None and not self._carried(correlation):
+                why = "its queued prompt was removed before it ran"
+                forfeited = ChildForfeited(target=self.id, correlation=correlation, why=why)
+                effects.append(TellOwner(forfeited))
+        return effects
+
+    def _carried(self, correlation: Correlation) -> bool:
+        """Whether something here carries the turn: its owed cut, a live entry, its stream."""
+        marker = self.continuation.marker
+        if marker is not None and marker.correlation == correlation:
+            return True  # the sweep resumes the cut
+        if any(e.correlation == correlation for e in self.queue if not e.withdrawn):
+            return True
+        return self._streaming is not None and self.context.correlation == correlation
 
     def supersede(self, turn: TurnInput, why: str) -> list[Effect]:
         """R35: a durable row that does not continue the cut turn withdraws its continuation."""
@@ -1256,8 +1299,21 @@ class TurnMachine:
     # ------------------------------------------------------------ host actions
 
     def stop(self) -> list[Effect]:
-        """AS-30: a user Stop withdraws the continuation first (R6, R11), then stops."""
+        """AS-30: a user Stop withdraws the continuation first (R6, R11), then stops.
+
+        A delegated turn's owed continuation is the user's to end (TD-5): its owner hears a
+        user abort of the cut, since no stream of the turn runs to be aborted.
+        """
+        marker = self.continuation.marker
         effects = self._end(EndedHow.WITHDRAWN, "user stop")
+        if marker is not None and marker.correlation is not None and self.owner_listens:
+            aborted = ChildAborted(
+                target=self.id,
+                correlation=marker.correlation,
+                stream=marker.cut,
+                reason=AbortReason.USER,
+            )
+            effects.append(TellOwner(aborted))
         effects.append(AbortPrepared(AbortReason.USER))
         self._soft_stop = False
         self._active_tools.clear()
@@ -1312,8 +1368,16 @@ class TurnMachine:
         return self._end(EndedHow.FORFEITED, "the history was discarded (R27)")
 
     def dispose(self) -> list[Effect]:
-        """AS-31: forfeit the owed continuation (R27) and abort a resume (R18)."""
-        return self._end(EndedHow.FORFEITED, "session disposed")
+        """AS-31: forfeit the owed continuation (R27), abort a resume (R18), settle the owner.
+
+        A delegated turn of this session that owes nothing (its prompt not yet streaming, or
+        its stream running) would hear of no stream event any more: the disposal's system
+        abort settles nothing (TD-5), so its owner is told the session is gone (R27).
+        """
+        effects = self._end(EndedHow.FORFEITED, "session disposed")
+        if self.owner_listens:
+            effects.append(TellOwner(ChildDisposed(target=self.id)))
+        return effects
 
     def disposed_now(self) -> list[Effect]:
         """AS-31: the queue is dropped; the session accepts nothing more."""

@@ -30,7 +30,9 @@ from the store before and after, it returns one :class:`Finding` per violated in
 ``handle``
     A delegated turn's handle settles twice (two ``settled`` events across the child's trace
     and the recovery's events), or is still ``active`` in the store after recovery reached
-    quiescence: nothing would ever settle it (recovery settles or resumes, never neither).
+    quiescence: nothing would ever settle it (recovery settles or resumes, never neither); or
+    recovery starts a stream of a turn whose handle had settled (never both: R41's admission
+    refuses it).
 ``recovery``
     The recovery engine raised, or did not reach quiescence.
 """
@@ -126,12 +128,23 @@ def check_trial(trace: Sequence[EventData], facts: RecoveryFacts) -> list[Findin
 def _check_handles(
     trace: Sequence[EventData], facts: RecoveryFacts, findings: list[Finding]
 ) -> None:
-    """A handle settles at most once, and none is left active once recovery is quiescent."""
+    """A handle settles at most once and is never left active; a settled one never resumes.
+
+    Never left active once recovery is quiescent; recovery starts no stream of its turn once
+    it settled.
+    """
     settled: dict[str, int] = {}
-    for event in (*trace, *facts.recovery_events):
+    recovering = len(trace)
+    for index, event in enumerate((*trace, *facts.recovery_events)):
         if event.get("event") == "settled":
             handle = str(event.get("handle"))
             settled[handle] = settled.get(handle, 0) + 1
+        elif index >= recovering and event.get("event") == "stream-start":
+            started = event.get("handle")
+            if started is not None and str(started) in settled:
+                stream = event.get("stream")
+                why = f"recovery started {stream} for handle {started}, already settled"
+                findings.append(Finding(cls="handle", reason=why))
     findings.extend(
         Finding(cls="handle", reason=f"handle {handle} settled {count} times")
         for handle, count in settled.items()

@@ -258,3 +258,14 @@ def test_a_delegated_handle_settled_twice_or_left_active_is_a_violation() -> Non
         "handle review-4 is still active after recovery"
     ]
     assert check_trial([*CUT_THEN_STOP, settled], clean_facts()) == []
+
+
+def test_r41_recovery_starting_a_stream_of_a_settled_handle_is_a_violation() -> None:
+    """Never both: a turn whose handle settled before the kill is not resumed by recovery."""
+    settled = {"event": "settled", "session": "lead-7", "handle": "mig-2", "status": "interrupted"}
+    resumed = {"event": "stream-start", "session": "w-3", "stream": "w-3/2", "handle": "mig-2"}
+    other = {"event": "stream-start", "session": "w-3", "stream": "w-3/3", "handle": "mig-9"}
+    found = check_trial([*CUT_THEN_STOP, settled], clean_facts(recovery_events=[resumed, other]))
+    assert [f.reason for f in found] == ["recovery started w-3/2 for handle mig-2, already settled"]
+    # before the kill, a stream after a settlement is the child's own business (TD-3 heals)
+    assert check_trial([*CUT_THEN_STOP, settled, resumed], clean_facts()) == []
