@@ -87,7 +87,12 @@ class AbortPrepared(msgspec.Struct, frozen=True):
 
 
 class AbortResume(msgspec.Struct, frozen=True):
-    """Fire the abort signal of the resume in flight: its continuation ended."""
+    """Fire the abort signal of the resume in flight: its continuation ended.
+
+    ``reason``: why (a user Stop's ``user``; ``system`` for every other ending).
+    """
+
+    reason: AbortReason = AbortReason.SYSTEM
 
 
 class Dispatch(msgspec.Struct, frozen=True):

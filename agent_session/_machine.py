@@ -140,6 +140,7 @@ if TYPE_CHECKING:
 GOAL_KIND = "goal"
 
 _FLUSH = Next(_in.FlushRecords())
+_ABORT_RESUME = AbortResume()
 _DRAIN = Next(_in.Drain())
 _DRAIN_IF_IDLE = Next(_in.DrainIfIdle())
 _SWEEP_WANTED = Next(_in.SweepWanted())
@@ -344,15 +345,18 @@ class TurnMachine:
 
     # ------------------------------------------------------------ continuation endings
 
-    def _end(self, how: EndedHow, why: str) -> list[Effect]:
+    def _end(
+        self, how: EndedHow, why: str, *, reason: AbortReason = AbortReason.SYSTEM
+    ) -> list[Effect]:
         """Withdraw, forfeit or void the owed continuation, and abort an in-flight resume.
 
         The marker goes at once; its record change is queued with the event that tells it.
+        ``reason``: what the in-flight resume's abort says (a user Stop's is ``user``).
         """
         self.continuation, marker = drop(self.continuation)
         effects: list[Effect] = []
         if self._resume_armed:
-            effects.append(AbortResume())
+            effects.append(_ABORT_RESUME if reason is AbortReason.SYSTEM else AbortResume(reason))
         if marker is not None:
             told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
             self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after the write
@@ -763,8 +767,11 @@ class TurnMachine:
             self.records.change(marker.cut, CutState.CONSUMED, told)
         resume = self.context.resume_of
         if resume is not None and cause is StartCause.RESUME:
+            # its continuation ended while the stream started (a Stop inside ``stream-start``):
+            # the stream runs nothing and the attempt was withdrawn, not started (ST-10)
+            outcome = "started" if marker is not None else "withdrawn"
             self.records.untold_resume = ResumeAttempted(
-                session=self.id, cut=resume[0], attempt=resume[1], outcome="started"
+                session=self.id, cut=resume[0], attempt=resume[1], outcome=outcome
             )
             self._resume_armed = False
         return []
@@ -1305,7 +1312,7 @@ class TurnMachine:
         user abort of the cut, since no stream of the turn runs to be aborted.
         """
         marker = self.continuation.marker
-        effects = self._end(EndedHow.WITHDRAWN, "user stop")
+        effects = self._end(EndedHow.WITHDRAWN, "user stop", reason=AbortReason.USER)
         if marker is not None and marker.correlation is not None and self.owner_listens:
             aborted = ChildAborted(
                 target=self.id,
@@ -1475,7 +1482,7 @@ class TurnMachine:
             Emit(PhaseChanged(session=self.id, from_=was, to=Phase.BROKEN)),
             Emit(broken),
             AbortPrepared(AbortReason.SYSTEM),
-            AbortResume(),
+            _ABORT_RESUME,
             StopStream(AbortReason.SYSTEM),
         ]
 

@@ -531,8 +531,8 @@ class AgentSession:
                 self._calling_out(lambda: stop(self.id, soft=soft, reason=why))
             case AbortPrepared(reason=cause):
                 self._fire(self._prepared_abort, cause)
-            case AbortResume():  # its continuation ended: a system stop
-                self._fire(self._resume_abort, AbortReason.SYSTEM)
+            case AbortResume(reason=why):  # its continuation ended
+                self._fire(self._resume_abort, why)
             case Dispatch(turn, token):
                 self._dispatch(turn, token, then)
             case StartResume():

@@ -141,7 +141,13 @@ class StreamProcessor:
         return model in self._models
 
     async def run(self, stream: ActiveStream, request: StreamRequest) -> StreamOutcome:
-        """Process ``stream`` (launched: ``STREAMING``, its scope set) to its outcome."""
+        """Process ``stream`` (launched: ``STREAMING``, its scope set) to its outcome.
+
+        A hard stop that landed before processing began (inside ``stream-start``, or while
+        its start was written) aborts it here: no step runs (SM-11).
+        """
+        if stream.hard_reason is not None:
+            return self._abort(stream)
         if self._ops.bound:  # tool tasks run in the engine's group: no group of our own
             outcome = await self._process_in(stream, request)
         else:

@@ -563,7 +563,7 @@ def test_as30_a_stop_withdraws_and_aborts_the_resume_before_it_stops_the_stream(
     kit.stranded()
     kit.sweep()
     assert kit.give(Stop()) == [
-        AbortResume(),
+        AbortResume(AbortReason.USER),  # the resume hears the user's reason too
         AbortPrepared(AbortReason.USER),
         StopStream(AbortReason.USER),
     ]

@@ -8,7 +8,10 @@ move made twice).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
+import pytest
 
 from agent_session import (
     ContinuationEnded,
@@ -19,9 +22,11 @@ from agent_session import (
     Phase,
     ResumeAttempted,
 )
+from agent_session.harness import load_scenario
 from agent_session.harness.fakes import Faults, FaultyStore
+from agent_session.harness.runner import SUPPORTED_OPS, run_scenario
 from message_queue import EntryKind
-from persistence import CutState, MemoryStore, RowKind
+from persistence import CutState, MemoryStore, RowKind, SqliteStore
 from stream_manager import (
     LoopStopped,
     Persisted,
@@ -197,3 +202,36 @@ async def test_st3_r65_a_soft_stop_cut_with_no_steps_left_writes_no_record() -> 
         (partial,) = [row for row in rows if row.kind is RowKind.PARTIAL]
         assert partial.cut is None
         assert [e.entry for e in r.of(EntryDequeued)] == ["w"]
+
+
+def stop_at_the_resumed_start(tmp_path: Path) -> Path:
+    """``withdrawn-wake`` with a user Stop inside the resumed stream's ``stream-start``."""
+    library = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
+    text = (library / "withdrawn-wake.toml").read_text("utf-8")
+    text = text[: text.index("[expect]")] + (
+        '[[actions]]\nat = { event = "stream-start", session = "dev", cause = "resume" }\n'
+        'do = { op = "stop", session = "dev" }\n'
+    )
+    path = tmp_path / "stop-at-start.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_as30_r11_a_user_stop_inside_the_resumed_stream_start_runs_no_step(
+    tmp_path: Path, kind: str
+) -> None:
+    """A Stop told inside the resume's own ``stream-start`` (the phase still PREPARING) ends
+    the continuation and stops the stream before its first step, with the user's reason."""
+    path = stop_at_the_resumed_start(tmp_path)
+    store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "s.db")
+    result = await run_scenario(load_scenario(path, supported_ops=SUPPORTED_OPS), store)
+
+    assert result.error is None, result.error
+    resumed = [line for line in result.trace if line.get("stream") == "dev/2"]
+    assert [line["event"] for line in resumed] == ["stream-start", "stream-abort"]
+    assert resumed[-1]["reason"] == "user"
+    (ended,) = [line for line in result.trace if line["event"] == "continuation-ended"]
+    assert (ended["how"], ended["why"]) == ("withdrawn", "user stop")
+    (resume,) = [line for line in result.trace if line["event"] == "resume"]
+    assert resume["outcome"] == "withdrawn"  # ST-10: its continuation never ran

@@ -23,8 +23,7 @@ run, from the trace (both engine lives of a crash are in one trace) and the stor
    be missing, but the store must hold the settlement (ST-6, R54, TD-10);
 2. a "no" is never followed by a resume of that cut: after ``claim answer=settle`` for cut X,
    or a ``continuation-ended`` that voids X, no ``resume`` of X starts (ST-15, R28, R33). The
-   second test asks the same after a withdrawal or a forfeit of X (ST-5, ST-6): it fails
-   today (finding below), so it is marked ``xfail(strict=True)``;
+   second test asks the same after a withdrawal or a forfeit of X (ST-5, ST-6);
 3. never both, never neither: at quiescence no stored handle is ``active`` unless its target's
    store still owes a cut (nothing runs at quiescence) (ST-6, TD-2).
 
@@ -36,12 +35,10 @@ recovered turn; an unrelated message superseding the deferred cut whose stream t
 queued delegated prompt cleared before it ran; the target disposed before the delegation's
 own task sent the prompt (that failed the engine).
 
-Open finding (not fixed: it lies in the resume's start, outside the claim bookkeeping): a user
-Stop or a hard-stop clear landing in the resumed stream's ``stream-start`` emission (before the
-session consumes the marker) ends the continuation (``continuation-ended`` withdrawn or
-forfeited, told), and the session then still tells ``resume outcome=started`` for that cut,
-and the resumed stream runs one model step before its abort (reason ``system``, also for the
-user's Stop) lands. Shrunk: ``(("claim", "withdraw"), ("start-2", "stop"))``, both stores.
+The second test's shrunk order, a user Stop or a hard-stop clear landing in the resumed
+stream's ``stream-start`` emission, once found the resume told ``started`` and a model step run
+after its continuation ended; now the stream aborts before any step (with the stop's reason)
+and the attempt is told ``withdrawn`` (``test_as30_r11_...`` in ``test_stop_races.py``).
 
 ``make test`` runs a bounded, derandomized sample; ``TURNKEEPER_FUZZ=full`` runs 2000.
 """
@@ -50,7 +47,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -103,11 +99,6 @@ def test_st6_st15_r54_a_delegated_turn_settles_once_and_a_no_is_never_resumed(
     check(run_example(actions, kind))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open finding: a Stop or hard-stop clear in the resumed stream's stream-start "
-    "ends the continuation, yet the resume is told started and runs a step",
-)
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(actions=actions_strategy.map(tuple), kind=st.sampled_from(["memory", "sqlite"]))
 @example(actions=(("claim", "withdraw"), ("start-2", "stop")), kind="memory")
