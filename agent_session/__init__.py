@@ -10,6 +10,16 @@ Not built yet: auto-retry and startup retry, compaction, a durable queue.
 May import every other package; nothing imports it.
 """
 
+from agent_session._admission import (
+    AdmissionUnreadable,
+    GoalBoard,
+    Goals,
+    GoalState,
+    WorkspaceBoard,
+    Workspaces,
+    WorkspaceState,
+    WorkspaceStatus,
+)
 from agent_session._continuation import (
     Continuation,
     EndedHow,
@@ -17,7 +27,19 @@ from agent_session._continuation import (
     SweepSnapshot,
     plan_sweep,
 )
-from agent_session._delegation import Delegation, HandleInUse, UnknownHandle
+from agent_session._delegation import (
+    ChildAborted,
+    ChildDisposed,
+    ChildEnded,
+    ChildEvent,
+    ChildFailed,
+    ChildForfeited,
+    ChildHardStopped,
+    ChildUnsent,
+    Delegation,
+    HandleInUse,
+    UnknownHandle,
+)
 from agent_session._engine import Engine, EngineObserver
 from agent_session._events import (
     ContinuationEnded,
@@ -37,14 +59,24 @@ from agent_session._events import (
     SessionBroken,
     SessionEvent,
 )
+from agent_session._owners import TurnOwner
 from agent_session._phases import BrokenSession, IllegalTransition, Phase
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._statistics import SessionStatistics
 from agent_session.ports import EngineConfig, OpenGate, PreStreamFailure, PreStreamGate
 
 __all__ = [
+    "AdmissionUnreadable",
     "AgentSession",
     "BrokenSession",
+    "ChildAborted",
+    "ChildDisposed",
+    "ChildEnded",
+    "ChildEvent",
+    "ChildFailed",
+    "ChildForfeited",
+    "ChildHardStopped",
+    "ChildUnsent",
     "Continuation",
     "ContinuationEnded",
     "ContinuationOwed",
@@ -58,6 +90,9 @@ __all__ = [
     "EntryDequeued",
     "EntryQueued",
     "EntryWithdrawn",
+    "GoalBoard",
+    "GoalState",
+    "Goals",
     "HandleClaimed",
     "HandleInUse",
     "HandleSettled",
@@ -77,6 +112,11 @@ __all__ = [
     "SessionEvent",
     "SessionStatistics",
     "SweepSnapshot",
+    "TurnOwner",
     "UnknownHandle",
+    "WorkspaceBoard",
+    "WorkspaceState",
+    "WorkspaceStatus",
+    "Workspaces",
     "plan_sweep",
 ]

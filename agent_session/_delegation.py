@@ -233,6 +233,10 @@ class Delegations:
             r.target == target and r.status is HandleStatus.ACTIVE for r in self._handles.values()
         )
 
+    def knows(self, handle: str) -> bool:
+        """Whether ``handle`` is one of this owner's (a damaged record too)."""
+        return handle in self._handles or handle in self._corrupt
+
     def refusal(self, correlation: Correlation, target: str) -> str | None:
         """R41's handle admission: why ``target`` may not go on with ``correlation``'s turn.
 

@@ -20,6 +20,7 @@ import msgspec
 from agent_session._admission import Admission, GoalBoard, Goals, WorkspaceBoard, Workspaces
 from agent_session._delegation import Delegation, Delegations, final_report
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
+from agent_session._owners import Owners, TurnOwner
 from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
@@ -85,6 +86,7 @@ class Engine:
         gate: PreStreamGate | None = None,
         goals: Goals | None = None,
         workspaces: Workspaces | None = None,
+        owner: TurnOwner | None = None,
         observers: Iterable[EngineObserver] = (),
     ) -> None:
         self.config = config or EngineConfig()
@@ -135,7 +137,10 @@ class Engine:
         #: asks again before it launches, with the handle of a delegated turn (ST-8, R41).
         self.goals: Goals = goals if goals is not None else GoalBoard()
         self.workspaces: Workspaces = workspaces if workspaces is not None else WorkspaceBoard()
-        self._admission = Admission(self.goals, self.workspaces, self.delegations.refusal)
+        #: Who hears the delegated turns' streams: the engine's owner, and the host's for the
+        #: handles the engine does not hold (``owner``: a task store of the host's own).
+        self.owners = Owners(self.delegations, owner)
+        self._admission = Admission(self.goals, self.workspaces, self.owners.refusal)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -269,7 +274,7 @@ class Engine:
 
     def _on_stream_event(self, event: StreamEvent) -> None:
         if type(event) is StreamStarted and event.handle is not None:
-            self.delegations.turn_began(event.handle)  # TD-4: its prompt row is in history
+            self.owners.turn_began(event.handle)  # TD-4: its prompt row is in history
         session = self._sessions.get(event.session) if event.session is not None else None
         if session is None:
             self._emit(event)
@@ -490,11 +495,11 @@ class Engine:
             writer=self._writer,
             next_seq=next_seq,
             next_stream=next_stream,
-            tell_owner=self.delegations.on_child,
+            tell_owner=self.owners.on_child,
             goal=record.goal,
             admission=self._admission,
         )
-        if self.delegations.active_into(record.id):
+        if self.owners.host is not None or self.delegations.active_into(record.id):
             session.listen_for_owner()
         self._sessions[record.id] = session
         return session

@@ -26,6 +26,7 @@ from agent_session import (
     PhaseChanged,
     PreStreamGate,
 )
+from agent_session._owners import TurnOwner
 from agent_session.harness.fakes import Faults, FaultyStore
 from agent_session.harness.trace import event_name as tag
 from agent_session.harness.virtual_time import VirtualTime
@@ -154,6 +155,7 @@ async def session_rig(
     store: Store | None = None,
     sessions: Sequence[tuple[str, str]] = (("s1", "M"),),
     handles: Sequence[tuple[Correlation, str]] = (),
+    owner: TurnOwner | None = None,
 ) -> AsyncIterator[Rig]:
     """An engine with one session per ``sessions`` entry, running, with events recorded.
 
@@ -191,6 +193,7 @@ async def session_rig(
         clock=clock,
         config=config or EngineConfig(max_stream_steps=8),
         gate=gate,
+        owner=owner,
         observers=[observe],
     )
     async with engine:
