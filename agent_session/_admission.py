@@ -117,12 +117,33 @@ class AdmissionUnreadable(PreStreamFailure):
 class Admission:
     """The engine's admission of internal continuations (one for all its sessions)."""
 
-    __slots__ = ("_goals", "_handles", "_workspaces")
+    __slots__ = ("_follow_ups", "_goals", "_handles", "_workspaces")
 
-    def __init__(self, goals: Goals, workspaces: Workspaces, handles: HandleProbe) -> None:
+    def __init__(
+        self,
+        goals: Goals,
+        workspaces: Workspaces,
+        handles: HandleProbe,
+        follow_ups: HandleProbe | None = None,
+    ) -> None:
         self._goals = goals
         self._workspaces = workspaces
         self._handles = handles
+        #: TD-8's question for a follow-up of a delegated turn (``handles`` when not given).
+        self._follow_ups = follow_ups or handles
+
+    def admit_follow_up(self, session: str, correlation: Correlation) -> Ticket | str:
+        """TD-8, R41: a ticket for a turn continuing ``correlation``'s, or why it is refused.
+
+        Only the handle is asked (a follow-up is the owner's or the turn's own, not the
+        engine's continuing on its own: no goal, no workspace).
+
+        Raises:
+            AdmissionUnreadable: the owner raised.
+        """
+        ticket = Ticket(self, session, None, correlation, -1)
+        refusal = ticket.reasons()
+        return ticket if refusal is None else refusal
 
     def admit(
         self, session: str, goal: str | None, correlation: Correlation | None
@@ -144,10 +165,14 @@ class Admission:
     ) -> str | None:
         """Why the goal, the workspace or the handle refuses now.
 
+        ``epoch`` -1 is a follow-up's ticket: its handle alone is asked.
+
         Raises:
             AdmissionUnreadable: a port raised.
         """
         try:
+            if epoch < 0:
+                return None if correlation is None else self._follow_ups(correlation, session)
             return self._refusal(session, goal, correlation, epoch)
         except Exception as error:  # a host port: whatever it raises is a read error
             raise _unreadable(error) from error
@@ -195,6 +220,10 @@ class Ticket:
         #: A read error the probe met (the launch is then a failure before start).
         self.error: AdmissionUnreadable | None = None
 
+    def reasons(self) -> str | None:
+        """Why the launch is refused now (read errors raise :class:`AdmissionUnreadable`)."""
+        return self._admission.refusal(self.session, self.goal, self.correlation, self.epoch)
+
     def refusal(self) -> str | None:
         """The combined probe: why the launch must stop now, or ``None``.
 
@@ -202,7 +231,7 @@ class Ticket:
         in :attr:`error`, so the caller counts the attempt as failed, not refused.
         """
         try:
-            return self._admission.refusal(self.session, self.goal, self.correlation, self.epoch)
+            return self.reasons()
         except AdmissionUnreadable as error:
             self.error = error
             return str(error)

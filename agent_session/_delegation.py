@@ -259,6 +259,26 @@ class Delegations:
             return f"the handle {handle} is settled {record.status}"
         return None
 
+    def follow_up_refusal(self, correlation: Correlation, target: str) -> str | None:
+        """TD-8, R41 for a follow-up (an entry continuing the turn): refused once stopped.
+
+        Only a turn someone stopped refuses its follow-ups (the owner's interrupt, a user's
+        stop, a hard stop, a forfeit: an ``interrupted`` that is not stale) and a damaged
+        record; a follow-up of a turn settled ``error`` or superseded may still heal it
+        (TD-3), and one of a handle this owner does not hold is not its to refuse.
+        """
+        handle = correlation.handle_id
+        if handle in self._corrupt:
+            return f"the handle {handle} is damaged in the store"
+        record = self._handles.get(handle)
+        if (
+            record is not None
+            and record.status is HandleStatus.INTERRUPTED
+            and record.reason not in STALE_INTERRUPTIONS
+        ):
+            return f"the handle {handle} is settled {record.status}"
+        return None
+
     def load(self, records: Iterable[HandleRecord], corrupt: Iterable[str]) -> None:
         """The handles the store holds, read at startup (a damaged one is never active).
 

@@ -140,7 +140,9 @@ class Engine:
         #: Who hears the delegated turns' streams: the engine's owner, and the host's for the
         #: handles the engine does not hold (``owner``: a task store of the host's own).
         self.owners = Owners(self.delegations, owner)
-        self._admission = Admission(self.goals, self.workspaces, self.owners.refusal)
+        self._admission = Admission(
+            self.goals, self.workspaces, self.owners.refusal, self.owners.follow_up_refusal
+        )
 
     # ------------------------------------------------------------ lifecycle
 

@@ -84,6 +84,15 @@ class Owners:
             return self._own.refusal(correlation, target)
         return self._host.refusal(correlation, target)
 
+    def follow_up_refusal(self, correlation: Correlation, target: str) -> str | None:
+        """TD-8 for a follow-up of the turn, from the owner that holds its handle.
+
+        The engine's owner for its handles, else the host's (its ``refusal``), else nothing.
+        """
+        if self._own.knows(correlation.handle_id) or self._host is None:
+            return self._own.follow_up_refusal(correlation, target)
+        return self._host.refusal(correlation, target)
+
     def turn_began(self, handle: str) -> None:
         """Both hear it; each ignores a handle it does not hold."""
         self._own.turn_began(handle)

@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from agent_session import _inputs as _in
+from agent_session._admission import AdmissionUnreadable
 from agent_session._events import EntryCanceled
 from agent_session._turn import (
     Accepted,
@@ -26,11 +27,12 @@ from agent_session._turn import (
 from agent_session.ports import PreStreamFailure
 from message_queue import EntryKind, SendFailure
 from persistence import HistoryRow, TurnkeeperError
-from stream_manager import ErrorKind, StreamFailed
+from stream_manager import ErrorKind, LaunchRefused, Refused, StreamFailed
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from agent_session._admission import Ticket
     from agent_session._effects import Perform, Successors
     from agent_session._events import EngineEvent
     from agent_session._machine import TurnMachine
@@ -47,7 +49,7 @@ _DISPOSED = SendRefused(SendFailure(type="disposed", message="the session was di
 class SendPipeline:
     """Runs one send at a time through gate, validation, persistence and acceptance."""
 
-    __slots__ = ("_emit", "_gate", "_launch", "_machine", "_perform", "_store")
+    __slots__ = ("_admit", "_emit", "_gate", "_launch", "_machine", "_perform", "_store")
 
     def __init__(
         self,
@@ -57,7 +59,8 @@ class SendPipeline:
         gate: PreStreamGate,
         emit: Callable[[EngineEvent], None],
         perform: Perform,
-        launch: Callable[[StreamContext], Awaitable[StreamOutcome]],
+        launch: Callable[[StreamContext, Ticket | None], Awaitable[StreamOutcome]],
+        admit: Callable[[TurnInput], Ticket | str | None],
     ) -> None:
         self._machine = machine
         self._store = store
@@ -67,6 +70,8 @@ class SendPipeline:
         self._emit = emit
         self._perform = perform
         self._launch = launch
+        #: R41 for a follow-up of a delegated turn: its handle (and workspace) admit it?
+        self._admit = admit
 
     async def run(self, turn: TurnInput, then: Successors) -> PipelineResult:
         """AS-13: whatever goes wrong in one send, the session goes on (IDLE, drain again).
@@ -96,6 +101,12 @@ class SendPipeline:
         failure = machine.validate(turn)
         if failure is not None:
             return SendRefused(failure)
+        try:
+            ticket = self._admit(turn)  # TD-8, R41: a follow-up of a stopped turn never runs
+        except AdmissionUnreadable as error:
+            return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
+        if isinstance(ticket, str):
+            return self._refused(ticket)
         row = await self._perform(machine.handle(_in.UserRowWanted(turn)))
         if not isinstance(row, HistoryRow):
             return SendRefused(SendFailure(type="store_write", message=str(row)))
@@ -110,7 +121,7 @@ class SendPipeline:
         refused = await self._accept(turn)
         if refused is not None:
             return refused
-        return await self._launch_accepted(machine.turn_context(turn), then)
+        return await self._launch_accepted(machine.turn_context(turn), then, ticket, row)
 
     def _disposed(self) -> bool:
         """Whether the session was disposed (it can become so across any await)."""
@@ -127,14 +138,21 @@ class SendPipeline:
         await self._perform(self._machine.handle(_in.TurnAccepted(turn)))
         return None
 
-    async def _launch_accepted(self, context: StreamContext, then: Successors) -> PipelineResult:
+    async def _launch_accepted(
+        self,
+        context: StreamContext,
+        then: Successors,
+        ticket: Ticket | None = None,
+        row: HistoryRow | None = None,
+    ) -> PipelineResult:
         """AS-10, AS-22: launch an accepted turn; a failure before its stream is reported.
 
         The outcome's path (its rows, the drain) runs after the launch, outside this guard:
         a write failing there is the machine's input, never a failure "before the stream".
+        An admitted follow-up whose launch probe refused it takes its row back first (R51).
         """
         try:
-            outcome = await self._launch(context)
+            outcome = await self._launch(context, ticket)
         except (TurnkeeperError, OSError) as error:
             log.warning("the turn failed before its stream started: %s", error)
             self._emit(
@@ -148,8 +166,20 @@ class SendPipeline:
                 )
             )
             return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
+        if ticket is not None and row is not None and isinstance(outcome, Refused):
+            await self._take_back(row)
         await self._perform(self._machine.handle(_in.Outcome(outcome, context)), then)
         return Accepted()
+
+    async def _take_back(self, row: HistoryRow) -> None:
+        """R51: the refused follow-up's row goes (a failed delete is logged; the row stays)."""
+        if await self._perform(self._machine.handle(_in.Rollback(row))) is not None:
+            log.warning("the refused follow-up's row %s could not be taken back", row.row_id)
+
+    def _refused(self, why: str) -> SendRefused:
+        """A follow-up its handle or workspace no longer admits: nothing written, no stream."""
+        self._emit(LaunchRefused(session=self._machine.id, why=why))
+        return SendRefused(SendFailure(type="admission_refused", message=why))
 
     async def _gate_refused(self, turn: TurnInput, error: PreStreamFailure) -> SendRefused:
         """AS-4: a refused manual send keeps the user's row and surfaces a stream error.

@@ -563,6 +563,7 @@ class AgentSession:
             emit=self._emit,
             perform=self._perform,
             launch=self._launch_turn,
+            admit=self._admit_follow_up,
         )
 
     def _launcher(self, ticket: Ticket | None = None) -> StreamLauncher:
@@ -734,10 +735,10 @@ class AgentSession:
 
         self._run(dispatch, then)
 
-    async def _launch_turn(self, context: StreamContext) -> StreamOutcome:
+    async def _launch_turn(self, context: StreamContext, ticket: Ticket | None) -> StreamOutcome:
         """AS-10, AS-22: an accepted turn's stream under a new abort signal; its outcome."""
         self._prepared_abort = abort = AbortSignal()
-        return await self._launcher().launch(context, abort)
+        return await self._launcher(ticket).launch(context, abort)
 
     async def _sweep(self, then: Successors) -> None:
         """AS-2: the scheduled sweep, in a task; a resume it starts runs on in this task.
@@ -832,6 +833,20 @@ class AgentSession:
         if self._admission is None:
             return None
         return self._admission.admit(self.id, marker.goal_id, marker.correlation)
+
+    def _admit_follow_up(self, turn: TurnInput) -> Ticket | str | None:
+        """R41 for a turn of a delegated turn's correlation (its prompt, a wake continuing it).
+
+        A turn its owner (or a user, a hard stop, a forfeit) stopped refuses it (TD-8); goal
+        and workspace are asked by resumes only. ``None`` for any other turn.
+
+        Raises:
+            AdmissionUnreadable: a port could not answer.
+        """
+        correlation = turn.correlation
+        if self._admission is None or correlation is None:
+            return None
+        return self._admission.admit_follow_up(self.id, correlation)
 
     # ------------------------------------------------------------ the queue
 

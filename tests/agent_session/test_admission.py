@@ -356,3 +356,45 @@ async def test_r24_st6_a_goal_refusal_of_a_delegated_resume_settles_its_owner(
         (record,) = (await store.handles()).records
     assert record.reason == "admission refused: the goal g-41 no longer admits work (paused)"
     assert record.deferred == ()
+
+
+# ---------------------------------------------------------------- follow-ups (TD-8, R41, R51)
+
+#: The delegated turn is cut by a wake that stays live: its dispatch continues the turn.
+LIVE_WAKE = DELEGATED.replace(
+    '[[actions]]\nat = { event = "stream-end", session = "crew-3", nth = 1 }\n'
+    'do = { op = "withdraw", session = "crew-3", entry = "done-7" }\n',
+    "",
+)
+STOP_HANDLE = '{ op = "handle", handle = "task-88", state = "interrupted" }'
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_td8_r41_a_follow_up_dispatching_when_its_handle_is_stopped_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    at_dispatch = '{ event = "dequeued", session = "crew-3", entry = "done-7" }'
+    result, store = await run(tmp_path, kind, LIVE_WAKE + at(at_dispatch, STOP_HANDLE))
+
+    assert result.failures == []
+    assert [line["stream"] for line in events(result, "stream-start")] == ["crew-3/1"]
+    (refused,) = events(result, "launch-refused")
+    assert refused["why"] == "the handle task-88 is settled interrupted"
+    assert [line["status"] for line in events(result, "settled")] == ["interrupted"]
+    assert await rows(store) == [RowKind.USER, RowKind.ASSISTANT]
+    persisted = [line["what"] for line in events(result, "persisted")]
+    assert persisted.count("user-row") == 1  # refused before the wake's row was written
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_r51_a_follow_up_refused_at_its_launch_takes_its_row_back(
+    tmp_path: Path, kind: str
+) -> None:
+    at_row = '{ event = "persisted", what = "user-row", nth = 2 }'  # the wake's row is durable
+    result, store = await run(tmp_path, kind, LIVE_WAKE + at(at_row, STOP_HANDLE))
+
+    assert result.failures == []
+    assert [line["stream"] for line in events(result, "stream-start")] == ["crew-3/1"]
+    (refused,) = events(result, "launch-refused")
+    assert refused["why"] == "the handle task-88 is settled interrupted"
+    assert await rows(store) == [RowKind.USER, RowKind.ASSISTANT]  # its row was deleted

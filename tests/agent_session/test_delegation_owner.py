@@ -166,7 +166,7 @@ do = { op = "handle", handle = "task-17", state = "interrupted" }
     expect = '[expect]\nhandles = { task-17 = "interrupted" }\n'
     lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(wake) + interrupt + expect)
 
-    assert handles_of(lines) == ["task-17", "task-17"]  # the wake's turn still ran and stopped
+    assert handles_of(lines) == ["task-17"]  # the wake's turn is refused (TD-8, R41)
     assert statuses(lines) == ["interrupted"]
 
 
@@ -186,7 +186,7 @@ do = {CORRELATED_WAKE}
 """
     lines = run(tmp_path, store, HEAD + script + stop_then_wake)
 
-    assert handles_of(lines) == ["task-17", "task-17"]  # the wake's turn ran and stopped
+    assert handles_of(lines) == ["task-17"]  # the stopped turn's wake is refused (TD-8)
     assert statuses(lines) == ["interrupted"]
 
 
