@@ -103,6 +103,13 @@ class RemoveWorkspaceTurn(_S, frozen=True):
     reason: str
 
 
+class DropOnlyDedupeKey(_S, frozen=True):
+    """AS-16: drop the queue's lone entry if its only add holds ``key``; replies a bool."""
+
+    key: str
+    reason: str
+
+
 class Stop(_S, frozen=True):
     """AS-30: a user Stop."""
 
@@ -517,6 +524,7 @@ Input: TypeAlias = (
     | Restore
     | RemoveDedupe
     | RemoveWorkspaceTurn
+    | DropOnlyDedupeKey
     | Stop
     | HardStop
     | SendNow

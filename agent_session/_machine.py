@@ -540,6 +540,14 @@ class TurnMachine:
         effects.append(_FLUSH)
         return len(removed), effects
 
+    def drop_only_dedupe_key(self, key: str, reason: str) -> tuple[bool, list[Effect]]:
+        """AS-16: the queue's lone entry goes when its only add holds ``key`` (MQ-9)."""
+        before = {e.id: e for e in self.queue}
+        removed = self.queue.drop_only_dedupe_key(key)
+        if not removed:
+            return False, []
+        return True, [*self.removed(removed, reason, before), _FLUSH]
+
     # ------------------------------------------------------------ the sweep
 
     def sweep(self) -> list[Effect]:
@@ -1753,6 +1761,10 @@ class TurnMachine:
         count, effects = self.remove_workspace_turn(given.handle, given.reason)
         return [Reply(count), *effects]
 
+    def _on_DropOnlyDedupeKey(self, given: _in.DropOnlyDedupeKey) -> list[Effect]:
+        dropped, effects = self.drop_only_dedupe_key(given.key, given.reason)
+        return [Reply(dropped), *effects]
+
     def _on_Stop(self, given: _in.Stop) -> list[Effect]:
         return self.stop()
 
@@ -1875,6 +1887,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.Restore: TurnMachine._on_Restore,
     _in.RemoveDedupe: TurnMachine._on_RemoveDedupe,
     _in.RemoveWorkspaceTurn: TurnMachine._on_RemoveWorkspaceTurn,
+    _in.DropOnlyDedupeKey: TurnMachine._on_DropOnlyDedupeKey,
     _in.Stop: TurnMachine._on_Stop,
     _in.HardStop: TurnMachine._on_HardStop,
     _in.SendNow: TurnMachine._on_SendNow,

@@ -990,6 +990,17 @@ class AgentSession:
         assert isinstance(removed, int)
         return removed
 
+    def drop_only_dedupe_key(self, key: str, reason: str = "removed") -> bool:
+        """AS-16: drop the queue's only entry when its only message holds ``key``.
+
+        Whether it went; anything else queued (or batched with it) keeps it. The dropped
+        entry hears of it as for any removal, then the sweep runs.
+        """
+        self._alive()
+        dropped = self._host(self._machine.handle(_in.DropOnlyDedupeKey(key, reason)))
+        assert isinstance(dropped, bool)
+        return dropped
+
     def remove_workspace_turn(self, handle: str, reason: str = "removed") -> int:
         """TD-8: remove the entries queued for the delegated turn ``handle``; how many left.
 

@@ -407,6 +407,16 @@ class MessageQueue:
             entry.messages = [m for m in entry.messages if m not in doomed]
         return PrefixRemoval(count, self._remove_entries(emptied))
 
+    def drop_only_dedupe_key(self, key: str) -> list[EntryCallbacks]:
+        """Remove the queue's only entry when its only add holds ``key`` (MQ-9's reader).
+
+        Anything else queued, or a second add batched with it, keeps it: the callbacks of the
+        entry removed come back (none when nothing was).
+        """
+        if not self.holds_only_dedupe_key(key):
+            return []
+        return self._remove_entries([self._entries[0]])
+
     def remove_workspace_turn(self, handle_id: str) -> list[EntryCallbacks]:
         """Remove the entries whose workspace-turn metadata names ``handle_id`` (MQ-11)."""
         doomed = [

@@ -604,6 +604,29 @@ async def test_as16_an_emptied_keyed_entry_is_notified_and_the_sweep_resumes() -
         assert causes(r) == ["send", "resume"]
 
 
+async def test_as16_dropping_a_lone_keyed_wake_notifies_it_and_the_sweep_resumes() -> None:
+    calls = Calls()
+    dropped: list[bool] = []
+
+    def drop_at_stream_end(event: EngineEvent) -> None:
+        if isinstance(event, StreamEnded) and len(r.of(StreamEnded)) == 1:
+            dropped.append(r.session().drop_only_dedupe_key("wake:4", "the monitor caught up"))
+            dropped.append(r.session().drop_only_dedupe_key("wake:4"))  # gone already
+
+    def queue_keyed_wake(_: ToolCallPart) -> None:
+        r.session().enqueue_message(wake("W", calls), dedupe_key="wake:4")
+
+    async with session_rig(
+        {"M": CUT_SCRIPT}, tools=[HookTool("task_await", before=queue_keyed_wake)]
+    ) as r:
+        r.on(drop_at_stream_end)
+        r.session().send("start")
+        await r.settle()
+        assert dropped == [True, False]
+        assert calls.log == [("canceled", "the monitor caught up")]
+        assert causes(r) == ["send", "resume"]
+
+
 # ---------------------------------------------------------------- AS-17
 
 

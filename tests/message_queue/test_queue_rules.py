@@ -375,6 +375,21 @@ def test_mq9_holds_only_dedupe_key_needs_exactly_one_entry_with_one_add() -> Non
     assert not queue.holds_only_dedupe_key("k")
 
 
+def test_mq9_dropping_the_lone_keyed_add_removes_it_and_nothing_else() -> None:
+    queue = MessageQueue()
+    assert queue.drop_only_dedupe_key("hb:7") == []
+    queue.add_once(NewMessage(text="hb", kind=EntryKind.SYSTEM), "hb:7")
+    assert queue.drop_only_dedupe_key("hb:8") == []  # another key: kept
+    (callbacks,) = queue.drop_only_dedupe_key("hb:7")
+    assert queue.is_empty
+    assert not queue.holds_dedupe_key("hb:7")
+    assert callbacks.entry_id
+    queue.add_once(NewMessage(text="hb", kind=EntryKind.SYSTEM), "hb:7")
+    queued(queue, NewMessage(text="more", kind=EntryKind.SYSTEM))  # batched: two adds
+    assert queue.drop_only_dedupe_key("hb:7") == []
+    assert len(queue) == 1
+
+
 # ---------------------------------------------------------------- MQ-10
 
 
