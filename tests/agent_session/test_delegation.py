@@ -378,3 +378,78 @@ async def test_a_delegation_whose_handle_cannot_be_written_never_starts() -> Non
         assert worker.phase.value == "idle"
         with pytest.raises(UnknownHandle):
             engine.delegations.record("task-17")
+
+
+#: After the worker's cut is withdrawn and the owner deferred: one forfeit of the continuation.
+FORFEITS = {
+    "hard-stop-clear": '{ op = "clear_queue", session = "worker-5", hard_stop = true }',
+    "dispose": '{ op = "dispose", session = "worker-5" }',
+    "attempt-cap": '{ op = "fail_next", what = "pre_stream", count = 3 }',
+}
+
+
+@pytest.mark.parametrize("store", STORES)
+@pytest.mark.parametrize("forfeit", sorted(FORFEITS))
+def test_td11_st6_every_forfeit_of_a_deferred_turn_settles_its_owner_once(
+    tmp_path: Path, store: tuple[str, ...], forfeit: str
+) -> None:
+    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
+    actions = f"""
+[[actions]]
+at = {{ event = "stream-end", session = "worker-5", nth = 1 }}
+do = {{ op = "withdraw", session = "worker-5", entry = "w" }}
+
+[[actions]]
+at = {{ event = "claim", handle = "task-17", nth = 1 }}
+do = {FORFEITS[forfeit]}
+"""
+    text = HEAD + CUT_SCRIPT + cut_by(wake) + actions
+    lines = run(tmp_path, store, text + '[expect]\nhandles = { task-17 = "interrupted" }\n')
+
+    ended = [line for line in lines if line["event"] == "continuation-ended"]
+    assert [line["how"] for line in ended] == ["forfeited"]
+    assert of(lines, "settled") == [settled("interrupted")]  # the hook, exactly once
+    assert [line["stream"] for line in lines if line["event"] == "stream-start"] == ["worker-5/1"]
+
+
+async def test_td1_an_end_of_a_missing_foreign_or_deferred_handle_changes_nothing() -> None:
+    writes: list[str] = []
+
+    async def write(session: str, boundary: Boundary) -> object:
+        writes.extend(f"{r.handle_id}:{r.status}:{r.deferred}" for r in boundary.handles)
+        return None
+
+    class Yes:
+        def claim(self, correlation: Correlation, stream: str) -> bool:
+            return True
+
+    delegations = Delegations(
+        clock=VirtualClock(),
+        emit=lambda event: None,
+        spawn=lambda work: None,
+        write=write,
+        claimer=lambda target: Yes(),
+    )
+    _, correlation = delegations.open("lead-2", "worker-5", "task-17")
+
+    def end(target: str, corr: Correlation, stream: str) -> object:
+        return delegations.on_child(
+            ChildEnded(target=target, correlation=corr, stream=stream, finish=FinishReason.STOP)
+        )
+
+    missing = Correlation(handle_id="task-99", owner_session="lead-2", turn_id="task-99")
+    assert end("worker-5", missing, "worker-5/1") is None  # no such handle
+    assert end("worker-8", correlation, "worker-8/1") is None  # another session's stream
+    other_turn = Correlation(handle_id="task-17", owner_session="lead-2", turn_id="t-0")
+    assert end("worker-5", other_turn, "worker-5/1") is None  # another turn of the handle
+    cut = ChildEnded(
+        target="worker-5",
+        correlation=correlation,
+        stream="worker-5/2",
+        finish=FinishReason.TOOL_CALLS,
+    )
+    first = delegations.on_child(cut)
+    assert first is not None
+    await first
+    assert delegations.on_child(cut) is None  # deferred on that stream already
+    assert writes == ["task-17:active:('worker-5/2',)"]

@@ -13,14 +13,26 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 import pytest
 
-from agent_session import ContinuationOwed, Engine, EngineConfig, Phase, Recovered
+from agent_session import (
+    ContinuationEnded,
+    ContinuationOwed,
+    Engine,
+    EngineConfig,
+    HandleSettled,
+    Phase,
+    Recovered,
+    ResumeAttempted,
+)
 from agent_session.harness.fakes import Faults, FaultyStore
 from message_queue import Correlation
 from persistence import (
     CutRecord,
     CutState,
+    HandleRecord,
+    HandleStatus,
     HistoryRow,
     MemoryStore,
     RowKind,
@@ -517,3 +529,43 @@ async def test_ps6_an_abandon_whose_write_failed_is_not_told_and_is_planned_agai
         await r.settle()
         assert [e.action for e in r.of(Recovered)] == ["abandon"]
         assert await store_kit.owed(store) == []
+
+
+async def test_r57_ps5_a_recovered_soft_stop_cut_whose_handle_was_stopped_is_refused(
+    store: Store,
+) -> None:
+    """CR-06: a correlated soft-stop cut (its partial stamped with 6 steps left) survives a
+    crash; its owner interrupted the handle while the process was down. Recovery brings the
+    correlation back and asks the handle again: refused, no stream, no [CONTINUE], and no
+    second settlement."""
+    record = CutRecord(
+        remaining=6,
+        model="M",
+        requested_model="M",
+        handle_id="h4",
+        owner_session="lead",
+        turn_id="t4",
+    )
+    async with store:
+        rows = [row("s1", 1, RowKind.USER), row("s1", 2, RowKind.PARTIAL, stream="s1/1")]
+        rows[1] = msgspec.structs.replace(rows[1], cut=record)
+        await commit(store, "s1", create=SessionRecord(id="s1", model="M"), rows=rows)
+        stopped = HandleRecord(
+            handle_id="h4",
+            owner="lead",
+            target="s1",
+            turn_id="t4",
+            status=HandleStatus.INTERRUPTED,
+            reason="interrupted by its owner",
+        )
+        await commit(store, "lead", handles=(stopped,))
+    async with session_rig({"M": [X("never")]}, store=store, sessions=()) as r:
+        await r.settle()
+        kinds = await r.kinds()
+    (attempt,) = r.of(ResumeAttempted)
+    assert (attempt.cut, attempt.outcome) == ("s1/1", "refused")
+    assert r.of(StreamStarted) == []
+    assert r.of(HandleSettled) == []  # settled already: the forfeit's settlement is a no-op
+    assert kinds == [RowKind.USER, RowKind.PARTIAL]
+    (ended,) = r.of(ContinuationEnded)
+    assert ended.why == "admission refused: the handle h4 is settled interrupted"
