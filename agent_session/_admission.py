@@ -18,6 +18,7 @@ attempt failed before its stream (ST-10, counted toward R21's cap), never a refu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -62,6 +63,10 @@ class Goals(Protocol):
         """``goal``'s state now (cheap and synchronous: asked at every launch checkpoint)."""
         ...
 
+    def pause(self, goal: str, why: str) -> None:
+        """AS-4: pause ``goal`` if it is active (a user's send to it was refused: ``why``)."""
+        ...
+
 
 class Workspaces(Protocol):
     """The host's workspaces: the state and stop epoch of a session's workspace."""
@@ -86,6 +91,10 @@ class GoalBoard:
     def goal_state(self, goal: str) -> GoalState:
         return self._states.get(goal, GoalState.ACTIVE)
 
+    def pause(self, goal: str, why: str) -> None:
+        if self.goal_state(goal) is GoalState.ACTIVE:
+            self._states[goal] = GoalState.PAUSED
+
 
 class WorkspaceBoard:
     """The in-process :class:`Workspaces`: ``ok`` at epoch 0 until :meth:`set` moves one."""
@@ -105,6 +114,7 @@ class WorkspaceBoard:
 
 
 _OK = WorkspaceStatus()
+log = logging.getLogger("turnkeeper.session")
 
 #: The owner's answer for a delegated turn: why its handle no longer admits it, or ``None``.
 HandleProbe = Callable[["Correlation", str], "str | None"]
@@ -159,6 +169,13 @@ class Admission:
         except Exception as error:  # a host port: whatever it raises is a read error
             raise _unreadable(error) from error
         return Ticket(self, session, goal, correlation, epoch) if refusal is None else refusal
+
+    def pause_goal(self, goal: str, why: str) -> None:
+        """AS-4: pause ``goal`` (a port that raises is logged: the refusal stands anyway)."""
+        try:
+            self._goals.pause(goal, why)
+        except Exception as error:  # a host port: what it raises must not break the send
+            log.warning("the goal %s could not be paused (%s): %r", goal, why, error)
 
     def refusal(
         self, session: str, goal: str | None, correlation: Correlation | None, epoch: int

@@ -49,7 +49,16 @@ _DISPOSED = SendRefused(SendFailure(type="disposed", message="the session was di
 class SendPipeline:
     """Runs one send at a time through gate, validation, persistence and acceptance."""
 
-    __slots__ = ("_admit", "_emit", "_gate", "_launch", "_machine", "_perform", "_store")
+    __slots__ = (
+        "_admit",
+        "_emit",
+        "_gate",
+        "_launch",
+        "_machine",
+        "_pause_goal",
+        "_perform",
+        "_store",
+    )
 
     def __init__(
         self,
@@ -61,6 +70,7 @@ class SendPipeline:
         perform: Perform,
         launch: Callable[[StreamContext, Ticket | None], Awaitable[StreamOutcome]],
         admit: Callable[[TurnInput], Ticket | str | None],
+        pause_goal: Callable[[str], None],
     ) -> None:
         self._machine = machine
         self._store = store
@@ -72,6 +82,8 @@ class SendPipeline:
         self._launch = launch
         #: R41 for a follow-up of a delegated turn: its handle (and workspace) admit it?
         self._admit = admit
+        #: AS-4: a refused manual send pauses the session's active goal (``why``).
+        self._pause_goal = pause_goal
 
     async def run(self, turn: TurnInput, then: Successors) -> PipelineResult:
         """AS-13: whatever goes wrong in one send, the session goes on (IDLE, drain again).
@@ -196,6 +208,7 @@ class SendPipeline:
                 return SendRefused(SendFailure(type="store_write", message=message))
             why = "superseded by a refused send's row (R35)"
             await self._perform(machine.handle(_in.Supersede(turn, why)))
+            self._pause_goal(f"a message was refused before its stream: {error}")
             self._emit(
                 StreamFailed(
                     session=machine.id,

@@ -564,6 +564,7 @@ class AgentSession:
             perform=self._perform,
             launch=self._launch_turn,
             admit=self._admit_follow_up,
+            pause_goal=self._pause_goal,
         )
 
     def _launcher(self, ticket: Ticket | None = None) -> StreamLauncher:
@@ -833,6 +834,12 @@ class AgentSession:
         if self._admission is None:
             return None
         return self._admission.admit(self.id, marker.goal_id, marker.correlation)
+
+    def _pause_goal(self, why: str) -> None:
+        """AS-4: the session's goal is paused (a user's message to it was refused)."""
+        goal = self._machine.goal
+        if self._admission is not None and goal is not None:
+            self._admission.pause_goal(goal, why)
 
     def _admit_follow_up(self, turn: TurnInput) -> Ticket | str | None:
         """R41 for a turn of a delegated turn's correlation (its prompt, a wake continuing it).

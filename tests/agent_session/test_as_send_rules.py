@@ -24,6 +24,7 @@ from agent_session import (
     EngineEvent,
     EntryCanceled,
     EntryDequeued,
+    GoalState,
     Persisted,
     Phase,
     PhaseChanged,
@@ -505,6 +506,21 @@ async def test_as4_a_refused_synthetic_send_only_reports_the_pre_stream_failure(
         assert r.of(StreamFailed) == []
         assert r.of(StreamStarted) == []
         assert r.session().phase is Phase.IDLE
+
+
+async def test_as4_a_refused_manual_send_pauses_the_active_goal_and_a_synthetic_one_does_not() -> (
+    None
+):
+    calls = Calls()
+    async with session_rig({"M": [X("never")]}, gate=FailingGate(2, "send")) as r:
+        planner = await r.engine.open_session("planner", model="M", goal="ship-3")
+        planner.enqueue_message(wake("W", calls))
+        await r.settle()
+        assert r.engine.goals.goal_state("ship-3") is GoalState.ACTIVE  # synthetic: only fails
+        planner.send("ship it")
+        await r.settle()
+        assert r.engine.goals.goal_state("ship-3") is GoalState.PAUSED
+        assert r.engine.goals.goal_state("other-goal") is GoalState.ACTIVE
 
 
 def delegated(kind: EntryKind, entry: str, correlation: Correlation, calls: Calls) -> NewMessage:
