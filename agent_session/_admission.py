@@ -151,7 +151,7 @@ class Admission:
         Raises:
             AdmissionUnreadable: the owner raised.
         """
-        ticket = Ticket(self, session, None, correlation, -1)
+        ticket = Ticket(self, session, None, correlation, None)
         refusal = ticket.reasons()
         return ticket if refusal is None else refusal
 
@@ -178,17 +178,17 @@ class Admission:
             log.warning("the goal %s could not be paused (%s): %r", goal, why, error)
 
     def refusal(
-        self, session: str, goal: str | None, correlation: Correlation | None, epoch: int
+        self, session: str, goal: str | None, correlation: Correlation | None, epoch: int | None
     ) -> str | None:
         """Why the goal, the workspace or the handle refuses now.
 
-        ``epoch`` -1 is a follow-up's ticket: its handle alone is asked.
+        ``epoch`` ``None`` is a follow-up's ticket: its handle alone is asked.
 
         Raises:
             AdmissionUnreadable: a port raised.
         """
         try:
-            if epoch < 0:
+            if epoch is None:
                 return None if correlation is None else self._follow_ups(correlation, session)
             return self._refusal(session, goal, correlation, epoch)
         except Exception as error:  # a host port: whatever it raises is a read error
@@ -226,13 +226,13 @@ class Ticket:
         session: str,
         goal: str | None,
         correlation: Correlation | None,
-        epoch: int,
+        epoch: int | None,
     ) -> None:
         self._admission = admission
         self.session = session
         self.goal = goal
         self.correlation = correlation
-        #: The workspace's stop epoch when the launch was admitted.
+        #: The workspace's stop epoch when the launch was admitted (``None``: a follow-up's).
         self.epoch = epoch
         #: A read error the probe met (the launch is then a failure before start).
         self.error: AdmissionUnreadable | None = None

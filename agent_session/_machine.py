@@ -532,21 +532,22 @@ class TurnMachine:
 
     def remove_workspace_turn(self, handle: str, reason: str) -> tuple[int, list[Effect]]:
         """TD-8: remove the queued entries of the delegated turn ``handle`` (MQ-11), no other."""
-        before = {e.id: e for e in self.queue}
-        removed = self.queue.remove_workspace_turn(handle)
-        if not removed:
-            return 0, []
-        effects = self.removed(removed, reason, before)
-        effects.append(_FLUSH)
-        return len(removed), effects
+        return self._removal(lambda: self.queue.remove_workspace_turn(handle), reason)
 
     def drop_only_dedupe_key(self, key: str, reason: str) -> tuple[bool, list[Effect]]:
         """AS-16: the queue's lone entry goes when its only add holds ``key`` (MQ-9)."""
+        count, effects = self._removal(lambda: self.queue.drop_only_dedupe_key(key), reason)
+        return count > 0, effects
+
+    def _removal(
+        self, take: Callable[[], list[EntryCallbacks]], reason: str
+    ) -> tuple[int, list[Effect]]:
+        """AS-16: entries ``take`` removes, told as any removal's; how many went."""
         before = {e.id: e for e in self.queue}
-        removed = self.queue.drop_only_dedupe_key(key)
+        removed = take()
         if not removed:
-            return False, []
-        return True, [*self.removed(removed, reason, before), _FLUSH]
+            return 0, []
+        return len(removed), [*self.removed(removed, reason, before), _FLUSH]
 
     # ------------------------------------------------------------ the sweep
 
