@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from agent_session import (
+    AgentSession,
     ContinuationEnded,
     ContinuationOwed,
     EngineConfig,
@@ -584,15 +585,19 @@ async def test_as16_q09_remove_by_dedupe_prefix_keeps_unrelated_messages() -> No
         await r.settle()
 
 
-async def test_as16_an_emptied_keyed_entry_is_notified_and_the_sweep_resumes() -> None:
+async def _keyed_wake_removed_at_the_cut(
+    key: str, remove: Callable[[AgentSession], list[object]]
+) -> tuple[Rig, Calls, list[object]]:
+    """A wake keyed ``key`` cuts the turn; ``remove`` runs at the cut stream's end."""
     calls = Calls()
+    said: list[object] = []
 
     def remove_at_stream_end(event: EngineEvent) -> None:
         if isinstance(event, StreamEnded) and len(r.of(StreamEnded)) == 1:
-            assert r.session().remove_dedupe("wake:", "no longer needed") == 1
+            said.extend(remove(r.session()))
 
     def queue_keyed_wake(_: ToolCallPart) -> None:
-        r.session().enqueue_message(wake("W", calls), dedupe_key="wake:1")
+        r.session().enqueue_message(wake("W", calls), dedupe_key=key)
 
     async with session_rig(
         {"M": CUT_SCRIPT}, tools=[HookTool("task_await", before=queue_keyed_wake)]
@@ -600,31 +605,29 @@ async def test_as16_an_emptied_keyed_entry_is_notified_and_the_sweep_resumes() -
         r.on(remove_at_stream_end)
         r.session().send("start")
         await r.settle()
-        assert calls.log == [("canceled", "no longer needed")]
-        assert causes(r) == ["send", "resume"]
+    return r, calls, said
+
+
+async def test_as16_an_emptied_keyed_entry_is_notified_and_the_sweep_resumes() -> None:
+    r, calls, said = await _keyed_wake_removed_at_the_cut(
+        "wake:1", lambda s: [s.remove_dedupe("wake:", "no longer needed")]
+    )
+    assert said == [1]
+    assert calls.log == [("canceled", "no longer needed")]
+    assert causes(r) == ["send", "resume"]
 
 
 async def test_as16_dropping_a_lone_keyed_wake_notifies_it_and_the_sweep_resumes() -> None:
-    calls = Calls()
-    dropped: list[bool] = []
-
-    def drop_at_stream_end(event: EngineEvent) -> None:
-        if isinstance(event, StreamEnded) and len(r.of(StreamEnded)) == 1:
-            dropped.append(r.session().drop_only_dedupe_key("wake:4", "the monitor caught up"))
-            dropped.append(r.session().drop_only_dedupe_key("wake:4"))  # gone already
-
-    def queue_keyed_wake(_: ToolCallPart) -> None:
-        r.session().enqueue_message(wake("W", calls), dedupe_key="wake:4")
-
-    async with session_rig(
-        {"M": CUT_SCRIPT}, tools=[HookTool("task_await", before=queue_keyed_wake)]
-    ) as r:
-        r.on(drop_at_stream_end)
-        r.session().send("start")
-        await r.settle()
-        assert dropped == [True, False]
-        assert calls.log == [("canceled", "the monitor caught up")]
-        assert causes(r) == ["send", "resume"]
+    r, calls, said = await _keyed_wake_removed_at_the_cut(
+        "wake:4",
+        lambda s: [
+            s.drop_only_dedupe_key("wake:4", "the monitor caught up"),
+            s.drop_only_dedupe_key("wake:4"),  # gone already
+        ],
+    )
+    assert said == [True, False]
+    assert calls.log == [("canceled", "the monitor caught up")]
+    assert causes(r) == ["send", "resume"]
 
 
 # ---------------------------------------------------------------- AS-17

@@ -112,12 +112,29 @@ do = {entry}
 """
 
 
+#: A wake the worker's monitor queues: it cuts the worker's first stream at its tool boundary.
+WAKE = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
+
+
+def at_claim(do: str) -> str:
+    """An action: ``do`` inside the owner's first ``claim`` of ``task-17``."""
+    return f'\n[[actions]]\nat = {{ event = "claim", handle = "task-17", nth = 1 }}\ndo = {do}\n'
+
+
+def deferred_then(do: str) -> str:
+    """The worker cut by ``WAKE``, taken back at the stream's end (so the owner's claim defers
+    on the owed cut), then ``do`` inside that ``claim``."""
+    withdraw = '{ op = "withdraw", session = "worker-5", entry = "w" }'
+    at_end = '{ event = "stream-end", session = "worker-5", nth = 1 }'
+    taken_back = f"\n[[actions]]\nat = {at_end}\ndo = {withdraw}\n"
+    return CUT_SCRIPT + cut_by(WAKE) + taken_back + at_claim(do)
+
+
 @pytest.mark.parametrize("store", STORES)
 def test_td2_st15_a_live_wake_defers_and_its_turn_completes_the_delegated_turn(
     tmp_path: Path, store: tuple[str, ...]
 ) -> None:
-    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
-    text = HEAD + CUT_SCRIPT + cut_by(wake) + '[expect]\nhandles = { task-17 = "completed" }\n'
+    text = HEAD + CUT_SCRIPT + cut_by(WAKE) + '[expect]\nhandles = { task-17 = "completed" }\n'
     lines = run(tmp_path, store, text)
 
     assert of(lines, "claim", "settled") == [
@@ -199,17 +216,7 @@ def test_r54_a_failed_settlement_is_retried_on_the_clock_until_it_is_written(
 def test_st6_r24_r27_disposing_the_target_forfeits_and_settles_the_delegated_turn(
     tmp_path: Path, store: tuple[str, ...]
 ) -> None:
-    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
-    withdraw_then_dispose = """
-[[actions]]
-at = { event = "stream-end", session = "worker-5", nth = 1 }
-do = { op = "withdraw", session = "worker-5", entry = "w" }
-
-[[actions]]
-at = { event = "claim", handle = "task-17", nth = 1 }
-do = { op = "dispose", session = "worker-5" }
-"""
-    text = HEAD + CUT_SCRIPT + cut_by(wake) + withdraw_then_dispose
+    text = HEAD + deferred_then('{ op = "dispose", session = "worker-5" }')
     lines = run(tmp_path, store, text)
 
     assert of(lines, "claim", "settled") == [
@@ -262,18 +269,9 @@ def test_td7_r52_a_hard_stop_of_the_target_settles_its_delegated_turn_once(
 def test_td4_an_uncorrelated_stream_end_in_the_target_supersedes_the_delegated_turn(
     tmp_path: Path, store: tuple[str, ...]
 ) -> None:
-    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
     # the wake is withdrawn (the owner defers on the owed marker); a user message then runs
-    actions = """
-[[actions]]
-at = { event = "stream-end", session = "worker-5", nth = 1 }
-do = { op = "withdraw", session = "worker-5", entry = "w" }
-
-[[actions]]
-at = { event = "claim", handle = "task-17", nth = 1 }
-do = { op = "send", session = "worker-5", text = "unrelated" }
-"""
-    lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(wake) + actions)
+    send = '{ op = "send", session = "worker-5", text = "unrelated" }'
+    lines = run(tmp_path, store, HEAD + deferred_then(send))
 
     assert of(lines, "claim", "settled") == [
         {"event": "claim", "session": "worker-5", "handle": "task-17", "cut": "worker-5/1",
@@ -393,17 +391,7 @@ FORFEITS = {
 def test_td11_st6_every_forfeit_of_a_deferred_turn_settles_its_owner_once(
     tmp_path: Path, store: tuple[str, ...], forfeit: str
 ) -> None:
-    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
-    actions = f"""
-[[actions]]
-at = {{ event = "stream-end", session = "worker-5", nth = 1 }}
-do = {{ op = "withdraw", session = "worker-5", entry = "w" }}
-
-[[actions]]
-at = {{ event = "claim", handle = "task-17", nth = 1 }}
-do = {FORFEITS[forfeit]}
-"""
-    text = HEAD + CUT_SCRIPT + cut_by(wake) + actions
+    text = HEAD + deferred_then(FORFEITS[forfeit])
     lines = run(tmp_path, store, text + '[expect]\nhandles = { task-17 = "interrupted" }\n')
 
     ended = [line for line in lines if line["event"] == "continuation-ended"]

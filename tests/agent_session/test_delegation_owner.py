@@ -36,6 +36,8 @@ from tests.agent_session.test_delegation import (
     HANG_S,
     HEAD,
     STORES,
+    WAKE,
+    at_claim,
     cut_by,
     of,
     settled,
@@ -157,14 +159,9 @@ steps = [
 def test_td3_td8_an_owner_interrupted_handle_is_never_settled_again(
     tmp_path: Path, store: tuple[str, ...]
 ) -> None:
-    wake = '{ op = "enqueue", session = "worker-5", entry = "w", kind = "wake", text = "done" }'
-    interrupt = """
-[[actions]]
-at = { event = "claim", handle = "task-17", nth = 1 }
-do = { op = "handle", handle = "task-17", state = "interrupted" }
-"""
+    interrupt = at_claim('{ op = "handle", handle = "task-17", state = "interrupted" }')
     expect = '[expect]\nhandles = { task-17 = "interrupted" }\n'
-    lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(wake) + interrupt + expect)
+    lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(WAKE) + interrupt + expect)
 
     assert handles_of(lines) == ["task-17"]  # the wake's turn is refused (TD-8, R41)
     assert statuses(lines) == ["interrupted"]
@@ -320,12 +317,7 @@ do = {{ op = "remove_dedupe", session = "worker-5", prefix = "report:" }}
 def test_td9_a_report_failing_before_its_stream_settles_error(
     tmp_path: Path, store: tuple[str, ...]
 ) -> None:
-    fail = '{ op = "fail_next", what = "pre_stream", count = 1 }'
-    claim = f"""
-[[actions]]
-at = {{ event = "claim", handle = "task-17", nth = 1 }}
-do = {fail}
-"""
+    claim = at_claim('{ op = "fail_next", what = "pre_stream", count = 1 }')
     lines = run(tmp_path, store, HEAD + CUT_SCRIPT + cut_by(report("rep-3")) + claim)
 
     assert statuses(lines)[0] == "error"
