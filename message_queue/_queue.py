@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from message_queue._durable import EntryState, MessageState
 from message_queue._entries import (
     Attachment,
     CancelToken,
@@ -478,6 +479,63 @@ class MessageQueue:
             elif first is None:
                 first = correlation
 
+    # ------------------------------------------------------------------ durability
+
+    def export(self) -> tuple[EntryState, ...]:
+        """Every entry's durable state, head first, withdrawn ones included (no live parts)."""
+        return tuple(state_of(entry) for entry in self._entries)
+
+    def restore(self, states: Iterable[EntryState]) -> None:
+        """Queue rebuilt entries after the ones held, in order, as they were kept.
+
+        Each gets no callbacks and, when it had a cancel token, a fresh one (fired with the
+        kept reason when it had been withdrawn). Ids the queue makes from now on never clash
+        with a rebuilt one.
+
+        Raises:
+            InvalidEntry: an entry or message id, or a dedupe key, is already held.
+        """
+        for state in states:
+            ids = {state.id, *(m.id for m in state.messages)}
+            keys = [m.dedupe_key for m in state.messages if m.dedupe_key is not None]
+            taken = [i for i in ids if i in self._by_id] + [k for k in keys if k in self._keys]
+            if taken:
+                raise InvalidEntry(f"entry {state.id!r}: {taken[0]!r} is already queued")
+            token = None
+            if state.withdrawable:
+                token = CancelToken()
+                if state.withdrawn:
+                    token.cancel(state.withdrawn_reason or CancelToken.DEFAULT_REASON)
+            entry = Entry(
+                id=state.id,
+                kind=state.kind,
+                mode=state.mode,
+                sealed=state.sealed,
+                user_authored=state.user_authored,
+                continuation=state.continuation,
+                metadata=state.metadata,
+                options=state.options,
+                goal_pause=state.goal_pause,
+                on_accepted=None,
+                on_pre_stream_failure=None,
+                on_canceled=None,
+                token=token,
+                cancel_state=None,
+                messages=[
+                    StoredMessage(
+                        m.id, m.text, m.attachments, m.dedupe_key, m.synthetic, m.agent_initiated
+                    )
+                    for m in state.messages
+                ],
+            )
+            self._entries.append(entry)
+            for identifier in ids:
+                self._by_id[identifier] = entry
+                if identifier[:1] == "q" and identifier[1:].isdigit():  # one _fresh_id made
+                    self._next_id = max(self._next_id, int(identifier[1:]))
+            for key in keys:
+                self._keys[key] = entry
+
     # ------------------------------------------------------------------ introspection
 
     def __repr__(self) -> str:
@@ -490,3 +548,33 @@ class MessageQueue:
             f"modes: {tool_end} tool-end, {len(live) - tool_end} turn-end | "
             f"keys: {len(self._keys)}]>"
         )
+
+
+def state_of(entry: Entry) -> EntryState:
+    """The durable state of ``entry`` (its live parts left out)."""
+    token = entry.token
+    return EntryState(
+        id=entry.id,
+        kind=entry.kind,
+        mode=entry.mode,
+        messages=tuple(
+            MessageState(
+                id=m.id,
+                text=m.text,
+                attachments=m.attachments,
+                dedupe_key=m.dedupe_key,
+                synthetic=m.synthetic,
+                agent_initiated=m.agent_initiated,
+            )
+            for m in entry.messages
+        ),
+        sealed=entry.sealed,
+        user_authored=entry.user_authored,
+        continuation=entry.continuation,
+        metadata=entry.metadata,
+        options=entry.options,
+        goal_pause=entry.goal_pause,
+        withdrawable=token is not None,
+        withdrawn=token is not None and token.cancelled,
+        withdrawn_reason=token.reason if token is not None else None,
+    )

@@ -9,6 +9,7 @@ import msgspec
 from persistence._errors import StaleOwner, UsageError
 from persistence.records import (
     MAX_HANDLE_BYTES,
+    MAX_QUEUED_BYTES,
     MAX_SEQ,
     OPEN_OP_STATES,
     Capability,
@@ -23,7 +24,7 @@ from persistence.records import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from persistence.records import Boundary, HistoryRow, SessionRecord
+    from persistence.records import Boundary, HistoryRow, QueueSnapshot, SessionRecord
 
 
 def row_key(session: str, row_id: str) -> str:
@@ -66,6 +67,57 @@ def check_boundary(session: str, boundary: Boundary) -> None:
         _check_rows(rows)
     if boundary.handles:
         check_handles(boundary.handles)
+    if boundary.queue is not None:
+        check_queue(session, boundary.queue)
+
+
+#: The kinds a queued entry may have (``message_queue.EntryKind``'s values).
+QUEUED_KINDS = frozenset({"user", "wake", "report", "system", "follow-up"})
+
+
+def check_queue(session: str, snapshot: QueueSnapshot) -> None:
+    """Refuse a queue snapshot a reader would call damaged, or one of another session.
+
+    Raises:
+        UsageError: Naming the entry and what is wrong; nothing is written.
+    """
+    if not 1 <= snapshot.version <= MAX_SEQ:
+        raise UsageError(
+            f"Boundary.queue: version {snapshot.version} is not in 1..{MAX_SEQ}; nothing was "
+            "written"
+        )
+    seen: set[str] = set()
+    for index, record in enumerate(snapshot.entries):
+        where = f"Boundary.queue.entries[{index}] ({record.entry_id!r})"
+        if record.session != session:
+            raise _foreign(
+                f"queue.entries[{index}] (entry {record.entry_id})", record.session, session
+            )
+        problem = queued_problem(record)
+        if problem is not None:
+            raise UsageError(f"{where}: {problem}; nothing was written")
+        if record.entry_id in seen:
+            raise UsageError(f"{where}: the entry id is given twice; nothing was written")
+        seen.add(record.entry_id)
+
+
+def queued_problem(record: object) -> str | None:
+    """What a reader would call damaged in a queued entry record (naming the field), or ``None``."""
+    entry_id = getattr(record, "entry_id", None)
+    position = getattr(record, "position", None)
+    kind = getattr(record, "kind", None)
+    body = getattr(record, "body", None)
+    if type(entry_id) is not str or not entry_id:
+        return "$.entry_id: not a non-empty string"
+    if type(position) is not int or not 0 <= position <= MAX_SEQ:
+        return f"$.position: {position!r} is not an integer in 0..{MAX_SEQ}"
+    if type(kind) is not str or kind not in QUEUED_KINDS:
+        return f"$.kind: {kind!r} is not one of {', '.join(sorted(QUEUED_KINDS))}"
+    if type(body) is not bytes or not body:
+        return "$.body: not a non-empty byte string"
+    if len(body) > MAX_QUEUED_BYTES:
+        return f"$.body: {len(body)} bytes, more than {MAX_QUEUED_BYTES}"
+    return None
 
 
 def check_receipts(session: str, operations: Sequence[OperationRecord]) -> None:

@@ -24,6 +24,9 @@ from persistence.records import (
     HistoryRow,
     OperationRecord,
     OpState,
+    QueuedEntryRecord,
+    QueueQuery,
+    QueueSnapshot,
     ReceiptQuery,
     RecoverableCut,
     RecoveryScan,
@@ -40,13 +43,15 @@ if TYPE_CHECKING:
 class _SessionData:
     """One session's rows, indexed both ways."""
 
-    __slots__ = ("by_id", "by_seq", "envelopes", "record")
+    __slots__ = ("by_id", "by_seq", "envelopes", "queue", "queue_version", "record")
 
     def __init__(self, record: SessionRecord) -> None:
         self.record = record
         self.by_id: dict[str, HistoryRow] = {}
         self.by_seq: dict[int, str] = {}
         self.envelopes: dict[str, TurnEnvelope] = {}
+        self.queue: tuple[QueuedEntryRecord, ...] = ()
+        self.queue_version = 0
 
 
 _EMPTY = _SessionData(SessionRecord(id="", model=""))
@@ -135,6 +140,7 @@ class MemoryStore:
         if (
             boundary.create is None
             and boundary.envelope is None
+            and boundary.queue is None
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary: nothing to check against the store
             _checks.check_receipts(session, boundary.operations)
@@ -152,7 +158,7 @@ class MemoryStore:
             raise _checks.session_conflict(data.record, create)
         existing = data if data is not None else _EMPTY
         doomed = {r for r in boundary.delete if r in existing.by_id} if boundary.delete else _NONE
-        if boundary.rows or boundary.envelope is not None:
+        if boundary.rows or boundary.envelope is not None or boundary.queue is not None:
             if data is None and create is None:
                 raise _checks.unknown_session(session)
             self._check_rows(existing, doomed, boundary.rows)
@@ -161,15 +167,7 @@ class MemoryStore:
         if data is None and create is not None:
             data = self._sessions[session] = _SessionData(create)
         if data is not None:
-            for row_id in doomed:
-                del data.by_seq[data.by_id.pop(row_id).seq]
-            for row in boundary.rows:
-                data.by_id[row.row_id] = row
-                data.by_seq[row.seq] = row.row_id
-            for row in cuts:
-                data.by_id[row.row_id] = row
-            if boundary.envelope is not None:
-                data.envelopes[boundary.envelope.stream] = boundary.envelope
+            _write_session(data, boundary, doomed, cuts)
         for record in boundary.operations:
             self._operations[record.op_id] = record
         for handle in boundary.handles:
@@ -216,6 +214,8 @@ class MemoryStore:
             record=data.record,
             rows=tuple(data.by_id[data.by_seq[seq]] for seq in sorted(data.by_seq)),
             envelopes=tuple(data.envelopes.values()) if envelopes else (),
+            queue=tuple(sorted(data.queue, key=_position)),
+            queue_version=data.queue_version,
         )
 
     async def sessions(self) -> list[SessionRecord]:
@@ -239,7 +239,8 @@ class MemoryStore:
                         session=data.record, owed=tuple(owed), after=after, streams=streams
                     )
                 )
-        return RecoveryScan(cuts=tuple(cuts))
+        queued = tuple(name for name in sorted(self._sessions) if self._sessions[name].queue)
+        return RecoveryScan(cuts=tuple(cuts), queued=queued)
 
     async def receipts(
         self,
@@ -271,3 +272,47 @@ class MemoryStore:
             and (target is None or self._handles[key].target == target)
         )
         return HandleQuery(records=records)
+
+    async def queued(self, session: str | None = None) -> QueueQuery:
+        """The durable queue entries, by session then position (``session``'s only, when given)."""
+        self._check_open()
+        names = sorted(self._sessions) if session is None else [session]
+        records: list[QueuedEntryRecord] = []
+        versions: list[tuple[str, int]] = []
+        for name in names:
+            data = self._sessions.get(name)
+            if data is None:
+                continue
+            records.extend(sorted(data.queue, key=_position))
+            if data.queue_version:
+                versions.append((name, data.queue_version))
+        return QueueQuery(records=tuple(records), versions=tuple(versions))
+
+
+def _write_session(
+    data: _SessionData, boundary: Boundary, doomed: Set[str], cuts: Sequence[HistoryRow]
+) -> None:
+    """Write the session's parts of a checked boundary (nothing raises here)."""
+    for row_id in doomed:
+        del data.by_seq[data.by_id.pop(row_id).seq]
+    for row in boundary.rows:
+        data.by_id[row.row_id] = row
+        data.by_seq[row.seq] = row.row_id
+    for row in cuts:
+        data.by_id[row.row_id] = row
+    if boundary.envelope is not None:
+        data.envelopes[boundary.envelope.stream] = boundary.envelope
+    if boundary.queue is not None:
+        _replace_queue(data, boundary.queue)
+
+
+def _replace_queue(data: _SessionData, snapshot: QueueSnapshot) -> None:
+    """A snapshot newer than the stored queue replaces it, keeping the entries it says to."""
+    if snapshot.version > data.queue_version:
+        kept = tuple(e for e in data.queue if e.entry_id in snapshot.keep)
+        data.queue = (*kept, *snapshot.entries)
+        data.queue_version = snapshot.version
+
+
+def _position(record: QueuedEntryRecord) -> int:
+    return record.position

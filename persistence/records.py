@@ -168,6 +168,9 @@ class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What startup recovery needs from the store, read at once (one call in SQLite)."""
 
     cuts: tuple[RecoverableCut, ...] = ()
+    #: Every session whose durable queue holds an entry (valid or damaged), by id: recovery
+    #: opens each and rebuilds its queue (``Store.load`` reads the entries).
+    queued: tuple[str, ...] = ()
     #: ``(session, what was wrong)`` for every session whose owed rows, later rows or record
     #: failed validation: those sessions are left out of ``cuts`` and nothing of theirs is
     #: changed.
@@ -374,6 +377,66 @@ class HandleQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     corrupt: tuple[tuple[str, str], ...] = ()
 
 
+#: The largest queued entry a store takes and reads back (an entry holds a person's text).
+MAX_QUEUED_BYTES = 4_194_304
+
+
+class QueuedEntryRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One entry of a session's durable queue (``docs/persistence.md``, "The queue").
+
+    Attributes:
+        session: The session whose queue holds it.
+        entry_id: The entry's id, unique within the session's queue.
+        position: Its place in the queue: entries are read back by ascending position.
+        kind: Who produced it (``user``, ``wake``, ``report``, ``system``, ``follow-up``): the
+            store reads it to tell user-authored entries from agent-initiated ones without
+            decoding the body.
+        body: The entry, as msgspec JSON owned by the layer above
+            (``message_queue.encode_entry``); the store keeps it byte-exact and never decodes it.
+    """
+
+    session: str
+    entry_id: str
+    position: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+    kind: str
+    body: bytes
+
+
+class QueueSnapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A session's whole durable queue, as one boundary leaves it.
+
+    A snapshot replaces the session's queue (every stored entry of the session that is not in
+    ``entries`` nor in ``keep`` is deleted) when its ``version`` is above the stored one, and
+    does nothing when it is not: the one decided last wins, whatever order the writes land in.
+
+    Attributes:
+        version: The session's queue version this snapshot is (at least 1; each queue change
+            of a session counts one up).
+        entries: Every entry queued after the boundary, in order.
+        keep: Ids of stored entries the layer above could not read (damaged): kept as they are,
+            for a person to see, never rewritten.
+    """
+
+    version: Annotated[int, msgspec.Meta(ge=1, le=MAX_SEQ)]
+    entries: tuple[QueuedEntryRecord, ...] = ()
+    keep: tuple[str, ...] = ()
+
+
+class QueueQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What ``queued()`` returns: the durable queue entries, by session then position.
+
+    Attributes:
+        records: Every stored entry that validates, by session id, then position.
+        versions: ``(session, version)`` for every session that holds a queue version.
+        corrupt: ``(session/entry id, what was wrong, naming the field)`` for each stored
+            entry that failed validation: reported, never dropped or rewritten.
+    """
+
+    records: tuple[QueuedEntryRecord, ...] = ()
+    versions: tuple[tuple[str, int], ...] = ()
+    corrupt: tuple[tuple[str, str], ...] = ()
+
+
 class CutStateChange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A boundary's move of the cut record on one of its session's rows.
 
@@ -391,8 +454,9 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     Every part is optional; every record must belong to the boundary's session. A store
     applies the parts in this order: ``create``, ``delete``, ``rows``, ``cut_states``,
-    ``envelope``, ``operations``, ``handles`` (so a boundary may replace a row by deleting and
-    re-adding its id, and may move the cut record of a row it adds).
+    ``envelope``, ``operations``, ``handles``, ``queue`` (so a boundary may replace a row by
+    deleting and re-adding its id, may move the cut record of a row it adds, and may accept a
+    queued entry into history and take it off the queue in one transaction).
 
     Attributes:
         create: Create the session (idempotent for an identical record).
@@ -404,6 +468,8 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             session record (a stream manager used without a session writes them too).
         handles: Delegated-turn handle records to write, each replacing the one with its
             handle id (B10). They need no session record either.
+        queue: The session's whole queue after the boundary (:class:`QueueSnapshot`), applied
+            only when its version is above the stored one.
     """
 
     create: SessionRecord | None = None
@@ -413,6 +479,7 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     envelope: TurnEnvelope | None = None
     operations: tuple[OperationRecord, ...] = ()
     handles: tuple[HandleRecord, ...] = ()
+    queue: QueueSnapshot | None = None
 
 
 class Committed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -436,12 +503,19 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         corrupt: ``(row id, what was wrong)`` for each row whose cut record failed validation
             while its ``cut_state`` column says it owes nothing: such a row is in ``rows``
             without its record (``cut`` is ``None``), and the stored record stays as it is.
+        queue: Its durable queue entries, by position.
+        queue_version: Its queue version (0 when no queue was ever written).
+        queue_corrupt: ``(entry id, what was wrong, naming the field)`` for each stored queue
+            entry that failed validation: left out of ``queue``, kept in the store.
     """
 
     record: SessionRecord
     rows: tuple[HistoryRow, ...] = ()
     envelopes: tuple[TurnEnvelope, ...] = ()
     corrupt: tuple[tuple[str, str], ...] = ()
+    queue: tuple[QueuedEntryRecord, ...] = ()
+    queue_version: int = 0
+    queue_corrupt: tuple[tuple[str, str], ...] = ()
 
 
 class SessionList(list[SessionRecord]):

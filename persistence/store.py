@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         Committed,
         HandleQuery,
         OpState,
+        QueueQuery,
         ReceiptQuery,
         RecoveryScan,
         SessionLoad,
@@ -75,7 +76,9 @@ class Store(Protocol):
         """Make one durable boundary of ``session`` durable, all of it or nothing.
 
         The parts are applied in the order ``create``, ``delete``, ``rows``, ``cut_states``,
-        ``envelope``, ``operations``, ``handles``, in one transaction.
+        ``envelope``, ``operations``, ``handles``, ``queue``, in one transaction. A queue
+        snapshot whose version is not above the session's stored one is skipped (the rest of
+        the boundary is applied).
 
         Raises:
             StaleOwner: ``owner`` is not the store's current owner.
@@ -154,5 +157,15 @@ class Store(Protocol):
         Returns:
             The records that validate; a stored record that fails validation is reported in
             ``corrupt`` (its id and what was wrong, naming the field) and skipped.
+        """
+        ...
+
+    async def queued(self, session: str | None = None) -> QueueQuery:
+        """The durable queue: every stored entry (of ``session`` only, when given).
+
+        Returns:
+            The entries that validate, by session then position; the sessions' queue
+            versions; a stored entry that fails validation is reported in ``corrupt`` (its
+            ``session/entry`` key and what was wrong, naming the field) and skipped.
         """
         ...
