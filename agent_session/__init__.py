@@ -40,6 +40,7 @@ from agent_session._delegation import (
     HandleInUse,
     UnknownHandle,
 )
+from agent_session._delivery import Delivery, DeliveryState
 from agent_session._engine import Engine, EngineObserver
 from agent_session._events import (
     ContinuationEnded,
@@ -81,6 +82,8 @@ __all__ = [
     "ContinuationEnded",
     "ContinuationOwed",
     "Delegation",
+    "Delivery",
+    "DeliveryState",
     "EndedHow",
     "Engine",
     "EngineConfig",

@@ -21,6 +21,7 @@ from agent_session._admission import Admission, GoalBoard, Goals, WorkspaceBoard
 from agent_session._delegation import Delegation, Delegations, final_report
 from agent_session._events import EngineEvent, Recovered, ResumeAttempted
 from agent_session._owners import Owners, TurnOwner
+from agent_session._queue_keeper import QueueKeeper, RebuiltQueue, rebuild
 from agent_session._recovery import Abandon, plan_recovery
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
@@ -36,6 +37,7 @@ from persistence import (
     OperationRecord,
     OpState,
     Resolution,
+    SessionLoad,
     SessionRecord,
     Store,
     TurnkeeperError,
@@ -116,6 +118,8 @@ class Engine:
             cleanup_s=self.config.cleanup_s,
         )
         self._sessions: dict[str, AgentSession] = {}
+        #: Sessions made from the store whose rebuilt queue is not yet taken up.
+        self._rebuilt: dict[str, RebuiltQueue] = {}
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
         self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None
@@ -328,6 +332,7 @@ class Engine:
                 found.session,
                 next_seq=found.last_seq + 1,
                 next_stream=1 + max(map(_stream_number, (*found.streams, plan.marker.cut))),
+                queue_version=found.queue_version,
             )
             why = f"cut {plan.marker.cut} owed with {plan.marker.step_budget} steps left"
             told.append(Recovered(session=sid, action="resume", why=why))
@@ -337,17 +342,46 @@ class Engine:
         for event in told:
             if event.action == "resume" or event.session not in unwritten:
                 self._emit(event)  # an abandon is its write: untold when that failed
+        await self._recover_queues(scan.queued, only)
         if resumed:
             held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
             self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
 
+    async def _recover_queues(self, queued: tuple[str, ...], only: str | None) -> None:
+        """Every session a previous process left with queued entries takes its queue up.
+
+        A session the cut plans already made gets its entries too (its queue drains before
+        the sweep resumes anything, as it would have live: the queue goes first); the others
+        are opened from the store. A session whose history cannot be read is logged and left
+        as it is stored.
+        """
+        for sid in queued:
+            if only not in (None, sid):
+                continue
+            try:
+                loaded = await self.store.load(sid, envelopes=True)
+            except (TurnkeeperError, OSError) as error:
+                log.error("the queue of %s was not rebuilt: %s", clip(sid), clip(str(error), 2000))
+                continue
+            if loaded is None:
+                continue
+            session = self._sessions.get(sid)
+            if session is None:
+                session = self._session_from(loaded.record, loaded)
+            elif sid not in self._rebuilt and not session.busy:
+                rebuilt = rebuild(loaded)
+                session.adopt_queue(rebuilt.queue, rebuilt.keeper)
+                self._rebuilt[sid] = rebuilt
+            await self._take_up_queue(session)
+
     async def _settle_orphaned_handles(self) -> None:
         """A delegated turn a previous process left active, and nothing owed continues: settled.
 
-        After startup recovery the only continuations are the resumed cuts (queued entries did
-        not survive the process): an active handle whose turn none of them carries would wait
-        for ever, so it settles (recovery settles or resumes, never neither): ``completed``
+        After startup recovery the only continuations are the resumed cuts and the rebuilt
+        queues' entries (user-authored ones; agent-initiated entries did not survive the
+        process): an active handle whose turn none of them carries would wait for ever, so it
+        settles (recovery settles or resumes, never neither): ``completed``
         with the report when the turn's last stream had ended ``stop`` in a durable row and
         the process died before the settlement was written (``final_report``, read from the
         target's history), else ``interrupted``.
@@ -357,6 +391,7 @@ class Engine:
             for session in self._sessions.values()
             if (handle := session.owed_handle()) is not None
         }
+        carried.update(h for session in self._sessions.values() for h in session.queued_handles())
         for record in self.delegations.records:
             if record.status is HandleStatus.ACTIVE and record.handle_id not in carried:
                 self.delegations.settle_orphan(
@@ -449,15 +484,41 @@ class Engine:
         record = SessionRecord(id=session_id, model=model, goal=goal)
         await self._writer.write(session_id, Boundary(create=record))
         loaded = await self.store.load(session_id)
-        rows = () if loaded is None else loaded.rows
-        envelopes = () if loaded is None else loaded.envelopes
-        if loaded is not None and loaded.record.goal is not None:  # the goal it was created with
+        if loaded is None:  # pragma: no cover - the write above created it
+            raise UsageError(f"session {session_id!r} was not created")
+        if loaded.record.goal is not None:  # the goal it was created with
             record = msgspec.structs.replace(record, goal=loaded.record.goal)
+        session = self._session_from(record, loaded)
+        await self._take_up_queue(session)
+        return session
+
+    def _session_from(self, record: SessionRecord, loaded: SessionLoad) -> AgentSession:
+        """A session made from what the store holds: numbering, and its durable queue."""
         return self._make_session(
             record,
-            next_seq=1 + max((r.seq for r in rows), default=0),
-            next_stream=1 + max((_stream_number(e.stream) for e in envelopes), default=0),
+            next_seq=1 + max((r.seq for r in loaded.rows), default=0),
+            next_stream=1 + max((_stream_number(e.stream) for e in loaded.envelopes), default=0),
+            rebuilt=rebuild(loaded),
         )
+
+    async def _take_up_queue(self, session: AgentSession) -> None:
+        """A session's rebuilt queue goes on: what a restart dropped is told, then it drains.
+
+        The agent-initiated entries a previous process left are dropped (``entry-canceled``
+        reason ``restart``) once a snapshot without them is durable; a damaged entry is
+        reported and kept in the store; the user-authored ones drain as usual.
+        """
+        rebuilt = self._rebuilt.pop(session.id, None)
+        if rebuilt is None:
+            return
+        for entry_id, why in rebuilt.damaged:
+            log.error(
+                "queued entry %s of %s is damaged and kept for a person to see: %s",
+                clip(entry_id),
+                clip(session.id),
+                clip(why, 2000),
+            )
+        await session.take_up_queue(rebuilt.dropped)
 
     async def reopen_session(self, session_id: str) -> AgentSession:
         """Dispose the open session ``session_id`` and open it again from the store.
@@ -481,8 +542,17 @@ class Engine:
         return reopened
 
     def _make_session(
-        self, record: SessionRecord, *, next_seq: int, next_stream: int
+        self,
+        record: SessionRecord,
+        *,
+        next_seq: int,
+        next_stream: int,
+        rebuilt: RebuiltQueue | None = None,
+        queue_version: int = 0,
     ) -> AgentSession:
+        if rebuilt is not None and (rebuilt.queue or rebuilt.dropped or rebuilt.damaged):
+            self._rebuilt[record.id] = rebuilt  # taken up once the session is made
+        keeper = rebuilt.keeper if rebuilt is not None else QueueKeeper(record.id, queue_version)
         session = AgentSession(
             session_id=record.id,
             model=record.model,
@@ -500,6 +570,8 @@ class Engine:
             tell_owner=self.owners.on_child,
             goal=record.goal,
             admission=self._admission,
+            queue=rebuilt.queue if rebuilt is not None else None,
+            keeper=keeper,
         )
         if self.owners.host is not None or self.delegations.active_into(record.id):
             session.listen_for_owner()

@@ -80,12 +80,14 @@ from agent_session._events import (
     EntryCanceled,
     EntryDequeued,
     EntryQueued,
+    EntryWithdrawn,
     PhaseChanged,
     QueueCleared,
     ResumeAttempted,
     SessionBroken,
 )
 from agent_session._phases import BrokenSession, Phase, next_phase
+from agent_session._queue_keeper import QueueKeeper, durable_extra
 from agent_session._rows import (
     CONTINUE_TEXT,
     RowBody,
@@ -107,6 +109,7 @@ from message_queue import (
     SendOptions,
 )
 from persistence import (
+    Boundary,
     CutRecord,
     CutState,
     HistoryRow,
@@ -120,6 +123,7 @@ from stream_manager import (
     ErrorKind,
     ErrorType,
     Failed,
+    Persisted,
     QueuedStopReport,
     Refused,
     StartCause,
@@ -140,6 +144,8 @@ if TYPE_CHECKING:
 GOAL_KIND = "goal"
 
 _FLUSH = Next(_in.FlushRecords())
+_QUEUE_WRITTEN = _in.QueueWritten()
+_QUEUE_UNWRITTEN = _in.QueueFailed(None)
 _ABORT_RESUME = AbortResume()
 _DRAIN = Next(_in.Drain())
 _DRAIN_IF_IDLE = Next(_in.DrainIfIdle())
@@ -162,6 +168,7 @@ class TurnMachine:
     __slots__ = (
         "_abandon_partial",
         "_active_tools",
+        "_drain_held",
         "_known_models",
         "_preparing_turn",
         "_records",
@@ -180,6 +187,7 @@ class TurnMachine:
         "disposed",
         "goal",
         "id",
+        "keeper",
         "manual_preflight",
         "model",
         "owner_listens",
@@ -203,6 +211,7 @@ class TurnMachine:
         next_seq: int = 1,
         next_stream: int = 1,
         goal: str | None = None,
+        keeper: QueueKeeper | None = None,
     ) -> None:
         self.id = session_id
         self.model = model
@@ -211,6 +220,8 @@ class TurnMachine:
         self._known_models = known_models
         self._resume_cap = resume_attempt_cap
         self.queue = queue if queue is not None else MessageQueue()
+        #: What each queue change commits: the durable queue's version and dispatching entry.
+        self.keeper = keeper if keeper is not None else QueueKeeper(session_id)
         self.phase = Phase.IDLE
         #: Why the machine broke (``Type: message``), or ``None`` while it works (BROKEN).
         self.broken: str | None = None
@@ -229,6 +240,9 @@ class TurnMachine:
         self.send_now_pending = False  # AS-18: the interrupted stream's abort drains
         self.defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
+        #: A drain from COMPLETING waits for an enqueue's commit: the phase stays COMPLETING
+        #: and the commit's result drains (AS-24: the next entry takes over from COMPLETING).
+        self._drain_held = False
         self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
         #: AS-3: the entry dequeued and not yet accepted, with its cancel token (if it has one).
         self.dispatching: tuple[str, CancelToken] | None = None
@@ -251,8 +265,11 @@ class TurnMachine:
 
     @property
     def busy(self) -> bool:
-        """A turn is claimed or a manual send is in preflight: a send now queues (AS-12)."""
-        return turn_claimed(self.phase, self.manual_preflight)
+        """A send now queues (AS-12): a turn is claimed, or a manual send is in preflight.
+
+        Or an entry queued meanwhile waits for its commit: it goes first.
+        """
+        return turn_claimed(self.phase, self.manual_preflight) or self.keeper.enqueues > 0
 
     def statistics(self, *, tasks: int = 0, writing: int = 0) -> SessionStatistics:
         """What the machine knows of the session, with the shell's ``tasks`` and ``writing``."""
@@ -335,6 +352,8 @@ class TurnMachine:
         return effects
 
     def _to_idle_from(self, *phases: Phase) -> list[Effect]:
+        if self._drain_held and self.phase is Phase.COMPLETING:
+            return []  # the entry whose commit is in flight takes over from here
         return self._move(Phase.IDLE) if self.phase in phases else []
 
     def _schedule_sweep(self) -> list[Effect]:
@@ -393,11 +412,15 @@ class TurnMachine:
             return []  # AS-15: an edit is waiting; it restores the queue itself
         if self.queue.is_empty:
             return self._schedule_sweep()  # AS-14
+        if self.keeper.enqueues:  # an entry not yet told queued: its commit's result drains
+            self._drain_held = self.phase is Phase.COMPLETING
+            return []
         # AS-13: PREPARING at once (claimed first: a move the table refuses takes nothing off
         # the queue), told after the dequeue: an observer of either event that queues more
         # input finds the session busy, so that input queues behind this entry.
         moved = self._move(Phase.PREPARING)
         entry = self.queue.dequeue_next()
+        self.keeper.dispatch(entry.state)  # durable until accepted or dropped
         token = entry.cancel_token
         self.dispatching = (entry.entry_id, token) if token is not None else None
         turn = TurnInput.from_dequeued(entry)
@@ -436,6 +459,19 @@ class TurnMachine:
             return dispatching[1].cancel(reason)
         return self.queue.withdraw(entry, reason)
 
+    def token_fired(self, entry: str) -> list[Effect]:
+        """An entry's cancel token fired: told at once (readers look past it from now on).
+
+        A user-authored entry still queued is committed withdrawn, so a restart rebuilds it
+        withdrawn (its drain cancels it) instead of running it. Agent-initiated entries never
+        outlive the process (``docs/session.md``, "The durable queue"): nothing to commit.
+        """
+        told: list[Effect] = [Emit(EntryWithdrawn(session=self.id, entry=entry))]
+        queued = self.queue.get(entry)
+        if queued is not None and queued.user_authored and self.keeper.holds(queued.id):
+            told += self._queue_commit("withdrawn entry", force=True)
+        return told
+
     def drain_if_idle(self) -> list[Effect]:
         """Drain, when nothing holds the session (idle, no manual send in preflight)."""
         if self.phase is Phase.IDLE and self.manual_preflight == 0:
@@ -443,8 +479,19 @@ class TurnMachine:
         return []
 
     def _enqueue(self, message: NewMessage, key: str | None) -> list[Effect]:
-        """Add ``message`` to the queue; the add (or its refusal) is the reply."""
+        """Add ``message`` to the queue; the add (or its refusal) is the reply.
+
+        Decide, persist, tell: on a busy session the queue's new state is committed, then
+        ``queued`` is told; until then the drain waits (``keeper.enqueues``: the session counts
+        as busy, so a later send queues behind it), and an entry is never dequeued before it
+        was told queued. A failed write leaves the message queued in memory (it runs; a crash
+        before it does loses it): ``queued`` is told all the same. On an idle session the
+        entry is dispatched at once (``Queued``), so nothing is written for it here: like a
+        direct send, it is durable once its row is.
+        """
         queue = self.queue
+        if message.options is not None and message.options.extra:
+            durable_extra(message.options.extra)  # refused before anything changes
         outcome = queue.add(message) if key is None else queue.add_once(message, key)
         if not isinstance(outcome, Queued):
             return [Reply(outcome)]
@@ -457,11 +504,79 @@ class TurnMachine:
             mode=entry.mode,
             into=outcome.into,
         )
-        return [Reply(outcome), Emit(queued)]
+        if not self.busy:  # dispatched at once: durable with its row
+            return [Reply(outcome), Emit(queued)]
+        self.keeper.enqueues += 1
+        persisted = Persisted(session=self.id, what="queue", id=outcome.message_id)
+        commit = Commit(
+            Boundary(queue=self.keeper.snapshot(queue)),
+            tell=(persisted, queued),
+            then=_QUEUE_WRITTEN,
+            failed=_in.QueueFailed(queued),
+            what="queued entry",
+        )
+        return [Reply(outcome), commit]
 
     def queued(self) -> list[Effect]:
         """A message was queued: an idle session drains it at once."""
         return [] if self.busy else self.drain()
+
+    def queue_written(self) -> list[Effect]:
+        """An enqueue's commit is settled: the drain waits for it no longer."""
+        if self.keeper.enqueues:
+            self.keeper.enqueues -= 1
+        if self._drain_held:
+            if self.keeper.enqueues:
+                return []
+            self._drain_held = False
+            if self.phase is Phase.COMPLETING:
+                return [*self.drain(), *self._to_idle_from(Phase.COMPLETING)]
+        return self.queued()
+
+    def queue_failed(self, queued: EntryQueued | None) -> list[Effect]:
+        """A queue commit failed: the store's queue is not known (the next change rewrites it).
+
+        An enqueue's message stays queued in memory and is told as queued all the same.
+        """
+        self.keeper.unknown()
+        if queued is None:
+            return []
+        return [Emit(queued), *self.queue_written()]
+
+    def take_up_queue(self, dropped: tuple[str, ...]) -> list[Effect]:
+        """A restart rebuilt the queue: what it dropped is told once durable, then drain.
+
+        The agent-initiated entries a dead process queued are not in the rebuilt queue; a
+        snapshot without them is committed first, then each is told ``entry-canceled``
+        (reason ``restart``). The drain goes on either way (a failed write leaves them stored:
+        the next change, or the next restart, drops them).
+        """
+        if not dropped:
+            return self.drain_if_idle()
+        told = tuple(EntryCanceled(session=self.id, entry=e, reason="restart") for e in dropped)
+        (commit,) = self._queue_commit("restart's dropped entries", force=True)
+        assert isinstance(commit, Commit)
+        then = _DRAIN_IF_IDLE.input
+        return [msgspec.structs.replace(commit, tell=(*commit.tell, *told), then=then)]
+
+    def _queue_commit(self, why: str, *, force: bool = False) -> list[Effect]:
+        """The queue's state after a change that is not an add (a removal, a dispatch's end).
+
+        Nothing when the store's queue already holds exactly these entries (an entry that was
+        dispatched at once was never written), unless ``force``. Told ``persisted queue`` once
+        durable; a failed one changes nothing but makes the next change write the queue again.
+        """
+        keeper = self.keeper
+        if not force and not keeper.changed(self.queue):
+            return []
+        persisted = Persisted(session=self.id, what="queue", id=self.id)
+        commit = Commit(
+            Boundary(queue=keeper.snapshot(self.queue)),
+            tell=(persisted,),
+            failed=_QUEUE_UNWRITTEN,
+            what=why,
+        )
+        return [commit]
 
     def removed(
         self,
@@ -487,6 +602,7 @@ class TurnMachine:
                 ):
                     effects += self._end(EndedHow.FORFEITED, "its queued continuation was removed")
                     break
+        effects += self._queue_commit("queue removal")
         effects += [
             Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason=reason)) for c in removed
         ]
@@ -655,7 +771,10 @@ class TurnMachine:
         leaves preflight, and the sweep it held back runs again (R3).
         """
         told = self._unsent(turn)
-        if turn.dispatched:
+        if turn.dispatched:  # it left the queue without a row: durably too
+            stored = self.keeper.dispatch_stored
+            self.keeper.dispatch(None)
+            told += self._queue_commit("dropped entry", force=stored)
             return [*told, *self._to_idle_from(Phase.PREPARING), _DRAIN_IF_IDLE]
         self.release_preflight()
         return [*told, *self._to_idle_from(Phase.PREPARING), _SWEEP_WANTED, _DRAIN_IF_IDLE]
@@ -1351,7 +1470,7 @@ class TurnMachine:
         if not self.queue.prioritize_next_user_entry():
             return False, []
         effects = self._end(EndedHow.WITHDRAWN, "send now")  # a user interrupt withdraws (R6)
-        effects.append(_FLUSH)
+        effects += [_FLUSH, *self._queue_commit("queue order", force=True)]
         if self.phase is Phase.IDLE:
             return True, [*effects, *self.drain_if_idle()]
         self.send_now_pending = True
@@ -1400,6 +1519,9 @@ class TurnMachine:
         self.disposed = True
         removed = self.queue.clear()
         effects: list[Effect] = [AbortPrepared(AbortReason.SYSTEM)]
+        if self.broken is None:  # a broken one's queue stays as stored, for its reopening
+            self.keeper.dispatch(None)
+            effects += self._queue_commit("disposed queue")
         effects += [
             Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason="disposed"))
             for c in removed
@@ -1417,11 +1539,23 @@ class TurnMachine:
         body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
         row = self.new_row(RowKind.USER, encode_body(body))
         answer = _in.Answer(row)
-        return [
-            _boundaries.appended(
-                row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
+        commit = _boundaries.appended(
+            row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
+        )
+        keeper = self.keeper
+        stored = turn.dispatched and keeper.dispatch_stored
+        if turn.dispatched:
+            keeper.dispatch(None)
+        if stored or (turn.dispatched and keeper.changed(self.queue)):
+            # accepted into history and off the queue in one transaction
+            snapshot = keeper.snapshot(self.queue)
+            persisted = Persisted(session=self.id, what="queue", id=row.row_id)
+            commit = msgspec.structs.replace(
+                commit,
+                boundary=msgspec.structs.replace(commit.boundary, queue=snapshot),
+                tell=(*commit.tell, persisted),
             )
-        ]
+        return [commit]
 
     def _rollback(self, row: HistoryRow) -> list[Effect]:
         """AS-3: exactly this send's row goes; a delete that took nothing counts as failed."""
@@ -1644,6 +1778,21 @@ class TurnMachine:
     def _on_Queued(self, given: _in.Queued) -> list[Effect]:
         return self.queued()
 
+    def _on_QueueWritten(self, given: _in.QueueWritten) -> list[Effect]:
+        return self.queue_written()
+
+    def _on_QueueFailed(self, given: _in.QueueFailed) -> list[Effect]:
+        queued = given.queued
+        return self.queue_failed(queued)
+
+    def _on_TakeUpQueue(self, given: _in.TakeUpQueue) -> list[Effect]:
+        dropped = given.dropped
+        return self.take_up_queue(dropped)
+
+    def _on_TokenFired(self, given: _in.TokenFired) -> list[Effect]:
+        entry = given.entry
+        return self.token_fired(entry)
+
     def _on_Enqueue(self, given: _in.Enqueue) -> list[Effect]:
         message = given.message
         key = given.key
@@ -1861,6 +2010,10 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.Dispatched: TurnMachine._on_Dispatched,
     _in.SendWentNowhere: TurnMachine._on_SendWentNowhere,
     _in.Queued: TurnMachine._on_Queued,
+    _in.QueueWritten: TurnMachine._on_QueueWritten,
+    _in.QueueFailed: TurnMachine._on_QueueFailed,
+    _in.TokenFired: TurnMachine._on_TokenFired,
+    _in.TakeUpQueue: TurnMachine._on_TakeUpQueue,
     _in.Enqueue: TurnMachine._on_Enqueue,
     _in.Claim: TurnMachine._on_Claim,
     _in.DirectSend: TurnMachine._on_DirectSend,

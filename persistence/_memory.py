@@ -236,7 +236,11 @@ class MemoryStore:
                 streams = tuple(data.envelopes)
                 cuts.append(
                     RecoverableCut(
-                        session=data.record, owed=tuple(owed), after=after, streams=streams
+                        session=data.record,
+                        owed=tuple(owed),
+                        after=after,
+                        streams=streams,
+                        queue_version=data.queue_version,
                     )
                 )
         queued = tuple(name for name in sorted(self._sessions) if self._sessions[name].queue)

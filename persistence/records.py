@@ -146,12 +146,15 @@ class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         after: Every row after the last of them, by seq.
         streams: The session's turn envelopes' stream ids, in first-written order (to
             number the next stream).
+        queue_version: The session's stored queue version (0 when none was ever written):
+            the recovered session's next queue snapshot must be above it.
     """
 
     session: SessionRecord
     owed: tuple[HistoryRow, ...]
     after: tuple[HistoryRow, ...] = ()
     streams: tuple[str, ...] = ()
+    queue_version: int = 0
 
     @property
     def row(self) -> HistoryRow:
