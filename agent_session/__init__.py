@@ -57,6 +57,7 @@ from agent_session._events import (
     QueueCleared,
     Recovered,
     ResumeAttempted,
+    RetryAbandoned,
     SessionBroken,
     SessionEvent,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "QueueCleared",
     "Recovered",
     "ResumeAttempted",
+    "RetryAbandoned",
     "SessionBroken",
     "SessionDisposed",
     "SessionEvent",

@@ -19,16 +19,17 @@ import msgspec
 
 from agent_session._admission import Admission, GoalBoard, Goals, WorkspaceBoard, Workspaces
 from agent_session._delegation import Delegation, Delegations, final_report
-from agent_session._events import EngineEvent, Recovered, ResumeAttempted
+from agent_session._events import EngineEvent, Recovered, ResumeAttempted, RetryAbandoned
 from agent_session._owners import Owners, TurnOwner
 from agent_session._queue_keeper import QueueKeeper, RebuiltQueue, rebuild
-from agent_session._recovery import Abandon, plan_recovery
+from agent_session._recovery import Abandon, NoRetry, plan_recovery, plan_retry, steps_done
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from message_queue import CancelToken, DispatchMode
 from persistence import (
+    AbandonMarker,
     Boundary,
     CutState,
     CutStateChange,
@@ -37,8 +38,10 @@ from persistence import (
     OperationRecord,
     OpState,
     Resolution,
+    RowKind,
     SessionLoad,
     SessionRecord,
+    SessionTail,
     Store,
     TurnkeeperError,
     UsageError,
@@ -95,6 +98,7 @@ class Engine:
         self.store = store
         self.clock = clock or SystemClock()
         self._models = dict(models)
+        self._fallbacks = {name: tuple(chain) for name, chain in (fallbacks or {}).items()}
         #: What every session shares: the models it may name and the engine's hooks (one
         #: object each for all sessions, not one per session).
         self._known_models = frozenset(self._models)
@@ -313,7 +317,7 @@ class Engine:
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
         resumed: list[AgentSession] = []
         voids: list[tuple[str, str, CutState]] = []
-        told: list[Recovered] = []  # told once the voids they decided are durable
+        told: list[Recovered | RetryAbandoned] = []  # told once the voids they decided are durable
         for found in cuts:
             sid = found.session.id
             if sid in self._sessions:
@@ -335,18 +339,91 @@ class Engine:
                 queue_version=found.queue_version,
             )
             why = f"cut {plan.marker.cut} owed with {plan.marker.step_budget} steps left"
-            told.append(Recovered(session=sid, action="resume", why=why))
+            told.append(Recovered(session=sid, action="resume", why=why, cut=plan.marker.cut))
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
+        if self.config.auto_retry:
+            resumed += await self._plan_retries(scan.tails, only, told)
         unwritten = await self._commit_plans(voids)
         for event in told:
-            if event.action == "resume" or event.session not in unwritten:
+            own = isinstance(event, RetryAbandoned) or event.action != "abandon" or event.cut
+            if own or event.session not in unwritten:
                 self._emit(event)  # an abandon is its write: untold when that failed
         await self._recover_queues(scan.queued, only)
         if resumed:
             held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
             self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
+
+    async def _plan_retries(
+        self,
+        tails: tuple[SessionTail, ...],
+        only: str | None,
+        told: list[Recovered | RetryAbandoned],
+    ) -> list[AgentSession]:
+        """PS-4: each turn a crash interrupted (its history ends unanswered) is retried.
+
+        Planned by :func:`~agent_session._recovery.plan_retry` from the history's tail, the
+        last envelope and the steps its receipts show; a retry is owed like a recovered cut
+        (no durable record: it is rebuilt from the same facts at every startup until a row
+        answers the turn) and resumed by the sweep with cause ``recovery``, its admission
+        asked again (R57). A turn that cannot be retried is told ``retry-abandoned``.
+        """
+        sessions: list[AgentSession] = []
+        for tail in tails:
+            sid = tail.session.id
+            if only not in (None, sid) or sid in self._sessions:
+                continue
+            spent = 0
+            if (tail.envelope is not None and not tail.envelope_ended) or (
+                tail.envelope is not None and tail.rows and tail.rows[-1].kind is RowKind.PARTIAL
+            ):
+                found = await self.store.receipts(sid)
+                spent = steps_done(tail.envelope.stream, [r.op_id for r in found.records])
+            plan = plan_retry(
+                tail,
+                spent=spent,
+                models=self._known_models,
+                ceiling=self.config.max_stream_steps,
+                chain=self._chain,
+            )
+            if isinstance(plan, NoRetry):
+                if not plan.quiet:
+                    await self._abandon_retry(sid, plan, told)
+                continue
+            session = self._make_session(
+                tail.session,
+                next_seq=tail.last_seq + 1,
+                next_stream=1 + max(map(_stream_number, (*tail.streams, plan.marker.cut))),
+                queue_version=tail.queue_version,
+            )
+            told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))
+            session.adopt_retry(plan.marker)
+            sessions.append(session)
+        return sessions
+
+    async def _abandon_retry(
+        self, sid: str, plan: NoRetry, told: list[Recovered | RetryAbandoned]
+    ) -> None:
+        """PS-8: a turn startup will not retry gets its abandon marker, then is told so.
+
+        The marker names the turn's row, so the next startup leaves it quietly; a failed write
+        is logged and tells nothing (the next startup plans it again).
+        """
+        log.warning("startup retry of session %s abandoned: %s", clip(sid), clip(plan.why, 2000))
+        marker = AbandonMarker(reason=plan.why, user_row=plan.anchor)
+        try:
+            await self._writer.write(sid, Boundary(abandon=marker))
+        except (TurnkeeperError, OSError) as error:
+            log.error("the abandon marker of %s was not written: %s", clip(sid), error)
+            return
+        self._emit(Persisted(session=sid, what="abandon", id=plan.anchor or sid))
+        told.append(RetryAbandoned(session=sid, why=plan.why))
+        told.append(Recovered(session=sid, action="abandon", why=plan.why))
+
+    def _chain(self, model: str) -> tuple[str, ...]:
+        """The fallback chain a fresh turn on ``model`` would try."""
+        return self._fallbacks.get(model, ())
 
     async def _recover_queues(self, queued: tuple[str, ...], only: str | None) -> None:
         """Every session a previous process left with queued entries takes its queue up.

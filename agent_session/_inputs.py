@@ -210,6 +210,12 @@ class AdoptOwed(_S, frozen=True):
 # ------------------------------------------------------------ the sweep and resumes
 
 
+class AdoptRetry(_S, frozen=True):
+    """PS-4: owe a startup retry's marker (rebuilt from the history's tail; no record)."""
+
+    marker: Marker
+
+
 class SweepDue(_S, frozen=True):
     """The scheduled sweep runs (an idle session with queued entries drains them first)."""
 
@@ -569,6 +575,7 @@ Input: TypeAlias = (
     | DisposedNow
     | DisposalDone
     | AdoptOwed
+    | AdoptRetry
     | SweepDue
     | Sweep
     | ResumeFailed

@@ -378,7 +378,10 @@ class TurnMachine:
             effects.append(_ABORT_RESUME if reason is AbortReason.SYSTEM else AbortResume(reason))
         if marker is not None:
             told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
-            self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after the write
+            if marker.durable:
+                self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after it
+            else:  # a startup retry's: no record to write
+                effects.append(Emit(told))
             if how is EndedHow.FORFEITED and marker.correlation is not None:  # ST-6, TD-11
                 forfeited = ChildForfeited(target=self.id, correlation=marker.correlation, why=why)
                 effects.append(TellOwner(forfeited))
@@ -395,6 +398,10 @@ class TurnMachine:
     def pending(self) -> bool:
         """Record changes are waiting for their write."""
         return self._records is not None and bool(self._records.pending)
+
+    def adopt_retry(self, marker: Marker) -> None:
+        """PS-4: owe the startup retry ``marker``: no row carries a record of it."""
+        self.continuation, _ = owe(self.continuation, marker)
 
     def adopt_owed(self, marker: Marker, row_id: str) -> None:
         """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``."""
@@ -733,7 +740,7 @@ class TurnMachine:
         """The stream context of a resume of ``marker`` (ST-8, ST-12, ST-13)."""
         return StreamContext(
             model=marker.model,
-            cause=StartCause.RESUME,
+            cause=marker.cause,
             options=marker.options,
             step_budget=marker.step_budget,
             progress=marker.progress,
@@ -884,25 +891,33 @@ class TurnMachine:
     def _consume(self, stream: str, cause: StartCause) -> list[Effect]:
         before = self.continuation
         self.continuation, marker = consume(before)
+        told_now: list[Effect] = []
         if marker is not None:
-            self.records.consumed_from = before
             told = ContinuationEnded(
                 session=self.id,
                 cut=marker.cut,
                 how=EndedHow.CONSUMED,
                 why=f"stream {stream} started",
             )
-            self.records.change(marker.cut, CutState.CONSUMED, told)
+            if marker.durable:
+                self.records.consumed_from = before
+                self.records.change(marker.cut, CutState.CONSUMED, told)
+            else:  # a startup retry's: nothing to write, told now
+                told_now.append(Emit(told))
         resume = self.context.resume_of
-        if resume is not None and cause is StartCause.RESUME:
+        if resume is not None and (cause is StartCause.RESUME or cause is StartCause.RECOVERY):
             # its continuation ended while the stream started (a Stop inside ``stream-start``):
             # the stream runs nothing and the attempt was withdrawn, not started (ST-10)
             outcome = "started" if marker is not None else "withdrawn"
-            self.records.untold_resume = ResumeAttempted(
+            attempted = ResumeAttempted(
                 session=self.id, cut=resume[0], attempt=resume[1], outcome=outcome
             )
+            if marker is not None and not marker.durable:
+                told_now.append(Emit(attempted))
+            else:
+                self.records.untold_resume = attempted
             self._resume_armed = False
-        return []
+        return told_now
 
     # ------------------------------------------------------------ cut records made durable
 
@@ -1785,6 +1800,11 @@ class TurnMachine:
         queued = given.queued
         return self.queue_failed(queued)
 
+    def _on_AdoptRetry(self, given: _in.AdoptRetry) -> list[Effect]:
+        marker = given.marker
+        self.adopt_retry(marker)
+        return []
+
     def _on_TakeUpQueue(self, given: _in.TakeUpQueue) -> list[Effect]:
         dropped = given.dropped
         return self.take_up_queue(dropped)
@@ -2014,6 +2034,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.QueueFailed: TurnMachine._on_QueueFailed,
     _in.TokenFired: TurnMachine._on_TokenFired,
     _in.TakeUpQueue: TurnMachine._on_TakeUpQueue,
+    _in.AdoptRetry: TurnMachine._on_AdoptRetry,
     _in.Enqueue: TurnMachine._on_Enqueue,
     _in.Claim: TurnMachine._on_Claim,
     _in.DirectSend: TurnMachine._on_DirectSend,

@@ -815,6 +815,10 @@ class AgentSession:
         """
         self._machine.handle(_in.AdoptOwed(marker, row_id))
 
+    def adopt_retry(self, marker: Marker) -> None:
+        """PS-4: owe the startup retry ``marker`` (no durable record); the sweep resumes it."""
+        self._machine.handle(_in.AdoptRetry(marker))
+
     async def _resume(
         self, marker: Marker, attempt: int, abort: AbortSignal, then: Successors
     ) -> None:

@@ -16,6 +16,7 @@ import msgspec
 from persistence import _checks
 from persistence._errors import UsageError
 from persistence.records import (
+    AbandonMarker,
     Boundary,
     Committed,
     CutState,
@@ -30,8 +31,10 @@ from persistence.records import (
     ReceiptQuery,
     RecoverableCut,
     RecoveryScan,
+    RowKind,
     SessionLoad,
     SessionRecord,
+    SessionTail,
     TurnEnvelope,
 )
 
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 class _SessionData:
     """One session's rows, indexed both ways."""
 
-    __slots__ = ("by_id", "by_seq", "envelopes", "queue", "queue_version", "record")
+    __slots__ = ("abandon", "by_id", "by_seq", "envelopes", "queue", "queue_version", "record")
 
     def __init__(self, record: SessionRecord) -> None:
         self.record = record
@@ -52,6 +55,7 @@ class _SessionData:
         self.envelopes: dict[str, TurnEnvelope] = {}
         self.queue: tuple[QueuedEntryRecord, ...] = ()
         self.queue_version = 0
+        self.abandon: AbandonMarker | None = None
 
 
 _EMPTY = _SessionData(SessionRecord(id="", model=""))
@@ -141,6 +145,8 @@ class MemoryStore:
             boundary.create is None
             and boundary.envelope is None
             and boundary.queue is None
+            and boundary.abandon is None
+            and not boundary.clear_abandon
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary: nothing to check against the store
             _checks.check_receipts(session, boundary.operations)
@@ -158,7 +164,13 @@ class MemoryStore:
             raise _checks.session_conflict(data.record, create)
         existing = data if data is not None else _EMPTY
         doomed = {r for r in boundary.delete if r in existing.by_id} if boundary.delete else _NONE
-        if boundary.rows or boundary.envelope is not None or boundary.queue is not None:
+        if (
+            boundary.rows
+            or boundary.envelope is not None
+            or boundary.queue is not None
+            or boundary.abandon is not None
+            or boundary.clear_abandon
+        ):
             if data is None and create is None:
                 raise _checks.unknown_session(session)
             self._check_rows(existing, doomed, boundary.rows)
@@ -216,6 +228,7 @@ class MemoryStore:
             envelopes=tuple(data.envelopes.values()) if envelopes else (),
             queue=tuple(sorted(data.queue, key=_position)),
             queue_version=data.queue_version,
+            abandon=data.abandon,
         )
 
     async def sessions(self) -> list[SessionRecord]:
@@ -227,10 +240,15 @@ class MemoryStore:
         """Every session with an owed cut record: its owed rows and the rows after them."""
         self._check_open()
         cuts: list[RecoverableCut] = []
+        tails: list[SessionTail] = []
         for name in sorted(self._sessions):
             data = self._sessions[name]
             rows = [data.by_id[data.by_seq[seq]] for seq in sorted(data.by_seq)]
             owed = [r for r in rows if r.cut is not None and r.cut.state is CutState.OWED]
+            if not owed:
+                tail = _tail(data, rows)
+                if tail is not None:
+                    tails.append(tail)
             if owed:
                 after = tuple(r for r in rows if r.seq > owed[-1].seq)
                 streams = tuple(data.envelopes)
@@ -244,7 +262,7 @@ class MemoryStore:
                     )
                 )
         queued = tuple(name for name in sorted(self._sessions) if self._sessions[name].queue)
-        return RecoveryScan(cuts=tuple(cuts), queued=queued)
+        return RecoveryScan(cuts=tuple(cuts), queued=queued, tails=tuple(tails))
 
     async def receipts(
         self,
@@ -308,6 +326,33 @@ def _write_session(
         data.envelopes[boundary.envelope.stream] = boundary.envelope
     if boundary.queue is not None:
         _replace_queue(data, boundary.queue)
+    if boundary.clear_abandon:
+        data.abandon = None
+    if boundary.abandon is not None:
+        data.abandon = boundary.abandon
+
+
+def _tail(data: _SessionData, rows: Sequence[HistoryRow]) -> SessionTail | None:
+    """The session's unanswered tail (PS-4), or ``None`` when its last turn was answered."""
+    last = next((r for r in reversed(rows) if r.kind is not RowKind.SYSTEM), None)
+    if last is None or last.kind not in _UNANSWERED:
+        return None
+    start = max((i for i, r in enumerate(rows) if r.kind is RowKind.USER), default=0)
+    envelope = next(reversed(data.envelopes.values()), None) if data.envelopes else None
+    return SessionTail(
+        session=data.record,
+        rows=tuple(rows[start:]),
+        last_seq=rows[-1].seq,
+        streams=tuple(data.envelopes),
+        envelope=envelope,
+        envelope_ended=envelope is not None and any(r.stream == envelope.stream for r in rows),
+        queue_version=data.queue_version,
+        abandon=data.abandon,
+    )
+
+
+#: The kinds of a last (non-system) row that leave a turn unanswered (PS-4).
+_UNANSWERED = frozenset({RowKind.USER, RowKind.SENTINEL, RowKind.PARTIAL})
 
 
 def _replace_queue(data: _SessionData, snapshot: QueueSnapshot) -> None:

@@ -268,10 +268,12 @@ async def test_ps1_a_withdrawn_user_entry_is_rebuilt_withdrawn_and_never_runs() 
         for _ in range(10):
             await anyio.lowlevel.checkpoint()
     assert await queued_texts(store) == [("never mind this",)]
-    async with session_rig({"M": []}, store=store) as r:
+    async with session_rig({"M": [X("built")]}, store=store) as r:  # the build turn, retried
         await r.settle()
     assert [(e.entry, e.reason) for e in r.of(EntryCanceled)] == [("u1", "typed by mistake")]
-    assert r.models["M"].requests == []
+    [retried] = r.models["M"].requests
+    assert [m.text for m in retried.messages][-1] != "never mind this"
+    assert retried.stream == "s1/2"
     assert await queued_texts(store) == []
 
 
