@@ -41,6 +41,7 @@ from persistence._decode import (
     decode_handle,
     decode_load,
     decode_operation,
+    decode_queue_query,
     decode_session,
     recovery_scan,
 )
@@ -64,6 +65,7 @@ from persistence.records import (
     HandleRecord,
     OperationRecord,
     OpState,
+    QueueQuery,
     ReceiptQuery,
     RecoveryScan,
     SessionList,
@@ -619,6 +621,7 @@ class SqliteStore:
         if (
             boundary.create is None
             and boundary.envelope is None
+            and boundary.queue is None
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary (two per tool step): its own short path
             _checks.check_receipts(session, boundary.operations)
@@ -635,7 +638,9 @@ class SqliteStore:
     # -- reads ----------------------------------------------------------------------------------
 
     async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
-        """The session's record, rows by seq and envelopes, read in one snapshot (one call).
+        """The session's record, rows by seq, envelopes and queue, read in one snapshot (one call).
+
+        A damaged queued entry is reported in ``queue_corrupt`` and left out of ``queue``.
 
         Raises:
             CorruptRecord: A value of the session fails validation (it is reported, never
@@ -671,10 +676,10 @@ class SqliteStore:
 
         The owed rows are read through the partial index on ``cut_state``. A session whose
         owed rows, later rows or record fail validation is reported in ``corrupt`` and left
-        out; nothing is written.
+        out; nothing is written. ``queued`` names every session holding a queued entry, read
+        in the same call (through the primary key's index).
         """
-        owed, trailing, sessions, streams = await self._read(_writes.scan_recoverable)
-        return recovery_scan(owed, trailing, sessions, streams)
+        return recovery_scan(*await self._read(_writes.scan_recoverable))
 
     async def receipts(
         self,
@@ -722,6 +727,15 @@ class SqliteStore:
             except CorruptRecord as error:
                 corrupt.append((clip(str(row[0])), str(error)))
         return HandleQuery(records=tuple(records), corrupt=tuple(corrupt))
+
+    async def queued(self, session: str | None = None) -> QueueQuery:
+        """The durable queue's entries by session then position, and the queue versions.
+
+        One read (through the index on ``(session, position)`` for one session). A damaged
+        entry is reported in ``corrupt`` by its ``session/entry`` key, a damaged version by its
+        session; each is skipped, never dropped or rewritten.
+        """
+        return decode_queue_query(*await self._read(_writes.queued(session)))
 
 
 def _read_label(database: str) -> int:

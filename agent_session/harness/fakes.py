@@ -26,6 +26,7 @@ from persistence import (
     Committed,
     HandleQuery,
     OpState,
+    QueueQuery,
     ReceiptQuery,
     RecoveryScan,
     SessionLoad,
@@ -307,6 +308,10 @@ class FaultyStore:
     async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
         """Delegated-turn handle records, by id."""
         return await self._counted(self._inner.handles(owner=owner, target=target))
+
+    async def queued(self, session: str | None = None) -> QueueQuery:
+        """The durable queue's entries, by session then position."""
+        return await self._counted(self._inner.queued(session))
 
 
 def _parts(session: str, boundary: Boundary) -> str:

@@ -326,7 +326,13 @@ CASES: dict[str, Case] = {
         sql("UPDATE schema_version SET version = 1"), 4, ("of a later version exists",)
     ),
     "schema-version-older-truly": Case(
-        sql("UPDATE schema_version SET version = 1", "DROP TABLE operations", "DROP TABLE handles"),
+        sql(
+            "UPDATE schema_version SET version = 1",
+            "DROP TABLE operations",
+            "DROP TABLE handles",
+            "DROP TABLE queued_entries",
+            "DROP TABLE queue_versions",
+        ),
         2,
         ("needs migrating",),
     ),
