@@ -256,6 +256,8 @@ class SqliteStore:
         self._precheck = precheck
         #: A read-only view under an owner's lock (``precheck``): read ``immutable`` throughout.
         self._settled = False
+        #: The schema version this open migrated from (0: it created the store), else ``None``.
+        self._migrated_from: int | None = None
         self._db: aiosqlite.Connection | None = None
         self._checkpointer: Checkpointer | None = None
         self._held: HeldLock | None = None
@@ -427,6 +429,29 @@ class SqliteStore:
             await _give_up(held, unlink=files)
         return True
 
+    @classmethod
+    async def migrate(cls, path: str | os.PathLike[str]) -> tuple[int, int]:
+        """Bring the store at ``path`` to this code's schema; ``(version found, version now)``.
+
+        The missing migrations run in one transaction (as any read-write open runs them), so
+        a failure leaves the store at its old version. Unlike an open, it never creates a
+        store: a missing or empty file is refused, and the folder is left as it was.
+
+        Raises:
+            NotATurnkeeperStore: No such file, an empty one, or not a turnkeeper store.
+            UnsupportedSchemaVersion: The store is newer than this code; it is left as is.
+            DamagedStore: The store cannot be read whole; nothing was written.
+            StoreLocked: Another store owns the file; nothing was read or written.
+            StoreError: A migration failed (the store is left at its old version).
+        """
+        database = os.fspath(path)
+        if not await anyio.Path(database).exists():
+            raise NotATurnkeeperStore(database, "no such file (migrate creates nothing)")
+        store = cls(database, precheck=_current)  # the read-only view refuses what is no store
+        async with store:
+            found = store._migrated_from
+        return (schema_version() if found is None else found), schema_version()
+
     async def __aenter__(self) -> Self:
         """Open the store and return it."""
         await self.open()
@@ -548,6 +573,7 @@ class SqliteStore:
             version = await self._read_version(db) if tables else 0
             if version > schema_version():  # another process migrated it meanwhile
                 raise UnsupportedSchemaVersion(self._path, version, schema_version())
+            self._migrated_from = version
             for migration in migrations()[version:]:
                 for statement in migration.statements:
                     await db.execute(statement)
@@ -736,6 +762,10 @@ class SqliteStore:
         session; each is skipped, never dropped or rewritten.
         """
         return decode_queue_query(*await self._read(_writes.queued(session)))
+
+
+async def _current(view: SqliteStore) -> None:
+    """``migrate``'s precheck: a store the read-only view opened needs no migration."""
 
 
 def _read_label(database: str) -> int:

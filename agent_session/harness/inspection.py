@@ -1,15 +1,19 @@
-"""``turnkeeper inspect``, ``receipts`` (what a store holds) and ``resolve`` (settle one).
+"""``turnkeeper inspect``, ``receipts``, ``resolve`` and ``migrate``: the store commands.
+
+``inspect`` and ``receipts`` show what a store holds, ``resolve`` settles one operation,
+``migrate`` brings a store of an older schema to this one.
 
 ``inspect`` and ``receipts`` open the store with ``SqliteStore(readonly=True)``: they never
 migrate, repair, lock or write a store another process may be using. A file that is not a
-turnkeeper store is refused with a clear message (exit 2). Receipts hold no arguments or
-outputs by construction; as a second line of defence every printed value passes through
-:func:`redact`. ``resolve`` holds the lock, checks read-only, and writes only once the operation
-is found resolvable.
+turnkeeper store is refused with a clear message (exit 2), a store of an older schema too,
+naming ``turnkeeper migrate``. Receipts hold no arguments or outputs by construction; as a
+second line of defence every printed value passes through :func:`redact`. ``resolve`` holds
+the lock, checks read-only, and writes only once the operation is found resolvable.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any
 
@@ -26,6 +30,8 @@ from persistence import (
     HandleQuery,
     HandleRecord,
     HandleStatus,
+    MigrationRequired,
+    NotATurnkeeperStore,
     NotResolvable,
     OperationRecord,
     OpState,
@@ -35,7 +41,9 @@ from persistence import (
     SessionRecord,
     SqliteStore,
     StoreError,
+    StoreLocked,
     TurnkeeperError,
+    UnsupportedSchemaVersion,
     UsageError,
     as_resolution,
     checked_note,
@@ -65,8 +73,8 @@ def _handle_row(record: HandleRecord) -> dict[str, Any]:
     return row
 
 
-#: Exit codes of ``inspect`` and ``receipts`` (docs/cli.md).
-EXIT_OK, EXIT_REFUSED, EXIT_DAMAGED = 0, 2, 4
+#: Exit codes of ``inspect`` and ``receipts`` (docs/cli.md); ``migrate`` adds ``EXIT_FAILED``.
+EXIT_OK, EXIT_REFUSED, EXIT_FAILED, EXIT_DAMAGED = 0, 2, 3, 4
 
 
 async def _open(db: str) -> SqliteStore | tuple[int, str]:
@@ -76,9 +84,44 @@ async def _open(db: str) -> SqliteStore | tuple[int, str]:
         await store.open()
     except DamagedStore as error:
         return EXIT_DAMAGED, redact(error)
-    except TurnkeeperError as error:  # not a store, another version, unreadable
+    except MigrationRequired as error:
+        return EXIT_REFUSED, redact(
+            f"{db} has schema version {error.found} and needs migrating to {error.supported}; "
+            f"read-only commands never migrate: run `turnkeeper migrate --db {shlex.quote(db)}`"
+        )
+    except TurnkeeperError as error:  # not a store, a newer version, unreadable
         return EXIT_REFUSED, redact(error)
     return store
+
+
+async def migrate_command(db: str) -> int:
+    """``turnkeeper migrate``: bring a store to this turnkeeper's schema, in one transaction.
+
+    One line either way: what was done on standard output, why not on standard error. It
+    creates nothing: a missing or empty file, a file that is not a store, a newer schema and
+    a store another process owns are refused (exit 2) and left as they were; a damaged store
+    is exit 4; a migration that fails (exit 3) leaves the store at its old version.
+    """
+    try:
+        found, now = await SqliteStore.migrate(db)
+    except DamagedStore as error:
+        print(f"turnkeeper migrate: {redact(error)}", file=sys.stderr)
+        return EXIT_DAMAGED
+    except (NotATurnkeeperStore, UnsupportedSchemaVersion, StoreLocked) as error:
+        print(f"turnkeeper migrate: {redact(error)}", file=sys.stderr)
+        return EXIT_REFUSED
+    except StoreError as error:
+        print(
+            f"turnkeeper migrate: {redact(error)} (nothing was migrated: the store keeps its "
+            "schema version)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if found == now:
+        print(f"turnkeeper migrate: {redact(db)} is at schema version {now} already")
+    else:
+        print(f"turnkeeper migrate: {redact(db)} migrated from schema version {found} to {now}")
+    return EXIT_OK
 
 
 class _Findings:
