@@ -23,6 +23,7 @@ from rich.table import Table
 
 from agent_session._recovery import damaged_cut, unreadable
 from agent_session.harness.console import PipeConsole
+from agent_session.harness.queued_view import print_queue, read_queue
 from agent_session.harness.redaction import redact
 from persistence import (
     CorruptRecord,
@@ -280,7 +281,7 @@ async def _check_resolvable(view: SqliteStore, db: str, op_id: str) -> None:
 
 
 async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
-    """``turnkeeper inspect``: integrity, sessions, owed continuations, receipts.
+    """``turnkeeper inspect``: integrity, sessions, owed continuations, queue, handles, receipts.
 
     Every read goes on past a damaged value or table: what failed is reported (on standard
     error, and under ``corrupt`` in ``--json``) and the rest is shown; exit 4 when anything
@@ -297,6 +298,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         await opened.close()
     records: list[OperationRecord] = report.pop("records")
     handles: list[HandleRecord] = report.pop("handle_records")
+    queued, damaged = report["queued"], report["corrupt_queued"]
     report["corrupt"] = found.json()
     if as_json:
         print(_encoder.encode(report).decode())
@@ -318,6 +320,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     else:
         console.print("owed continuations: none")
     console.print("pending follow-ups: none")
+    print_queue(console, queued, damaged)
     _print_handles(console, handles)
     _print_receipts(records)
     if found.items:
@@ -354,6 +357,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
     for op_id, detail in query.corrupt:
         found.add(f"skipped corrupt receipt {redact(op_id)}", detail)
     handles = await _handles(store, session, found)
+    queued, damaged = await read_queue(store, session, found.add)
     owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
     return {
         "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
@@ -369,6 +373,8 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
             for row in owed
         ],
         "follow_ups": [],  # compaction follow-ups arrive with the compaction work
+        "queued": queued,
+        "corrupt_queued": damaged,
         "handles": [_handle_row(h) for h in handles],
         "receipts": [_receipt_row(r) for r in query.records],
         "corrupt_receipts": [{"op": redact(op), "detail": redact(d)} for op, d in query.corrupt],
