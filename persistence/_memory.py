@@ -358,10 +358,14 @@ _UNANSWERED = frozenset({RowKind.USER, RowKind.SENTINEL, RowKind.PARTIAL})
 def _replace_queue(data: _SessionData, snapshot: QueueSnapshot) -> None:
     """A snapshot newer than the stored queue replaces it, keeping the entries it says to."""
     if snapshot.version > data.queue_version:
-        kept = tuple(e for e in data.queue if e.entry_id in snapshot.keep)
+        written = {entry.entry_id for entry in snapshot.entries}  # upserted: they win over keep
+        kept = tuple(
+            e for e in data.queue if e.entry_id in snapshot.keep and e.entry_id not in written
+        )
         data.queue = (*kept, *snapshot.entries)
         data.queue_version = snapshot.version
 
 
-def _position(record: QueuedEntryRecord) -> int:
-    return record.position
+def _position(record: QueuedEntryRecord) -> tuple[int, str]:
+    """The read order of queued entries: by position, then entry id (as SQLite's index)."""
+    return record.position, record.entry_id

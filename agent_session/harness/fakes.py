@@ -179,6 +179,10 @@ class Faults:
 
     def __init__(self) -> None:
         self.pending: dict[str, int] = {"pre_stream": 0, "store_write": 0, "queue_write": 0}
+        #: The store whose calls the gate waits for: a gate check is answered only once no
+        #: store call is in flight, so a write racing it (a queue commit a host call started)
+        #: lands at the same point whatever the store's thread does (a deterministic trace).
+        self.store: FaultyStore | None = None
 
     def arm(self, what: str, count: int) -> None:
         """Make the next ``count`` operations of kind ``what`` fail."""
@@ -194,6 +198,8 @@ class Faults:
     async def check(self, session: str, purpose: str) -> None:
         """The engine's pre-stream gate: fails while ``pre_stream`` failures are armed."""
         await anyio.lowlevel.checkpoint()
+        if self.store is not None and self.store.in_flight:
+            await self.store.settled()
         if self.take("pre_stream"):
             raise PreStreamFailure(f"injected pre-stream failure ({purpose} of {session})")
 
@@ -213,6 +219,7 @@ class FaultyStore:
     def __init__(self, inner: Store, faults: Faults) -> None:
         self._inner = inner
         self._faults = faults
+        faults.store = self
         self._in_flight = 0
         self._settled = anyio.Event()
         self._settled.set()
