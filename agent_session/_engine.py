@@ -340,6 +340,7 @@ class Engine:
             )
             why = f"cut {plan.marker.cut} owed with {plan.marker.step_budget} steps left"
             told.append(Recovered(session=sid, action="resume", why=why, cut=plan.marker.cut))
+            session.knows_abandon(stored=True, anchor=None)  # not read here: cleared to be sure
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
         if self.config.auto_retry:
@@ -398,6 +399,7 @@ class Engine:
                 queue_version=tail.queue_version,
             )
             told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))
+            session.knows_abandon(stored=tail.abandon is not None, anchor=plan.anchor)
             session.adopt_retry(plan.marker)
             sessions.append(session)
         return sessions
@@ -570,13 +572,16 @@ class Engine:
         return session
 
     def _session_from(self, record: SessionRecord, loaded: SessionLoad) -> AgentSession:
-        """A session made from what the store holds: numbering, and its durable queue."""
-        return self._make_session(
+        """A session made from what the store holds: numbering, its queue, its abandon marker."""
+        session = self._make_session(
             record,
             next_seq=1 + max((r.seq for r in loaded.rows), default=0),
             next_stream=1 + max((_stream_number(e.stream) for e in loaded.envelopes), default=0),
             rebuilt=rebuild(loaded),
         )
+        anchor = next((r.row_id for r in reversed(loaded.rows) if r.kind is RowKind.USER), None)
+        session.knows_abandon(stored=loaded.abandon is not None, anchor=anchor)
+        return session
 
     async def _take_up_queue(self, session: AgentSession) -> None:
         """A session's rebuilt queue goes on: what a restart dropped is told, then it drains.

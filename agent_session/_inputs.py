@@ -216,6 +216,12 @@ class AdoptRetry(_S, frozen=True):
     marker: Marker
 
 
+class GiveUp(_S, frozen=True):
+    """PS-8: the current turn must not be retried at startup (``reason``: its failure type)."""
+
+    reason: str
+
+
 class SweepDue(_S, frozen=True):
     """The scheduled sweep runs (an idle session with queued entries drains them first)."""
 
@@ -576,6 +582,7 @@ Input: TypeAlias = (
     | DisposalDone
     | AdoptOwed
     | AdoptRetry
+    | GiveUp
     | SweepDue
     | Sweep
     | ResumeFailed

@@ -109,6 +109,7 @@ from message_queue import (
     SendOptions,
 )
 from persistence import (
+    AbandonMarker,
     Boundary,
     CutRecord,
     CutState,
@@ -179,6 +180,8 @@ class TurnMachine:
         "_stamp",
         "_stream_n",
         "_streaming",
+        "abandon_stored",
+        "anchor",
         "broken",
         "context",
         "continuation",
@@ -240,6 +243,10 @@ class TurnMachine:
         self.send_now_pending = False  # AS-18: the interrupted stream's abort drains
         self.defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
+        #: PS-8: a startup-abandon marker may be stored (a success or a user row clears it);
+        #: ``anchor``: the user row the current turn answers (the marker names it).
+        self.abandon_stored = False
+        self.anchor: str | None = None
         #: A drain from COMPLETING waits for an enqueue's commit: the phase stays COMPLETING
         #: and the commit's result drains (AS-24: the next entry takes over from COMPLETING).
         self._drain_held = False
@@ -1120,7 +1127,42 @@ class TurnMachine:
             failed=_in.FinalFailed(ended, row),
             what="final row",
         )
-        return [self._with_records(commit)]
+        return [self._with_records(self._abandon_cleared(commit))]
+
+    # ------------------------------------------------------------ abandon markers (PS-8)
+
+    def _abandon_cleared(self, commit: Commit) -> Commit:
+        """AS-9, AS-24: a success or a new user row clears a stored abandon marker (same commit)."""
+        if not self.abandon_stored:
+            return commit
+        self.abandon_stored = False
+        boundary = msgspec.structs.replace(commit.boundary, clear_abandon=True)
+        return msgspec.structs.replace(commit, boundary=boundary)
+
+    def _abandoned(self, reason: str, commit: Commit | None = None) -> list[Effect]:
+        """PS-8: the turn must not be retried at startup: its marker, told once durable.
+
+        Rides in ``commit`` when the decision has one (a user abort's partial row), else is
+        a write of its own; a failed one is logged (a startup may retry that turn).
+        """
+        marker = AbandonMarker(reason=reason, user_row=self.anchor)
+        self.abandon_stored = True
+        persisted = Persisted(session=self.id, what="abandon", id=self.anchor or self.id)
+        if commit is None:
+            return [
+                Commit(
+                    Boundary(abandon=marker),
+                    tell=(persisted,),
+                    failed=_in.Ignored(),
+                    what="abandon marker",
+                )
+            ]
+        boundary = msgspec.structs.replace(commit.boundary, abandon=marker)
+        return [msgspec.structs.replace(commit, boundary=boundary, tell=(*commit.tell, persisted))]
+
+    def give_up(self, reason: str) -> list[Effect]:
+        """PS-8, AS-4: a send refused before its stream keeps its row: never retried."""
+        return self._abandoned(reason)
 
     def _final_failed(self, failed: _in.FinalFailed) -> list[Effect]:
         """A failed final row ends the stream in a ``store_write`` error."""
@@ -1179,9 +1221,26 @@ class TurnMachine:
         return [*moved, *self._owner_hears(ended, context), _DRAIN, _IDLE_FROM_COMPLETING]
 
     def _failed(self, failed: Failed, context: StreamContext) -> list[Effect]:
-        """AS-25, R25: a stream error withdraws the continuation; the error path owns it."""
+        """AS-25, R25: a stream error withdraws the continuation; the error path owns it.
+
+        PS-8: a non-retryable failure stores the turn's abandon marker (its type); a
+        retryable one clears a stored one (a startup retries the turn).
+        """
         moved = self._move(Phase.COMPLETING)
-        return [*moved, *self._owner_hears(failed, context), Next(_in.FailedTurnSettles())]
+        if failed.retryable:
+            marker = self._abandon_cleared(Commit(Boundary(), what="abandon marker"))
+            marks: list[Effect] = []
+            if marker.boundary.clear_abandon:
+                persisted = Persisted(session=self.id, what="abandon", id=self.anchor or self.id)
+                marks = [msgspec.structs.replace(marker, tell=(persisted,), failed=_in.Ignored())]
+        else:
+            marks = self._abandoned(failed.type.value)
+        return [
+            *moved,
+            *marks,
+            *self._owner_hears(failed, context),
+            Next(_in.FailedTurnSettles()),
+        ]
 
     def _owner_hears(
         self, outcome: Ended | Aborted | Failed, context: StreamContext
@@ -1364,8 +1423,12 @@ class TurnMachine:
                 failed=_in.PartialFailed(aborted),
                 what="partial row",
             )
+            if aborted.reason is AbortReason.USER:  # PS-8: a user's Stop is never retried
+                (commit,) = self._abandoned("aborted", commit)  # type: ignore[assignment]
             effects.append(self._with_records(commit))
             return effects
+        if aborted.reason is AbortReason.USER:
+            effects += self._abandoned("aborted")
         effects.append(Next(_in.AbortWritten(aborted, None, owes)))
         return effects
 
@@ -1557,6 +1620,8 @@ class TurnMachine:
         commit = _boundaries.appended(
             row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
         )
+        self.anchor = row.row_id  # the turn this row starts answers it (PS-8)
+        commit = self._abandon_cleared(commit)
         keeper = self.keeper
         stored = turn.dispatched and keeper.dispatch_stored
         if turn.dispatched:
@@ -1800,6 +1865,10 @@ class TurnMachine:
         queued = given.queued
         return self.queue_failed(queued)
 
+    def _on_GiveUp(self, given: _in.GiveUp) -> list[Effect]:
+        reason = given.reason
+        return self.give_up(reason)
+
     def _on_AdoptRetry(self, given: _in.AdoptRetry) -> list[Effect]:
         marker = given.marker
         self.adopt_retry(marker)
@@ -2035,6 +2104,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.TokenFired: TurnMachine._on_TokenFired,
     _in.TakeUpQueue: TurnMachine._on_TakeUpQueue,
     _in.AdoptRetry: TurnMachine._on_AdoptRetry,
+    _in.GiveUp: TurnMachine._on_GiveUp,
     _in.Enqueue: TurnMachine._on_Enqueue,
     _in.Claim: TurnMachine._on_Claim,
     _in.DirectSend: TurnMachine._on_DirectSend,

@@ -213,10 +213,14 @@ def continues(follower: HistoryRow, cut: CutRecord) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Take the interrupted turn up again: owe ``marker`` (no durable record) and sweep it."""
+    """Take the interrupted turn up again: owe ``marker`` (no durable record) and sweep it.
+
+    ``anchor``: the row the turn answers (an abandon marker of the retried turn names it).
+    """
 
     marker: Marker
     why: str
+    anchor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +324,7 @@ def plan_retry(
         cause=StartCause.RECOVERY,
         durable=False,
     )
-    return Retry(marker=marker, why=why)
+    return Retry(marker=marker, why=why, anchor=anchor)
 
 
 def _not_retried(
@@ -328,7 +332,7 @@ def _not_retried(
 ) -> str | None:
     """Why the tail's turn is not to be retried (an abandon marker, an ended cut), or ``None``."""
     abandon = tail.abandon
-    if abandon is not None and abandon.user_row == anchor:
+    if abandon is not None and abandon.user_row in (None, anchor):
         return f"the turn of {clip(anchor)} was abandoned: {clip(abandon.reason)} (PS-8)"
     ended = last if last.kind is RowKind.PARTIAL else cut_row
     if ended is not None and ended.cut is not None and ended.cut.state is not CutState.CONSUMED:

@@ -815,6 +815,11 @@ class AgentSession:
         """
         self._machine.handle(_in.AdoptOwed(marker, row_id))
 
+    def knows_abandon(self, *, stored: bool, anchor: str | None) -> None:
+        """PS-8: what the store holds of the abandon marker, and the turn's user row."""
+        self._machine.abandon_stored = stored
+        self._machine.anchor = anchor
+
     def adopt_retry(self, marker: Marker) -> None:
         """PS-4: owe the startup retry ``marker`` (no durable record); the sweep resumes it."""
         self._machine.handle(_in.AdoptRetry(marker))
