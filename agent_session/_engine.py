@@ -314,6 +314,7 @@ class Engine:
         cuts = [found for found in scan.cuts if only in (None, found.session.id)]
         for session_id, problem in corrupt:
             log.error("recovery of session %s abandoned: %s", clip(session_id), clip(problem, 2000))
+            self._emit(RetryAbandoned(session=session_id, why=problem))  # R61: never as absent
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
         resumed: list[AgentSession] = []
         voids: list[tuple[str, str, CutState]] = []
@@ -325,6 +326,8 @@ class Engine:
             plan = plan_recovery(found, self._known_models, self.config.max_stream_steps)
             if isinstance(plan, Abandon):
                 log.warning("recovery of session %s abandoned: %s", clip(sid), clip(plan.why, 2000))
+                if plan.gives_up:
+                    told.append(RetryAbandoned(session=sid, why=plan.why))
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
                 voids.extend(
                     (sid, rid, plan.state if rid == found.row.row_id else CutState.VOIDED)
@@ -395,7 +398,7 @@ class Engine:
             session = self._make_session(
                 tail.session,
                 next_seq=tail.last_seq + 1,
-                next_stream=1 + max(map(_stream_number, (*tail.streams, plan.marker.cut))),
+                next_stream=1 + max(map(_stream_number, tail.streams), default=0),
                 queue_version=tail.queue_version,
             )
             told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))

@@ -78,6 +78,8 @@ class Abandon:
     why: str
     void: tuple[str, ...]
     state: CutState = CutState.VOIDED
+    #: The turn is given up (R61 damage, R65 nothing left): told ``retry-abandoned`` too.
+    gives_up: bool = False
 
 
 RecoveryPlan = Resume | Abandon
@@ -141,7 +143,7 @@ def plan_recovery(
     assert cut is not None  # the scan returns rows with an owed record only
     damage = damaged_cut(found)
     if damage is not None:  # R61: reported, nothing written: the record stays owed
-        return Abandon(str(damage), ())
+        return Abandon(str(damage), (), gives_up=True)
     stale = tuple(earlier.row_id for earlier in found.owed[:-1])
     everything = (*stale, row.row_id)
     name = clip(row.row_id)
@@ -158,7 +160,8 @@ def plan_recovery(
     try:
         superseded = follower is not None and not continues(follower, cut)
     except CorruptRecord as error:  # R61: never read as "nothing follows"; nothing written
-        return Abandon(f"the row after the cut on {name} is unreadable: {error}", ())
+        why = f"the row after the cut on {name} is unreadable: {error}"
+        return Abandon(why, (), gives_up=True)
     if superseded:
         assert follower is not None
         return Abandon(
@@ -168,7 +171,7 @@ def plan_recovery(
             CutState.WITHDRAWN,
         )
     if cut.remaining <= 0:
-        return Abandon(f"the cut on {name} has no steps left (R65)", everything)
+        return Abandon(f"the cut on {name} has no steps left (R65)", everything, gives_up=True)
     if cut.model not in models:
         return Abandon(
             f"the cut on {name} ran model {clip(repr(cut.model))}, which this engine does not "
