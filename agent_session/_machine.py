@@ -1055,15 +1055,22 @@ class TurnMachine:
         return []
 
     def synthetic_abort(self, reason: AbortReason) -> list[Effect]:
-        """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume."""
+        """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume.
+
+        PS-8: a user's stop marks the turn it stopped ``aborted`` (a startup never retries it);
+        a ``system`` or ``startup`` one marks nothing.
+        """
         if reason is AbortReason.QUEUED_MESSAGE:
             return []
         self._soft_stop = False
         self._active_tools.clear()
+        marks: list[Effect] = []
+        if reason is AbortReason.USER and self.anchor is not None and self.phase is not Phase.IDLE:
+            marks = self._abandoned("aborted")
         if self.phase is Phase.PREPARING and self._resume_armed:
             why = f"{reason} stop before the resume started"
-            return [*self._end(EndedHow.WITHDRAWN, why), _FLUSH]
-        return []
+            return [*marks, *self._end(EndedHow.WITHDRAWN, why), _FLUSH]
+        return marks
 
     def queued_stop(self, report: QueuedStopReport) -> None:
         """ST-2, R1: the cut is owed a continuation, recorded synchronously in the report.
