@@ -495,10 +495,10 @@ class TurnMachine:
     def _enqueue(self, message: NewMessage, key: str | None) -> list[Effect]:
         """Add ``message`` to the queue; the add (or its refusal) is the reply.
 
-        Decide, persist, tell: on a busy session the queue's new state is committed, then
-        ``queued`` is told; until then the drain waits (``keeper.enqueues``: the session counts
-        as busy, so a later send queues behind it), and an entry is never dequeued before it
-        was told queued. A failed write leaves the message queued in memory (it runs; a crash
+        Decide, persist, tell: on a busy session a user-authored add commits the queue's new
+        state, then ``queued`` is told; until then the drain waits (``keeper.enqueues``: the
+        session counts as busy, so a later send queues behind it), and an entry is never
+        dequeued before it was told queued. A failed write leaves the message queued in memory (it runs; a crash
         before it does loses it): ``queued`` is told all the same. On an idle session the
         entry is dispatched at once (``Queued``), so nothing is written for it here: like a
         direct send, it is durable once its row is.
@@ -518,7 +518,11 @@ class TurnMachine:
             mode=entry.mode,
             into=outcome.into,
         )
-        if not self.busy:  # dispatched at once: durable with its row
+        if not self.busy or (not entry.user_authored and not self.keeper.enqueues):
+            # idle: dispatched at once, durable with its row. Agent-initiated: its producer
+            # lives in this process, so it is not worth a write of its own (it rides in the
+            # next change's snapshot, if any; a restart drops it: docs/session.md), unless a
+            # user's add is being written: then it is told after it, in queue order
             return [Reply(outcome), Emit(queued)]
         self.keeper.enqueues += 1
         persisted = Persisted(session=self.id, what="queue", id=outcome.message_id)
