@@ -338,6 +338,7 @@ CASES: dict[str, Case] = {
             "DROP TABLE handles",
             "DROP TABLE queued_entries",
             "DROP TABLE queue_versions",
+            "DROP TABLE abandon_markers",
         ),
         2,
         ("needs migrating",),
