@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 import pytest
 
-from persistence import CorruptRecord, QueueSnapshot, RowKind, SqliteStore, _writes
+from persistence import (
+    CorruptRecord,
+    MigrationRequired,
+    QueueSnapshot,
+    RowKind,
+    SqliteStore,
+    _sqlite,
+    _writes,
+)
 from persistence.records import MAX_ABANDON_REASON_BYTES
 from tests.store_kit import commit
 
@@ -219,3 +227,35 @@ async def test_ps4_the_tails_are_found_without_reading_the_whole_history(tmp_pat
             assert "SCAN json_each" in plan, (sql, plan)
             scans = [step for step in plan.split(" | ") if step.startswith("SCAN")]
             assert scans == ["SCAN json_each VIRTUAL TABLE INDEX 1:"], (sql, plan)
+
+
+# -- migration 0006 -----------------------------------------------------------------------------
+
+
+async def test_ps8_a_schema_5_store_gains_abandon_markers_keeping_what_it_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "old.db"
+    known = _sqlite.migrations()
+    assert [m.name for m in known][5] == "0006_abandon.sql"
+    with monkeypatch.context() as patched:
+        patched.setattr(_sqlite, "migrations", lambda: known[:5])
+        async with SqliteStore(path) as store:
+            await commit(
+                store,
+                "lead",
+                create=session("lead"),
+                rows=[lead(1), lead(3)],
+                queue=QueueSnapshot(version=6),
+            )
+    with pytest.raises(MigrationRequired) as caught:
+        await SqliteStore(path, readonly=True).open()
+    assert (caught.value.found, caught.value.supported) == (5, len(known))
+    async with SqliteStore(path) as store:
+        [tail] = (await store.scan_recoverable()).tails
+        assert (tail.rows, tail.queue_version, tail.abandon) == ((lead(3),), 6, None)
+        await commit(store, "lead", abandon=GIVEN_UP)
+    async with SqliteStore(path, readonly=True) as store:
+        loaded = await store.load("lead")
+        assert loaded is not None
+        assert (loaded.rows, loaded.abandon) == ((lead(1), lead(3)), GIVEN_UP)
