@@ -83,8 +83,29 @@ EXIT_TRIAL_FAILED = 12
 CHILD_ALARM_S = 120
 TRIAL_ALARM_S = 300
 
-#: The events a trial may kill at, in report order.
-KILL_EVENTS: tuple[str, ...] = ("persisted", "stream-start", "op-start", "step", "queued")
+#: The events a trial may kill at: every durable write, and the points between them where a
+#: turn is mid-stream (a step, a tool call's part, its receipt, the loop's stop), mid-tool (an
+#: operation about to run), mid-queue (told queued, taken off, withdrawn, cancelled) or
+#: mid-continuation (owed, a resume's outcome, an ending), and every phase move.
+KILL_EVENTS: tuple[str, ...] = (
+    "persisted",
+    "stream-start",
+    "step",
+    "tool-call-start",
+    "op-start",
+    "tool-call-end",
+    "receipt",
+    "stop",
+    "stream-end",
+    "queued",
+    "dequeued",
+    "withdrawn",
+    "entry-canceled",
+    "owed",
+    "resume",
+    "continuation-ended",
+    "phase",
+)
 
 #: This module, as ``python -m`` names it (``__name__`` is ``__main__`` there).
 MODULE = "agent_session.harness.crashpoints"
@@ -176,8 +197,12 @@ def _names(event: EventData) -> str:
     name = event.get("event")
     if name == "step":
         return f"{event.get('stream')}#{event.get('n')}"
-    key = {"persisted": "id", "stream-start": "stream", "op-start": "op", "queued": "entry"}
-    return str(event.get(key.get(str(name), "id"), ""))
+    if name == "phase":
+        return f"{event.get('session')} {event.get('from')}->{event.get('to')}"
+    for key in ("id", "op", "call", "entry", "cut", "stream"):
+        if key in event:
+            return str(event[key])
+    return str(event.get("session", ""))
 
 
 def run_child(
