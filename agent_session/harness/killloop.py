@@ -322,7 +322,8 @@ def _check_executions(
                 report.reran_after_indeterminate += 1
             else:
                 report.duplicate_executions += 1
-                report.problems.append(f"{op} ran {session} {job!r} again after {before}")
+                seen = ", ".join(f"{o} {receipts[o].state.value}" for o in before if o in receipts)
+                report.problems.append(f"{op} ran {session} {job!r} again after {seen}")
         before.append(op)
 
 
