@@ -30,9 +30,12 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Every durable boundary of every library scenario: kill there, recover, check (docs/development.md).
+# Every kill point (durable writes, mid-stream, mid-tool, mid-queue) of every library scenario:
+# kill there, recover, check; then the kill -9 loop (docs/development.md). Both run to the end.
 crash: $(STAMP)
-	$(BIN)/python -m agent_session.harness.crashpoints docs/scenarios/*.toml
+	$(BIN)/python -m agent_session.harness.crashpoints docs/scenarios/*.toml; sweep=$$?; \
+	$(BIN)/python -m agent_session.harness.killloop --sessions 24 --kills 60 --seed 24; \
+	loop=$$?; test $$sweep -eq 0 && test $$loop -eq 0
 
 # The fuzz and sweep suites at full size (docs/development.md); make test runs a bounded sample.
 fuzz: $(STAMP)

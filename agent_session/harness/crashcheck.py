@@ -17,8 +17,9 @@ from the store before and after, it returns one :class:`Finding` per violated in
 ``owed``
     An owed cut record is left in the store at quiescence.
 ``owed-unanswered-user``
-    The same, when an unanswered user row follows the cut: recovery leaves it owed on purpose
-    until startup retry (PS-4, not built) decides it (``docs/session.md``).
+    The same, when an unanswered user row follows the cut. Startup retry (PS-4) answers such a
+    turn now, so this is a violation like ``owed``; it is kept apart because it names the
+    regression (a retry that was planned and did not run, or was never planned).
 ``user-row-lost``
     A user row in the store right after the kill is gone after recovery, or a ``user-row`` the
     trace reported durable is missing from the store right after the kill (a send cancelled
@@ -35,6 +36,10 @@ from the store before and after, it returns one :class:`Finding` per violated in
     refuses it).
 ``recovery``
     The recovery engine raised, or did not reach quiescence.
+``in-flight``, ``message-lost``, ``op-twice``
+    A turn in flight at the kill is taken up; every message sent before the kill is in history
+    or queued after recovery, exactly once; no operation runs twice without an
+    ``indeterminate`` receipt between (:mod:`~agent_session.harness.crashturns` says how).
 """
 
 from __future__ import annotations
@@ -43,6 +48,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
+
+from agent_session.harness.crashturns import (
+    OpKey,
+    QueuedMessage,
+    UserRowText,
+    check_in_flight,
+    check_messages,
+    check_ops,
+)
 
 #: Event data as the checker reads it: ``msgspec.to_builtins`` of an engine event (``event``,
 #: ``session`` and the event's own fields, as ``docs/trace.md`` names them).
@@ -58,6 +72,9 @@ CLASSES: tuple[str, ...] = (
     "receipt",
     "handle",
     "recovery",
+    "in-flight",
+    "message-lost",
+    "op-twice",
 )
 
 
@@ -107,6 +124,14 @@ class RecoveryFacts(msgspec.Struct, kw_only=True):
     corrupt: list[tuple[str, str]] = msgspec.field(default_factory=list)
     #: ``(handle id, status)`` of every delegated turn's handle after recovery.
     handles_after_recovery: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    #: The store's durable queue, one item per add, right after the kill and after recovery.
+    queued_after_kill: list[QueuedMessage] = msgspec.field(default_factory=list)
+    queued_after_recovery: list[QueuedMessage] = msgspec.field(default_factory=list)
+    #: User rows' sessions and texts by row id, right after the kill and after recovery.
+    texts_after_kill: dict[str, UserRowText] = msgspec.field(default_factory=dict)
+    texts_after_recovery: dict[str, UserRowText] = msgspec.field(default_factory=dict)
+    #: Every operation's session, capability and target, after recovery.
+    ops_after_recovery: list[OpKey] = msgspec.field(default_factory=list)
 
 
 def check_trial(trace: Sequence[EventData], facts: RecoveryFacts) -> list[Finding]:
@@ -122,6 +147,19 @@ def check_trial(trace: Sequence[EventData], facts: RecoveryFacts) -> list[Findin
         _check_user_rows(trace, facts, findings)
     _check_receipts(trace, facts, findings)
     _check_handles(trace, facts, findings)
+    recovery = facts.recovery_events
+    found = [] if facts.recovery_error is not None else check_in_flight(trace, recovery)
+    if facts.reopen_error is None:
+        found += check_messages(
+            trace,
+            recovery,
+            queued_after_kill=facts.queued_after_kill,
+            queued_after_recovery=facts.queued_after_recovery,
+            rows_after_kill=facts.texts_after_kill,
+            rows_after_recovery=facts.texts_after_recovery,
+        )
+        found += check_ops(trace, recovery, facts.ops_after_recovery)
+    findings.extend(Finding(cls=cls, reason=reason) for cls, reason in found)
     return findings
 
 
@@ -260,7 +298,7 @@ def _check_owed(facts: RecoveryFacts, ended: Mapping[str, str], findings: list[F
                     cls="owed-unanswered-user",
                     reason=(
                         f"cut {owed.stream} on {owed.row_id} left owed at quiescence: an "
-                        "unanswered user row follows it (startup retry, PS-4, not built)"
+                        "unanswered user row follows it (startup retry, PS-4, should answer it)"
                     ),
                 )
             )

@@ -1,14 +1,18 @@
-"""The crash-point sweep: kill a scenario at every durable boundary, recover, check.
+"""The crash-point sweep: kill a scenario at every durable boundary and more, recover, check.
 
 Every durable write emits a ``persisted`` event right after its commit: each one is a point
-where a crash may strike. For a scenario, the sweep first runs it unkilled (SQLite) to count its
-``persisted`` events K; then, for each boundary k in 1..K (or a sample of them), one *trial*:
+where a crash may strike. So is every ``stream-start`` (the stream runs, its turn unanswered),
+``op-start`` (a tool call about to run, its ``requested`` receipt durable), ``step`` (mid-stream,
+between model steps) and ``queued`` (a message told queued): the *kill points*
+(:data:`KILL_EVENTS`). For a scenario, the sweep first runs it unkilled (SQLite) to count its
+events of each kind; then, for each kind E and each n in 1..N_E (or a sample of them), one
+*trial*:
 
 1. A child process runs the scenario on a fresh SQLite file (``run_scenario`` with an observer).
-   Inside the emission of the k-th ``persisted`` event (observers run synchronously, right after
-   the commit) it writes the events so far to a file and sends itself ``SIGKILL``. The trial
-   checks that the child died by ``SIGKILL``: runs are deterministic, so a child that ends
-   normally (it reached fewer than k boundaries) is a harness error, not a pass.
+   Inside the emission of the n-th event named E (observers run synchronously, right after
+   what the event tells) it writes the events so far to a file and sends itself ``SIGKILL``.
+   The trial checks that the child died by ``SIGKILL``: runs are deterministic, so a child that
+   ends normally (it reached fewer than n such events) is a harness error, not a pass.
 2. A process that never opened that file recovers it: ``PRAGMA integrity_check``, a read-only
    look at the store as the kill left it, then an :class:`~agent_session.Engine` with startup
    recovery on, the scenario's tools and ``[engine]`` table, a ``VirtualClock`` and every model
@@ -24,9 +28,11 @@ be alive across a fork), then recovers and reports its result through a pipe. Wi
 (or where fork is not available) the killed child is ``python -m
 agent_session.harness.crashpoints child ...`` and the sweep process recovers, one trial at a time.
 
-``python -m agent_session.harness.crashpoints [--sample N] [--jobs J] [--spawn] [--json] FILES...``
-prints per scenario its trials, boundaries and violations by class, then a total; exit 0 when
-nothing is violated, 1 on a violation, 2 for an invalid scenario, 3 on a harness error.
+``python -m agent_session.harness.crashpoints [--sample N] [--events E,...] [--jobs J] [--spawn]
+[--json] FILES...`` prints per scenario its trials, kill points and violations by class, then the
+trials and violations by kill point kind (*boundary*: ``persisted WHAT`` or the event's name) and
+by invariant, and a total; exit 0 when nothing is violated, 1 on a violation, 2 for an invalid
+scenario, 3 on a harness error.
 """
 
 from __future__ import annotations
@@ -77,6 +83,30 @@ EXIT_TRIAL_FAILED = 12
 CHILD_ALARM_S = 120
 TRIAL_ALARM_S = 300
 
+#: The events a trial may kill at: every durable write, and the points between them where a
+#: turn is mid-stream (a step, a tool call's part, its receipt, the loop's stop), mid-tool (an
+#: operation about to run), mid-queue (told queued, taken off, withdrawn, cancelled) or
+#: mid-continuation (owed, a resume's outcome, an ending), and every phase move.
+KILL_EVENTS: tuple[str, ...] = (
+    "persisted",
+    "stream-start",
+    "step",
+    "tool-call-start",
+    "op-start",
+    "tool-call-end",
+    "receipt",
+    "stop",
+    "stream-end",
+    "queued",
+    "dequeued",
+    "withdrawn",
+    "entry-canceled",
+    "owed",
+    "resume",
+    "continuation-ended",
+    "phase",
+)
+
 #: This module, as ``python -m`` names it (``__name__`` is ``__main__`` there).
 MODULE = "agent_session.harness.crashpoints"
 
@@ -84,10 +114,13 @@ _encoder = msgspec.json.Encoder()
 
 
 class TrialResult(msgspec.Struct, kw_only=True):
-    """One trial: the boundary it killed at, what that write was, and the findings."""
+    """One trial: the kill point (the k-th event named ``event``), what it was, the findings."""
 
     k: int
+    event: str = "persisted"
+    #: A ``persisted`` event's ``what``; empty for the other kinds.
     what: str = ""
+    #: What the event names: a write's id, the stream, the operation, the entry.
     id: str = ""
     findings: list[Finding] = msgspec.field(default_factory=list)
     #: A harness error: the child did not die by SIGKILL, a process failed.
@@ -95,10 +128,15 @@ class TrialResult(msgspec.Struct, kw_only=True):
 
 
 class Baseline(msgspec.Struct, kw_only=True):
-    """The unkilled run: how many ``persisted`` events it emits; an error unless it passed."""
+    """The unkilled run: how many events of each kill kind it emits; an error unless it passed."""
 
-    boundaries: int = 0
+    counts: dict[str, int] = msgspec.field(default_factory=dict)
     error: str | None = None
+
+    @property
+    def boundaries(self) -> int:
+        """Its kill points, of every kind."""
+        return sum(self.counts.values())
 
 
 @dataclass
@@ -107,6 +145,7 @@ class ScenarioReport:
 
     path: str
     name: str
+    #: Its kill points (of every kind).
     boundaries: int = 0
     trials: list[TrialResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -121,7 +160,10 @@ class ScenarioReport:
 
     def harness_errors(self) -> list[str]:
         """The scenario's errors and its trials'."""
-        return [*self.errors, *(f"k={t.k}: {t.error}" for t in self.trials if t.error)]
+        return [
+            *self.errors,
+            *(f"{t.event} k={t.k}: {t.error}" for t in self.trials if t.error),
+        ]
 
 
 # ------------------------------------------------------------------ the killed child
@@ -145,8 +187,28 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return [msgspec.json.decode(line) for line in path.read_bytes().splitlines() if line]
 
 
-def run_child(scenario: Scenario, db: Path, k: int, events_out: Path) -> int:
-    """Run ``scenario`` on ``db``; at the k-th ``persisted`` event, write the events and die.
+def boundary(trial: TrialResult) -> str:
+    """The kind of a trial's kill point: ``persisted WHAT``, or the event's name."""
+    return f"persisted {trial.what}" if trial.event == "persisted" else trial.event
+
+
+def _names(event: EventData) -> str:
+    """What a kill point names: the write's id, the stream (and step), the operation, the entry."""
+    name = event.get("event")
+    if name == "step":
+        return f"{event.get('stream')}#{event.get('n')}"
+    if name == "phase":
+        return f"{event.get('session')} {event.get('from')}->{event.get('to')}"
+    for key in ("id", "op", "call", "entry", "cut", "stream"):
+        if key in event:
+            return str(event[key])
+    return str(event.get("session", ""))
+
+
+def run_child(
+    scenario: Scenario, db: Path, k: int, events_out: Path, kill_at: str = "persisted"
+) -> int:
+    """Run ``scenario`` on ``db``; at the k-th event named ``kill_at``, write the events and die.
 
     With ``k = 0`` the run is not killed: the events are written at its end and its exit code
     (``docs/cli.md``) returned. Otherwise returning at all means the run reached fewer than k
@@ -161,7 +223,7 @@ def run_child(scenario: Scenario, db: Path, k: int, events_out: Path) -> int:
         nonlocal seen
         data: dict[str, Any] = msgspec.to_builtins(event)
         events.append(data)
-        if data["event"] != "persisted":
+        if data["event"] != kill_at:
             return
         seen += 1
         if seen != k:
@@ -188,13 +250,13 @@ async def _run(scenario: Scenario, db: Path, observe: Callable[[EngineEvent], No
     return result.exit_code
 
 
-def _launch_fork(scenario: Scenario, db: Path, k: int, events_out: Path) -> int:
+def _launch_fork(scenario: Scenario, db: Path, k: int, events_out: Path, kill_at: str) -> int:
     """Fork the killed child; its exit code as ``subprocess`` gives it (``-9``: SIGKILL)."""
     pid = _fork()
     if pid == 0:
         code = EXIT_CHILD_FAILED
         try:
-            code = run_child(scenario, db, k, events_out)
+            code = run_child(scenario, db, k, events_out, kill_at)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -203,9 +265,11 @@ def _launch_fork(scenario: Scenario, db: Path, k: int, events_out: Path) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _launch_spawn(path: str, db: Path, k: int, events_out: Path) -> int:
+def _launch_spawn(path: str, db: Path, k: int, events_out: Path, kill_at: str) -> int:
     """Run the killed child as ``python -m agent_session.harness.crashpoints child ...``."""
-    command = [sys.executable, "-m", MODULE, "child", path, str(db), str(k), str(events_out)]
+    command = [
+        *(sys.executable, "-m", MODULE, "child", path, str(db), str(k), str(events_out), kill_at)
+    ]
     return subprocess.run(command, check=False).returncode
 
 
@@ -219,9 +283,9 @@ def _fork() -> int:
     return os.fork()
 
 
-def _describe_exit(code: int, k: int) -> str:
+def _describe_exit(code: int, k: int, kill_at: str) -> str:
     if code == EXIT_FEWER:
-        return f"the child ended normally before reaching boundary {k} (runs are deterministic)"
+        return f"the child ended normally before its {kill_at} event {k} (runs are deterministic)"
     if code < 0:
         return f"the child died by {signal.Signals(-code).name}, not SIGKILL"
     return f"the child exited with status {code}"
@@ -242,16 +306,18 @@ class _Job:
     scenario: Scenario
     k: int
     workdir: Path
+    #: The kill point's event name (a trial kills at its k-th one).
+    kill_at: str = "persisted"
 
 
 def _launch(job: _Job, db: Path, events_out: Path, spawn: bool) -> int:
     if spawn:
-        return _launch_spawn(job.path, db, job.k, events_out)
-    return _launch_fork(job.scenario, db, job.k, events_out)
+        return _launch_spawn(job.path, db, job.k, events_out, job.kill_at)
+    return _launch_fork(job.scenario, db, job.k, events_out, job.kill_at)
 
 
 def run_baseline(job: _Job, spawn: bool) -> Baseline:
-    """Run the scenario unkilled on a fresh SQLite file and count its boundaries."""
+    """Run the scenario unkilled on a fresh SQLite file and count its kill points by kind."""
     job.workdir.mkdir(parents=True)
     events_out = job.workdir / "events.jsonl"
     try:
@@ -259,24 +325,27 @@ def run_baseline(job: _Job, spawn: bool) -> Baseline:
         events = read_events(events_out)
     finally:
         shutil.rmtree(job.workdir, ignore_errors=True)
-    boundaries = sum(1 for event in events if event.get("event") == "persisted")
+    counts = Counter(str(event.get("event")) for event in events)
+    found = {name: counts[name] for name in KILL_EVENTS if counts[name]}
     if code != 0:
-        return Baseline(boundaries=boundaries, error=f"the unkilled run fails: exit {code}")
-    return Baseline(boundaries=boundaries)
+        return Baseline(counts=found, error=f"the unkilled run fails: exit {code}")
+    return Baseline(counts=found)
 
 
 def run_trial(job: _Job, spawn: bool) -> TrialResult:
-    """Kill a run at boundary ``job.k``, recover its store in this process, check."""
+    """Kill a run at its ``job.k``-th ``job.kill_at`` event, recover its store here, check."""
     job.workdir.mkdir(parents=True)
     db, events_out = job.workdir / "run.db", job.workdir / "events.jsonl"
     try:
         code = _launch(job, db, events_out, spawn)
         events = read_events(events_out)
-        result = TrialResult(k=job.k)
-        if events and events[-1].get("event") == "persisted":
-            result.what, result.id = str(events[-1].get("what")), str(events[-1].get("id"))
+        result = TrialResult(k=job.k, event=job.kill_at)
+        if events and events[-1].get("event") == job.kill_at:
+            result.id = _names(events[-1])
+            if job.kill_at == "persisted":
+                result.what = str(events[-1].get("what"))
         if code != -signal.SIGKILL:
-            result.error = _describe_exit(code, job.k)
+            result.error = _describe_exit(code, job.k, job.kill_at)
             return result
         facts = anyio.run(recover, job.scenario, db)
         result.findings = check_trial(events, facts)
@@ -337,7 +406,9 @@ def _serve(job: _Job, write_end: int) -> NoReturn:
 
 
 def _failed(job: _Job, why: str) -> Baseline | TrialResult:
-    return Baseline(error=why) if job.k == 0 else TrialResult(k=job.k, error=why)
+    if job.k == 0:
+        return Baseline(error=why)
+    return TrialResult(k=job.k, event=job.kill_at, error=why)
 
 
 def _decoded(job: _Job, data: bytes, code: int) -> Baseline | TrialResult:
@@ -393,8 +464,11 @@ def sweep(
     sample: int | None = None,
     jobs: int | None = None,
     spawn: bool = False,
+    kill_at: Sequence[str] = KILL_EVENTS,
 ) -> Sweep:
-    """Sweep every scenario's boundaries (all, or ``sample`` of them per scenario).
+    """Sweep every scenario's kill points (all, or ``sample`` of each kind per scenario).
+
+    ``kill_at``: the event names to kill at (:data:`KILL_EVENTS` by default).
 
     Trials fork, ``jobs`` at once (default: one per CPU), unless ``spawn`` is asked for or this
     process cannot fork safely: then each killed child is a new interpreter, one at a time.
@@ -414,12 +488,16 @@ def sweep(
         for job, found in zip(baselines, found_all, strict=True):
             assert isinstance(found, Baseline)
             report = reports[job.owner]
-            report.boundaries = found.boundaries
             if found.error is not None:
                 report.errors.append(found.error)
-            for k in select_boundaries(found.boundaries, sample):
-                workdir = scratch / f"s{job.index}-k{k}"
-                trials.append(_Job(len(trials), job.owner, job.path, job.scenario, k, workdir))
+            for index, name in enumerate(kill_at):
+                counted = found.counts.get(name, 0)
+                report.boundaries += counted
+                for k in select_boundaries(counted, sample):
+                    workdir = scratch / f"s{job.index}-e{index}-k{k}"
+                    trials.append(
+                        _Job(len(trials), job.owner, job.path, job.scenario, k, workdir, name)
+                    )
         for job, done in zip(trials, _run_jobs(trials, spawn=spawn, width=width), strict=True):
             assert isinstance(done, TrialResult)
             reports[job.owner].trials.append(done)
@@ -443,27 +521,51 @@ def _violations_phrase(counts: Counter[str]) -> str:
     return f"{total} {noun}" + (f" ({_classes(counts)})" if total else "")
 
 
+def by_boundary(done: Sweep) -> dict[str, tuple[int, int]]:
+    """Per kind of kill point (:func:`boundary`): its trials and the violations they found."""
+    counts: dict[str, tuple[int, int]] = {}
+    for report in done.reports:
+        for trial in report.trials:
+            trials, found = counts.get(boundary(trial), (0, 0))
+            counts[boundary(trial)] = (trials + 1, found + len(trial.findings))
+    return dict(sorted(counts.items()))
+
+
+def by_invariant(done: Sweep) -> dict[str, int]:
+    """Every class of :data:`CLASSES` (and any other found), with its violations (0 too)."""
+    total: Counter[str] = Counter()
+    for report in done.reports:
+        total.update(report.by_class())
+    return {**dict.fromkeys(CLASSES, 0), **total}
+
+
 def print_sweep(done: Sweep) -> None:
-    """Per scenario: trials, boundaries, violations by class, each one; then the total."""
+    """Per scenario: trials, kill points, violations by class, each one; then the totals."""
     reports = done.reports
     for report in reports:
         counts = report.by_class()
         print(
-            f"{report.path}: {len(report.trials)} trials, {report.boundaries} boundaries, "
+            f"{report.path}: {len(report.trials)} trials, {report.boundaries} kill points, "
             f"{_violations_phrase(counts)}"
         )
         for trial, finding in report.violations():
-            where = f"k={trial.k} persisted {trial.what} {trial.id}"
+            where = f"{boundary(trial)} k={trial.k} {trial.id}"
             print(f"  {where}: {finding.cls}: {finding.reason}")
         for error in report.harness_errors():
             print(f"  HARNESS ERROR {error}")
+    print("by boundary (trials, violations):")
+    for kind, (trials, found) in by_boundary(done).items():
+        print(f"  {kind}: {trials} trials, {found} violations")
+    print("by invariant (violations):")
+    for cls, found in by_invariant(done).items():
+        print(f"  {cls}: {found}")
     total: Counter[str] = Counter()
     for report in reports:
         total.update(report.by_class())
     errors = sum(len(r.harness_errors()) for r in reports)
     print(
         f"total: {len(reports)} scenarios, {sum(len(r.trials) for r in reports)} trials, "
-        f"{sum(r.boundaries for r in reports)} boundaries, {_violations_phrase(total)}, "
+        f"{sum(r.boundaries for r in reports)} kill points, {_violations_phrase(total)}, "
         f"{errors} harness errors, {done.seconds:.1f} s ({done.mode})"
     )
 
@@ -479,13 +581,25 @@ def sweep_json(done: Sweep) -> bytes:
                     "boundaries": r.boundaries,
                     "trials": len(r.trials),
                     "violations": [
-                        {"k": t.k, "what": t.what, "id": t.id, "class": f.cls, "reason": f.reason}
+                        {
+                            "event": t.event,
+                            "k": t.k,
+                            "what": t.what,
+                            "id": t.id,
+                            "class": f.cls,
+                            "reason": f.reason,
+                        }
                         for t, f in r.violations()
                     ],
                     "errors": r.harness_errors(),
                 }
                 for r in done.reports
             ],
+            "by_boundary": {
+                kind: {"trials": trials, "violations": found}
+                for kind, (trials, found) in by_boundary(done).items()
+            },
+            "by_invariant": by_invariant(done),
             "mode": done.mode,
             "seconds": round(done.seconds, 3),
         }
@@ -506,17 +620,34 @@ def _positive(text: str) -> int:
     return value
 
 
+def _kill_events(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in KILL_EVENTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown kill event {', '.join(unknown) or '(none)'}: one of {', '.join(KILL_EVENTS)}"
+        )
+    return names
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m agent_session.harness.crashpoints",
-        description="Kill each scenario at every durable boundary, recover, check the invariants.",
+        description="Kill each scenario at every kill point, recover, check the invariants.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="scenario files (TOML or JSON)")
     parser.add_argument(
         "--sample",
         type=_positive,
         metavar="N",
-        help="at most N boundaries per scenario, spread evenly (default: every one)",
+        help="at most N kill points of each kind per scenario, spread evenly (default: all)",
+    )
+    parser.add_argument(
+        "--events",
+        type=_kill_events,
+        default=KILL_EVENTS,
+        metavar="E,...",
+        help=f"the events to kill at (default: {','.join(KILL_EVENTS)})",
     )
     parser.add_argument(
         "--jobs", type=_positive, metavar="J", help="forked trials at once (default: CPUs)"
@@ -538,7 +669,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line, file=sys.stderr)
         return 2
     done = sweep(
-        options.files, scenarios, sample=options.sample, jobs=options.jobs, spawn=options.spawn
+        options.files,
+        scenarios,
+        sample=options.sample,
+        jobs=options.jobs,
+        spawn=options.spawn,
+        kill_at=options.events,
     )
     if options.json:
         sys.stdout.buffer.write(sweep_json(done) + b"\n")
@@ -548,12 +684,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _child_main(args: Sequence[str]) -> int:
-    path, db, k, events_out = args
+    path, db, k, events_out, *kill_at = args
     scenarios, problems = load_all([path])
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
-    return run_child(scenarios[0], Path(db), int(k), Path(events_out))
+    return run_child(scenarios[0], Path(db), int(k), Path(events_out), *kill_at[:1])
 
 
 if __name__ == "__main__":

@@ -19,12 +19,16 @@ from pathlib import Path
 import msgspec
 
 from agent_session._engine import Engine
+from agent_session._rows import decode_body
 from agent_session.harness.crashcheck import EventData, OwedCut, RecoveryFacts
+from agent_session.harness.crashturns import OpKey, QueuedMessage, UserRowText
 from agent_session.harness.fakes import Faults, FaultyStore, ScenarioTool
 from agent_session.harness.runner import engine_config
 from agent_session.harness.scenario import Scenario
 from agent_session.harness.virtual_time import VirtualTime, busy_sessions
+from message_queue import decode_entry
 from persistence import (
+    CorruptRecord,
     HistoryRow,
     OpState,
     RowKind,
@@ -80,14 +84,53 @@ def integrity(db: Path) -> str:
     return "; ".join(str(row[0]) for row in rows)
 
 
-async def _user_rows(store: SqliteStore) -> dict[str, bytes]:
+async def _user_rows(store: SqliteStore) -> tuple[dict[str, bytes], dict[str, UserRowText]]:
+    """Every user row's body, and its session and text, by row id.
+
+    A body that does not decode has no text here: damage is the ``store`` check's business.
+    """
     rows: dict[str, bytes] = {}
+    texts: dict[str, UserRowText] = {}
     for session in await store.sessions():
         loaded = await store.load(session.id)
         for row in () if loaded is None else loaded.rows:
             if row.kind is RowKind.USER:
                 rows[row.row_id] = row.body
-    return rows
+                try:
+                    texts[row.row_id] = UserRowText(session=row.session, text=decode_body(row).text)
+                except CorruptRecord:
+                    continue
+    return rows, texts
+
+
+async def _queued(store: SqliteStore) -> list[QueuedMessage]:
+    """One item per add of every stored entry that decodes (damage is reported elsewhere)."""
+    found: list[QueuedMessage] = []
+    for record in (await store.queued()).records:
+        key = f"{record.session}/{record.entry_id}"
+        try:
+            entry = decode_entry(record.body, key)
+        except CorruptRecord:
+            continue
+        found.extend(
+            QueuedMessage(
+                session=record.session,
+                entry=entry.id,
+                message=add.id,
+                text=add.text,
+                user_authored=entry.user_authored,
+                withdrawn=entry.withdrawn,
+            )
+            for add in entry.messages
+        )
+    return found
+
+
+async def _ops(store: SqliteStore) -> list[OpKey]:
+    return [
+        OpKey(op=r.op_id, session=r.session, capability=r.capability.text, target=r.target)
+        for r in (await store.receipts()).records
+    ]
 
 
 async def _corrupt(store: SqliteStore, when: str) -> list[tuple[str, str]]:
@@ -101,13 +144,18 @@ async def _corrupt(store: SqliteStore, when: str) -> list[tuple[str, str]]:
 
 async def _look_after_kill(db: Path, facts: RecoveryFacts) -> None:
     async with SqliteStore(db, readonly=True) as store:
-        facts.user_rows_after_kill = await _user_rows(store)
+        facts.user_rows_after_kill, facts.texts_after_kill = await _user_rows(store)
+        facts.queued_after_kill = await _queued(store)
         facts.corrupt.extend(await _corrupt(store, "after the kill"))
+        queue = await store.queued()
+        facts.corrupt.extend((f"queued entry {k} (after the kill)", w) for k, w in queue.corrupt)
 
 
 async def _look_after_recovery(db: Path, facts: RecoveryFacts) -> None:
     async with SqliteStore(db, readonly=True) as store:
-        facts.user_rows_after_recovery = await _user_rows(store)
+        facts.user_rows_after_recovery, facts.texts_after_recovery = await _user_rows(store)
+        facts.queued_after_recovery = await _queued(store)
+        facts.ops_after_recovery = await _ops(store)
         facts.corrupt.extend(await _corrupt(store, "after recovery"))
         for found in (await store.scan_recoverable()).cuts:
             loaded = await store.load(found.session.id)

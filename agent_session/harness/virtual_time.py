@@ -80,7 +80,8 @@ def _callbacks_queued() -> bool:
     One may wake a task: a task group's ``task_done``, a thread's result.
     """
     ready = getattr(asyncio.get_running_loop(), "_ready", None)
-    return ready is None or any(not handle.cancelled() for handle in ready)
+    # tuple() copies in one go: a thread's call_soon_threadsafe may append while we look
+    return ready is None or any(not handle.cancelled() for handle in tuple(ready))
 
 
 def _on_asyncio() -> bool:

@@ -1,9 +1,10 @@
 """The crash-point sweep (``agent_session/harness/crashpoints.py``) and its checker.
 
-A bounded sample of the library is swept on every ``make test``: every boundary of three
-scenarios that cut a turn, run operations, crash on their own (crash-mid-turn), leave an
-operation indeterminate and resume past it (overlap-guard), and supersede a cut with a user
-message (user-message-during-tool). ``make crash`` sweeps every boundary of the whole library.
+A bounded sample of the library is swept on every ``make test``: every ``persisted``,
+``stream-start``, ``op-start``, ``step`` and ``queued`` kill point of three scenarios that cut a
+turn, run operations, crash on their own (crash-mid-turn), leave an operation indeterminate and
+resume past it (overlap-guard), and supersede a cut with a user message
+(user-message-during-tool). ``make crash`` sweeps every boundary of the whole library.
 
 The checker is tested on hand-made facts, one bad case per invariant, so a clean sweep means
 the invariants hold rather than that the checker cannot see.
@@ -28,9 +29,12 @@ from agent_session.harness.crashcheck import (
 )
 from agent_session.harness.crashpoints import EXIT_FEWER, read_events, select_boundaries
 from agent_session.harness.crashrecovery import integrity
+from tests.harness.crash_kit import TAILS_MISSING, sqlite_reads_tails
 
 LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 SAMPLE = ["crash-mid-turn.toml", "overlap-guard.toml", "user-message-during-tool.toml"]
+#: The sample's kill points: every durable write, mid-stream, mid-tool, a message told queued.
+SAMPLE_EVENTS = "persisted,stream-start,op-start,step,queued"
 
 
 def _sweep(*args: str) -> dict[str, Any]:
@@ -46,14 +50,18 @@ def _sweep(*args: str) -> dict[str, Any]:
 
 
 def test_a_sample_of_the_library_violates_nothing() -> None:
-    report = _sweep(*(str(LIBRARY / name) for name in SAMPLE))
+    report = _sweep("--events", SAMPLE_EVENTS, *(str(LIBRARY / name) for name in SAMPLE))
     found = set()
     for scenario in report["scenarios"]:
         assert scenario["errors"] == []
         assert scenario["boundaries"] > 0
         assert scenario["trials"] == scenario["boundaries"]
         name = Path(scenario["path"]).name
-        found |= {(name, v["k"], v["class"]) for v in scenario["violations"]}
+        found |= {(name, v["event"], v["k"], v["class"]) for v in scenario["violations"]}
+    assert set(report["by_invariant"]) >= {"in-flight", "message-lost", "op-twice"}
+    assert sum(v["trials"] for v in report["by_boundary"].values()) > 60
+    if not sqlite_reads_tails() and {cls for *_, cls in found} == {"in-flight"}:
+        pytest.xfail(f"{TAILS_MISSING}: {len(found)} in-flight trials")
     assert found == set(), [
         f"{v['k']} {v['what']} {v['id']}: {v['class']}: {v['reason']}"
         for s in report["scenarios"]
@@ -184,6 +192,7 @@ def test_invariant_2_a_resume_consuming_its_own_continuation_is_fine() -> None:
         ev("continuation-ended", cut="s1/1", how="consumed", why="stream s1/2 started"),
         ev("resume", cut="s1/1", attempt=2, outcome="started"),
         ev("persisted", what="cut-void", id="s1:r2"),
+        ev("stream-end", stream="s1/2", finish="stop"),  # nothing left in flight (in-flight)
     ]
     assert check_trial(trace, clean_facts()) == []
     twice = [*trace, ev("continuation-ended", cut="s1/1", how="withdrawn", why="user stop")]
@@ -268,4 +277,5 @@ def test_r41_recovery_starting_a_stream_of_a_settled_handle_is_a_violation() -> 
     found = check_trial([*CUT_THEN_STOP, settled], clean_facts(recovery_events=[resumed, other]))
     assert [f.reason for f in found] == ["recovery started w-3/2 for handle mig-2, already settled"]
     # before the kill, a stream after a settlement is the child's own business (TD-3 heals)
-    assert check_trial([*CUT_THEN_STOP, settled, resumed], clean_facts()) == []
+    ended = {"event": "stream-end", "session": "w-3", "stream": "w-3/2", "finish": "stop"}
+    assert check_trial([*CUT_THEN_STOP, settled, resumed, ended], clean_facts()) == []
