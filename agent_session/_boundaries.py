@@ -83,8 +83,11 @@ def with_records(commit: Commit, session: str, changes: tuple[CutChange, ...]) -
     )
 
 
-def envelope(info: StreamInfo, context: StreamContext) -> Commit:
-    """B3: the durable turn envelope of the stream ``info`` describes."""
+def envelope(info: StreamInfo, context: StreamContext, after_seq: int) -> Commit:
+    """B3: the durable turn envelope of the stream ``info`` describes.
+
+    Its history ends at ``after_seq``: a startup retry tells by it which turn it was running.
+    """
     written = TurnEnvelope(
         session=info.session,
         stream=info.stream,
@@ -92,6 +95,7 @@ def envelope(info: StreamInfo, context: StreamContext) -> Commit:
         budget=info.budget,
         cause=context.cause.value,
         handle=context.correlation.handle_id if context.correlation else None,
+        after_seq=after_seq,
     )
     persisted = Persisted(session=info.session, what="envelope", id=info.stream)
     return Commit(

@@ -1806,7 +1806,7 @@ class TurnMachine:
 
     def _on_EnvelopeReady(self, given: _in.EnvelopeReady) -> list[Effect]:
         info = given.info
-        return [_boundaries.envelope(info, self.context)]  # B3
+        return [_boundaries.envelope(info, self.context, self._seq - 1)]  # B3
 
     def _on_StartReached(self, given: _in.StartReached) -> list[Effect]:
         return self._start_reached()

@@ -356,6 +356,11 @@ def _left(
     running = envelope is not None and not tail.envelope_ended
     if last.kind is RowKind.PARTIAL:  # the aborted stream is this turn's
         running = envelope is not None and last.stream == envelope.stream
+    anchor = tail.rows[0].seq if tail.rows and tail.rows[0].kind is RowKind.USER else None
+    if envelope is not None and envelope.after_seq is not None and anchor is not None:
+        # a stream constructed before the turn's user row was another turn's (R35: one that
+        # a queued message superseded): nothing of this turn was spent
+        running = running and envelope.after_seq >= anchor
     if running and envelope is not None:
         remaining = envelope.budget - spent
         why = f"stream {envelope.stream} was interrupted with {remaining} of {envelope.budget}"

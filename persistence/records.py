@@ -245,6 +245,8 @@ class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         budget: The step budget the stream starts with.
         cause: Why the stream was started (user entry, resume, retry, ...).
         handle: The delegated handle the stream works for, if any.
+        after_seq: The seq of the session's last row when the stream was constructed (the
+            history it answers ends there; ``None`` in envelopes written before it was kept).
     """
 
     session: str
@@ -253,6 +255,7 @@ class TurnEnvelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     budget: Steps
     cause: str
     handle: str | None = None
+    after_seq: Seq | None = None
 
 
 class OpState(StrEnum):

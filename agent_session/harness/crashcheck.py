@@ -118,6 +118,10 @@ class RecoveryFacts(msgspec.Struct, kw_only=True):
     integrity_after_recovery: str = "ok"
     user_rows_after_recovery: dict[str, bytes] = msgspec.field(default_factory=dict)
     owed_after_recovery: list[OwedCut] = msgspec.field(default_factory=list)
+    #: The cuts (stream ids) whose record was still owed right after the kill (``None``: not
+    #: read). A cut told owed whose record is not owed any more ended durably before the kill
+    #: (its void landed before it was told): nothing is in flight for it.
+    owed_after_kill: list[str] | None = None
     #: ``(op_id, state)`` of every operation still ``requested`` or ``running``.
     open_ops_after_recovery: list[tuple[str, str]] = msgspec.field(default_factory=list)
     #: Rows of the stores that failed validation (``(what, detail)``).
@@ -148,7 +152,11 @@ def check_trial(trace: Sequence[EventData], facts: RecoveryFacts) -> list[Findin
     _check_receipts(trace, facts, findings)
     _check_handles(trace, facts, findings)
     recovery = facts.recovery_events
-    found = [] if facts.recovery_error is not None else check_in_flight(trace, recovery)
+    found = (
+        []
+        if facts.recovery_error is not None
+        else check_in_flight(trace, recovery, facts.owed_after_kill)
+    )
     if facts.reopen_error is None:
         found += check_messages(
             trace,

@@ -146,6 +146,9 @@ async def _look_after_kill(db: Path, facts: RecoveryFacts) -> None:
     async with SqliteStore(db, readonly=True) as store:
         facts.user_rows_after_kill, facts.texts_after_kill = await _user_rows(store)
         facts.queued_after_kill = await _queued(store)
+        facts.owed_after_kill = [
+            str(row.stream) for found in (await store.scan_recoverable()).cuts for row in found.owed
+        ]
         facts.corrupt.extend(await _corrupt(store, "after the kill"))
         queue = await store.queued()
         facts.corrupt.extend((f"queued entry {k} (after the kill)", w) for k, w in queue.corrupt)

@@ -124,14 +124,40 @@ def _follow_cut(event: EventData, session: str, owed: dict[str, list[str]]) -> N
         owed.pop(session, None)  # durable before its continuation-ended is told (one a session)
 
 
-def check_in_flight(trace: Sequence[EventData], recovery: Sequence[EventData]) -> list[Violation]:
-    """Every turn in flight at the kill is resumed, retried or abandoned with a reason."""
+def check_in_flight(
+    trace: Sequence[EventData],
+    recovery: Sequence[EventData],
+    owed_after_kill: Sequence[str] | None = None,
+) -> list[Violation]:
+    """Every turn in flight at the kill is resumed, retried or abandoned with a reason.
+
+    ``owed_after_kill``: the cuts the store still held owed right after the kill; one the
+    trace told owed that the store no longer owes ended durably before the kill (its void
+    landed, its telling did not): nothing was in flight for it.
+    """
     found: list[Violation] = []
-    for session, what in in_flight_at_kill(trace).items():
+    flying = in_flight_at_kill(trace)
+    if owed_after_kill is not None:
+        still = set(owed_after_kill)
+        for session in list(flying):
+            kept = [w for w in flying[session] if not _ended_durably(w, still)]
+            if kept:
+                flying[session] = kept
+            else:
+                del flying[session]
+    for session, what in flying.items():
         problem = _taken_up(session, recovery)
         if problem is not None:
             found.append(("in-flight", f"session {session}: {'; '.join(what)}; {problem}"))
     return found
+
+
+def _ended_durably(what: str, owed: set[str]) -> bool:
+    """``cut X was owed`` for a cut the store no longer owes."""
+    prefix, suffix = "cut ", " was owed"
+    if not (what.startswith(prefix) and what.endswith(suffix)):
+        return False
+    return what[len(prefix) : -len(suffix)] not in owed
 
 
 def _taken_up(session: str, recovery: Sequence[EventData]) -> str | None:
