@@ -27,6 +27,7 @@ from persistence._errors import (
 )
 from persistence._logging import quiet_aiosqlite
 from persistence._memory import MemoryStore
+from persistence._open_receipts import DamagedReceipt, OpenReceipts
 from persistence._resolve import (
     OPERATOR,
     OPERATOR_OUTCOMES,
@@ -84,6 +85,7 @@ __all__ = [
     "CutRecord",
     "CutState",
     "CutStateChange",
+    "DamagedReceipt",
     "DamagedStore",
     "ForeignStore",
     "HandleQuery",
@@ -95,6 +97,7 @@ __all__ = [
     "NotATurnkeeperStore",
     "NotResolvable",
     "OpState",
+    "OpenReceipts",
     "OperationRecord",
     "QueueQuery",
     "QueueSnapshot",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, Self
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from persistence._open_receipts import OpenReceipts
     from persistence.records import (
         Boundary,
         Committed,
@@ -143,6 +144,22 @@ class Store(Protocol):
         Returns:
             Indeterminate receipts first, then requested and running, then the terminal ones
             newest first; a row that fails validation is reported in ``corrupt`` and skipped.
+        """
+        ...
+
+    async def open_receipts(self, session: str | None = None) -> OpenReceipts:
+        """Every receipt that may still be running: ``requested``, ``running``, ``indeterminate``.
+
+        What the overlap guard (OP-9) holds. Read through an index of the open states, so it
+        costs what the open receipts cost, whatever the number of terminal ones.
+
+        Args:
+            session: Only this session's open receipts.
+
+        Returns:
+            The records that validate, in the order they were first written; a row in an open
+            state that fails validation is reported in ``damaged`` with its session, target
+            and state columns (never skipped silently).
         """
         ...
 
