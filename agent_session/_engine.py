@@ -177,10 +177,10 @@ class Engine:
         (``agent_session._startup_receipts``) then closes each session's receipts in one write
         with a system row that tells its model what became of those calls
         (``docs/operations.md``: every call's fate reaches the model). Only the written
-        sessions' ``receipt`` events are told, in the store's order; indeterminate receipts
-        then feed the overlap guard (OP-9).
+        sessions' ``receipt`` events are told, in the store's order. Then the overlap guard
+        (OP-9) reads what the store has open: the closed receipts, and those whose close failed
+        (still open in the store: held all the same).
         """
-        runner = self.manager.operations
         stale = await self.store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
         now = self.clock.now()
         histories = {
@@ -191,17 +191,13 @@ class Engine:
         for write in plan.writes:
             try:
                 await self._writer.write(write.session, write.boundary)
-            except (TurnkeeperError, OSError) as error:  # still open in the store: held here
+            except (TurnkeeperError, OSError) as error:  # still open in the store: held
                 log.warning("receipts of %s not closed at startup: %s", clip(write.session), error)
-                for held in write.boundary.operations:
-                    runner.remember_indeterminate(held)
                 continue
             written.add(write.session)
         for event in plan.told(written):  # told in the store's order, once durable
             self._emit(event)
-        open_ones = await self.store.receipts(states=frozenset({OpState.INDETERMINATE}))
-        for record in open_ones.records:
-            runner.remember_indeterminate(record)
+        await self.manager.operations.load_guard()
 
     async def _restart_history(self, session: str) -> tuple[HistoryRow, ...] | None:
         """``session``'s rows, where the restart note goes after them.
