@@ -173,7 +173,8 @@ class Engine:
     async def _recover_operations(self) -> None:
         """OP-7: what a previous process left open is indeterminate (``process_restart``).
 
-        The stale receipts and their sessions' histories are read first; the plan
+        The stale receipts (``requested``, ``running``: ``Store.open_receipts``, in the store's
+        order) and their sessions' histories are read first; the plan
         (``agent_session._startup_receipts``) then closes each session's receipts in one write
         with a system row that tells its model what became of those calls
         (``docs/operations.md``: every call's fate reaches the model). Only the written
@@ -181,12 +182,11 @@ class Engine:
         (OP-9) reads what the store has open: the closed receipts, and those whose close failed
         (still open in the store: held all the same).
         """
-        stale = await self.store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
+        found = await self.store.open_receipts()  # the open-states index, not every receipt
+        stale = [r for r in found.records if r.state is not OpState.INDETERMINATE]
         now = self.clock.now()
-        histories = {
-            session: await self._restart_history(session) for session in sessions_of(stale.records)
-        }
-        plan = plan_startup_receipts(stale.records, histories, now)
+        histories = {sid: await self._restart_history(sid) for sid in sessions_of(stale)}
+        plan = plan_startup_receipts(stale, histories, now)
         written: set[str] = set()
         for write in plan.writes:
             try:

@@ -175,6 +175,11 @@ class OverlapGuard:
             return None, False
         return next(iter(holders)), policy is OverlapPolicy.BLOCK
 
+    @property
+    def holding(self) -> bool:
+        """Whether any operation is held (in any session)."""
+        return bool(self._held)
+
     def damaged(self, op_id: str) -> str | None:
         """What is wrong with held ``op_id``'s receipt, or ``None`` when it reads fine."""
         return self._damaged.get(op_id)

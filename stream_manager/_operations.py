@@ -32,9 +32,11 @@ interval (OP-6), and a tool that never stops keeps only its own task. A late end
 Provider-executed calls get receipts too (``_op_receipts.ProviderCalls``).
 
 The runner holds its collaborators: a :class:`~stream_manager._op_receipts.ReceiptWriter`
-writes and reports every receipt, an :class:`~stream_manager._op_parts.OverlapGuard` keeps the
-indeterminate operations (OP-9), and :class:`~stream_manager._op_receipts.ProviderCalls`
-(``provider_calls``) gives provider-executed calls their receipts.
+writes and reports every receipt, an :class:`~stream_manager._op_guard.OverlapGuard` keeps the
+operations the store says may still be running (OP-9: a cache of ``Store.open_receipts``,
+confirmed by the store before it refuses a call), and
+:class:`~stream_manager._op_receipts.ProviderCalls` (``provider_calls``) gives
+provider-executed calls their receipts.
 """
 
 from __future__ import annotations
@@ -261,7 +263,11 @@ class OperationRunner:
         spawn = self._spawn or spawn
         if spawn is None:
             raise RuntimeError("no task group to run tool calls in: bind one or pass spawn")
-        admitted = await self._admit_step(session, stream, step, calls)
+        guard = self._guard
+        if guard.loaded and not guard.holding:  # the hot path: no holder, nothing to confirm
+            admitted = [self._admit(session, stream, step, i, c) for i, c in enumerate(calls)]
+        else:
+            admitted = await self._admit_step(session, stream, step, calls)
         ops = [op for op in admitted if isinstance(op, Op)]
         first = ops[0] if ops and ops[0].tool is not None else None
         unstarted = first.life.record if first is not None else None
