@@ -4,7 +4,8 @@ Two implementations share one conformance suite (``tests/persistence``): ``Memor
 tests and ``--memory`` runs, ``SqliteStore`` for everything durable. The port is shaped by the
 engine's durable boundaries: one :meth:`Store.commit` per boundary of one session (what the
 boundary makes durable is a :class:`~persistence.Boundary`), one :meth:`Store.load` per
-session, one scan for startup recovery, one receipts query and one handles query. A PostgreSQL
+session, one scan for startup recovery, one receipts query, one query of the open receipts
+(the overlap guard's) and one handles query. A PostgreSQL
 store with leases implements the same verbs; the owner token every commit carries is its fence.
 
 A commit is one durable boundary: when it returns, what it wrote is committed (and with
