@@ -7,15 +7,16 @@ indeterminate, whatever startup recovery did with it (closed it, failed to, was 
 (the engine goes on refusing) and releases the operation between two engines. A settlement
 written through the store while the engine runs is seen at the next identical call, and a late
 end or the engine's own resolution never overwrites it. A damaged receipt row never lets a call
-through: it holds its target (or its whole session). A resumed turn after a restart that
-re-issues the call is refused at tool level, and the model is told why.
+through: it holds its target (or its whole session); a store the guard cannot read runs no
+call. A resumed turn after a restart that re-issues the call is refused at tool level, and
+the model is told why.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -25,11 +26,14 @@ from persistence import (
     OPERATOR,
     MemoryStore,
     NotResolvable,
+    OpenReceipts,
     OperationRecord,
     OpState,
+    ReceiptQuery,
     Resolution,
     SqliteStore,
     Store,
+    StoreError,
     resolve_operation,
 )
 from stream_manager import (
@@ -45,6 +49,7 @@ from stream_manager import (
     ToolContext,
     ToolKind,
     VirtualClock,
+    WriteFailed,
 )
 from stream_manager._op_states import target_digest
 from stream_manager._operations import OperationRunner
@@ -478,3 +483,63 @@ async def test_op9_a_stream_manager_without_an_engine_reads_the_store_at_its_fir
         runner.stream_closed("s1/5")  # a call that ran would leave its worker waiting
     assert results[0].output == {"error": "blocked_by_indeterminate", "blocked_by": held.op_id}
     assert a.calls == []
+
+
+class _Unreadable(MemoryStore):
+    """A store whose reads of receipts fail (after ``fail`` is set)."""
+
+    fail = False
+
+    async def open_receipts(self, session: str | None = None) -> OpenReceipts:
+        if self.fail:
+            raise StoreError("disk I/O error (injected)")
+        return await super().open_receipts(session)
+
+    async def receipts(self, *args: Any, **kwargs: Any) -> ReceiptQuery:
+        if self.fail:
+            raise StoreError("disk I/O error (injected)")
+        return await super().receipts(*args, **kwargs)
+
+
+@pytest.mark.parametrize("when", ["load", "confirm"])
+async def test_op9_a_guard_that_cannot_read_the_store_runs_no_call(when: str) -> None:
+    capability = Capability(kind=ToolKind.CLIENT, name="a")
+    held = OperationRecord(
+        op_id="s1/4/1/0",
+        session="s1",
+        stream="s1/4",
+        call_id="c4",
+        capability=capability,
+        target=target_digest(capability, {"path": "/etc/x"}, "pepper"),
+        started_at=3.0,
+        state=OpState.INDETERMINATE,
+    )
+    store = _Unreadable()
+    await store.open()
+    await store_kit.put_receipts(store, held)
+    a = OpTool("a")
+    runner = OperationRunner(
+        tools={"a": a},
+        clock=a.clock,
+        default_deadline_s=DEADLINE_S,
+        emit=None,
+        store=store,
+        salt="pepper",
+    )
+    if when == "confirm":
+        await runner.load_guard()  # the held call then needs its confirming read
+    store.fail = True
+    async with anyio.create_task_group() as group:
+        with pytest.raises(WriteFailed, match=r"overlap guard could not read .*injected"):
+            await runner.run_calls(
+                session="s1",
+                stream="s1/5",
+                step=1,
+                calls=[ToolCallPart(call_id="k1", name="a", args={"path": "/etc/x"})],
+                stop_why=lambda: pytest.fail("no stop"),
+                spawn=group.start_soon,
+            )
+        runner.stream_closed("s1/5")
+    assert a.calls == []
+    store.fail = False
+    assert [r.op_id for r in (await store.receipts()).records] == [held.op_id]  # nothing written
