@@ -40,6 +40,7 @@ from agent_session._delegation import (
     HandleInUse,
     UnknownHandle,
 )
+from agent_session._delivery import Delivery, DeliveryState
 from agent_session._engine import Engine, EngineObserver
 from agent_session._events import (
     ContinuationEnded,
@@ -56,6 +57,7 @@ from agent_session._events import (
     QueueCleared,
     Recovered,
     ResumeAttempted,
+    RetryAbandoned,
     SessionBroken,
     SessionEvent,
 )
@@ -81,6 +83,8 @@ __all__ = [
     "ContinuationEnded",
     "ContinuationOwed",
     "Delegation",
+    "Delivery",
+    "DeliveryState",
     "EndedHow",
     "Engine",
     "EngineConfig",
@@ -107,6 +111,7 @@ __all__ = [
     "QueueCleared",
     "Recovered",
     "ResumeAttempted",
+    "RetryAbandoned",
     "SessionBroken",
     "SessionDisposed",
     "SessionEvent",

@@ -37,7 +37,7 @@ import msgspec
 
 from agent_session._phases import Phase
 from message_queue import Correlation, SendOptions
-from stream_manager import ModelFallbackProgress
+from stream_manager import ModelFallbackProgress, StartCause
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -93,6 +93,12 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     thinking_level: str | None = None
     #: The live scratchpad snapshot at the cut (R26).
     extra_system_context: str | None = None
+    #: What its stream's ``stream-start`` says: ``resume``, or ``recovery`` for a startup
+    #: retry of a turn a crash interrupted (PS-4).
+    cause: StartCause = StartCause.RESUME
+    #: A durable cut record follows it (``False``: a startup retry's marker, rebuilt from the
+    #: tail of the history and the envelope; its endings are told at once).
+    durable: bool = True
 
 
 def retry_safe(options: SendOptions | None) -> SendOptions:

@@ -19,15 +19,17 @@ import msgspec
 
 from agent_session._admission import Admission, GoalBoard, Goals, WorkspaceBoard, Workspaces
 from agent_session._delegation import Delegation, Delegations, final_report
-from agent_session._events import EngineEvent, Recovered, ResumeAttempted
+from agent_session._events import EngineEvent, Recovered, ResumeAttempted, RetryAbandoned
 from agent_session._owners import Owners, TurnOwner
-from agent_session._recovery import Abandon, plan_recovery
+from agent_session._queue_keeper import QueueKeeper, RebuiltQueue, rebuild
+from agent_session._recovery import Abandon, NoRetry, plan_recovery, plan_retry, steps_done
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from message_queue import CancelToken, DispatchMode
 from persistence import (
+    AbandonMarker,
     Boundary,
     CutState,
     CutStateChange,
@@ -36,7 +38,10 @@ from persistence import (
     OperationRecord,
     OpState,
     Resolution,
+    RowKind,
+    SessionLoad,
     SessionRecord,
+    SessionTail,
     Store,
     TurnkeeperError,
     UsageError,
@@ -93,6 +98,7 @@ class Engine:
         self.store = store
         self.clock = clock or SystemClock()
         self._models = dict(models)
+        self._fallbacks = {name: tuple(chain) for name, chain in (fallbacks or {}).items()}
         #: What every session shares: the models it may name and the engine's hooks (one
         #: object each for all sessions, not one per session).
         self._known_models = frozenset(self._models)
@@ -116,6 +122,8 @@ class Engine:
             cleanup_s=self.config.cleanup_s,
         )
         self._sessions: dict[str, AgentSession] = {}
+        #: Sessions made from the store whose rebuilt queue is not yet taken up.
+        self._rebuilt: dict[str, RebuiltQueue] = {}
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
         self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None
@@ -302,10 +310,11 @@ class Engine:
         cuts = [found for found in scan.cuts if only in (None, found.session.id)]
         for session_id, problem in corrupt:
             log.error("recovery of session %s abandoned: %s", clip(session_id), clip(problem, 2000))
+            self._emit(RetryAbandoned(session=session_id, why=problem))  # R61: never as absent
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
         resumed: list[AgentSession] = []
         voids: list[tuple[str, str, CutState]] = []
-        told: list[Recovered] = []  # told once the voids they decided are durable
+        told: list[Recovered | RetryAbandoned] = []  # told once the voids they decided are durable
         for found in cuts:
             sid = found.session.id
             if sid in self._sessions:
@@ -313,6 +322,8 @@ class Engine:
             plan = plan_recovery(found, self._known_models, self.config.max_stream_steps)
             if isinstance(plan, Abandon):
                 log.warning("recovery of session %s abandoned: %s", clip(sid), clip(plan.why, 2000))
+                if plan.gives_up:
+                    told.append(RetryAbandoned(session=sid, why=plan.why))
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
                 voids.extend(
                     (sid, rid, plan.state if rid == found.row.row_id else CutState.VOIDED)
@@ -324,26 +335,131 @@ class Engine:
                 found.session,
                 next_seq=found.last_seq + 1,
                 next_stream=1 + max(map(_stream_number, (*found.streams, plan.marker.cut))),
+                queue_version=found.queue_version,
             )
             why = f"cut {plan.marker.cut} owed with {plan.marker.step_budget} steps left"
-            told.append(Recovered(session=sid, action="resume", why=why))
+            told.append(Recovered(session=sid, action="resume", why=why, cut=plan.marker.cut))
+            session.knows_abandon(stored=True, anchor=None)  # not read here: cleared to be sure
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
+        if self.config.auto_retry:
+            resumed += await self._plan_retries(scan.tails, only, told)
         unwritten = await self._commit_plans(voids)
         for event in told:
-            if event.action == "resume" or event.session not in unwritten:
+            own = isinstance(event, RetryAbandoned) or event.action != "abandon" or event.cut
+            if own or event.session not in unwritten:
                 self._emit(event)  # an abandon is its write: untold when that failed
+        await self._recover_queues(scan.queued, only)
         if resumed:
             held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
             self._spawn(lambda: self._start_recovered(resumed, held))
         return len(resumed)
 
+    async def _plan_retries(
+        self,
+        tails: tuple[SessionTail, ...],
+        only: str | None,
+        told: list[Recovered | RetryAbandoned],
+    ) -> list[AgentSession]:
+        """PS-4: each turn a crash interrupted (its history ends unanswered) is retried.
+
+        Planned by :func:`~agent_session._recovery.plan_retry` from the history's tail, the
+        last envelope and the steps its receipts show; a retry is owed like a recovered cut
+        (no durable record: it is rebuilt from the same facts at every startup until a row
+        answers the turn) and resumed by the sweep with cause ``recovery``, its admission
+        asked again (R57). A turn that cannot be retried is told ``retry-abandoned``.
+        """
+        sessions: list[AgentSession] = []
+        for tail in tails:
+            sid = tail.session.id
+            if only not in (None, sid) or sid in self._sessions:
+                continue
+            spent = 0
+            if (tail.envelope is not None and not tail.envelope_ended) or (
+                tail.envelope is not None and tail.rows and tail.rows[-1].kind is RowKind.PARTIAL
+            ):
+                found = await self.store.receipts(sid)
+                spent = steps_done(tail.envelope.stream, [r.op_id for r in found.records])
+            plan = plan_retry(
+                tail,
+                spent=spent,
+                models=self._known_models,
+                ceiling=self.config.max_stream_steps,
+                chain=self._chain,
+            )
+            if isinstance(plan, NoRetry):
+                if not plan.quiet:
+                    await self._abandon_retry(sid, plan, told)
+                continue
+            session = self._make_session(
+                tail.session,
+                next_seq=tail.last_seq + 1,
+                next_stream=1 + max(map(_stream_number, tail.streams), default=0),
+                queue_version=tail.queue_version,
+            )
+            told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))
+            session.knows_abandon(stored=tail.abandon is not None, anchor=plan.anchor)
+            session.adopt_retry(plan.marker)
+            sessions.append(session)
+        return sessions
+
+    async def _abandon_retry(
+        self, sid: str, plan: NoRetry, told: list[Recovered | RetryAbandoned]
+    ) -> None:
+        """PS-8: a turn startup will not retry gets its abandon marker, then is told so.
+
+        The marker names the turn's row, so the next startup leaves it quietly; a failed write
+        is logged and tells nothing (the next startup plans it again).
+        """
+        log.warning("startup retry of session %s abandoned: %s", clip(sid), clip(plan.why, 2000))
+        marker = AbandonMarker(reason=plan.why, user_row=plan.anchor)
+        try:
+            await self._writer.write(sid, Boundary(abandon=marker))
+        except (TurnkeeperError, OSError) as error:
+            log.error("the abandon marker of %s was not written: %s", clip(sid), error)
+            return
+        self._emit(Persisted(session=sid, what="abandon", id=plan.anchor or sid))
+        told.append(RetryAbandoned(session=sid, why=plan.why))
+        told.append(Recovered(session=sid, action="abandon", why=plan.why))
+
+    def _chain(self, model: str) -> tuple[str, ...]:
+        """The fallback chain a fresh turn on ``model`` would try."""
+        return self._fallbacks.get(model, ())
+
+    async def _recover_queues(self, queued: tuple[str, ...], only: str | None) -> None:
+        """Every session a previous process left with queued entries takes its queue up.
+
+        A session the cut plans already made gets its entries too (its queue drains before
+        the sweep resumes anything, as it would have live: the queue goes first); the others
+        are opened from the store. A session whose history cannot be read is logged and left
+        as it is stored.
+        """
+        for sid in queued:
+            if only not in (None, sid):
+                continue
+            try:
+                loaded = await self.store.load(sid, envelopes=True)
+            except (TurnkeeperError, OSError) as error:
+                log.error("the queue of %s was not rebuilt: %s", clip(sid), clip(str(error), 2000))
+                continue
+            if loaded is None:
+                continue
+            session = self._sessions.get(sid)
+            if session is None:
+                session = self._session_from(loaded.record, loaded)
+            elif sid not in self._rebuilt and not session.busy:
+                rebuilt = rebuild(loaded)
+                session.adopt_queue(rebuilt.queue, rebuilt.keeper)
+                self._rebuilt[sid] = rebuilt
+            await self._take_up_queue(session)
+
     async def _settle_orphaned_handles(self) -> None:
         """A delegated turn a previous process left active, and nothing owed continues: settled.
 
-        After startup recovery the only continuations are the resumed cuts (queued entries did
-        not survive the process): an active handle whose turn none of them carries would wait
-        for ever, so it settles (recovery settles or resumes, never neither): ``completed``
+        After startup recovery the only continuations are the resumed cuts and the rebuilt
+        queues' entries (user-authored ones; agent-initiated entries did not survive the
+        process): an active handle whose turn none of them carries would wait for ever, so it
+        settles (recovery settles or resumes, never neither): ``completed``
         with the report when the turn's last stream had ended ``stop`` in a durable row and
         the process died before the settlement was written (``final_report``, read from the
         target's history), else ``interrupted``.
@@ -353,6 +469,7 @@ class Engine:
             for session in self._sessions.values()
             if (handle := session.owed_handle()) is not None
         }
+        carried.update(h for session in self._sessions.values() for h in session.queued_handles())
         for record in self.delegations.records:
             if record.status is HandleStatus.ACTIVE and record.handle_id not in carried:
                 self.delegations.settle_orphan(
@@ -445,15 +562,44 @@ class Engine:
         record = SessionRecord(id=session_id, model=model, goal=goal)
         await self._writer.write(session_id, Boundary(create=record))
         loaded = await self.store.load(session_id)
-        rows = () if loaded is None else loaded.rows
-        envelopes = () if loaded is None else loaded.envelopes
-        if loaded is not None and loaded.record.goal is not None:  # the goal it was created with
+        if loaded is None:  # pragma: no cover - the write above created it
+            raise UsageError(f"session {session_id!r} was not created")
+        if loaded.record.goal is not None:  # the goal it was created with
             record = msgspec.structs.replace(record, goal=loaded.record.goal)
-        return self._make_session(
+        session = self._session_from(record, loaded)
+        await self._take_up_queue(session)
+        return session
+
+    def _session_from(self, record: SessionRecord, loaded: SessionLoad) -> AgentSession:
+        """A session made from what the store holds: numbering, its queue, its abandon marker."""
+        session = self._make_session(
             record,
-            next_seq=1 + max((r.seq for r in rows), default=0),
-            next_stream=1 + max((_stream_number(e.stream) for e in envelopes), default=0),
+            next_seq=1 + max((r.seq for r in loaded.rows), default=0),
+            next_stream=1 + max((_stream_number(e.stream) for e in loaded.envelopes), default=0),
+            rebuilt=rebuild(loaded),
         )
+        anchor = next((r.row_id for r in reversed(loaded.rows) if r.kind is RowKind.USER), None)
+        session.knows_abandon(stored=loaded.abandon is not None, anchor=anchor)
+        return session
+
+    async def _take_up_queue(self, session: AgentSession) -> None:
+        """A session's rebuilt queue goes on: what a restart dropped is told, then it drains.
+
+        The agent-initiated entries a previous process left are dropped (``entry-canceled``
+        reason ``restart``) once a snapshot without them is durable; a damaged entry is
+        reported and kept in the store; the user-authored ones drain as usual.
+        """
+        rebuilt = self._rebuilt.pop(session.id, None)
+        if rebuilt is None:
+            return
+        for entry_id, why in rebuilt.damaged:
+            log.error(
+                "queued entry %s of %s is damaged and kept for a person to see: %s",
+                clip(entry_id),
+                clip(session.id),
+                clip(why, 2000),
+            )
+        await session.take_up_queue(rebuilt.dropped)
 
     async def reopen_session(self, session_id: str) -> AgentSession:
         """Dispose the open session ``session_id`` and open it again from the store.
@@ -477,8 +623,17 @@ class Engine:
         return reopened
 
     def _make_session(
-        self, record: SessionRecord, *, next_seq: int, next_stream: int
+        self,
+        record: SessionRecord,
+        *,
+        next_seq: int,
+        next_stream: int,
+        rebuilt: RebuiltQueue | None = None,
+        queue_version: int = 0,
     ) -> AgentSession:
+        if rebuilt is not None and (rebuilt.queue or rebuilt.dropped or rebuilt.damaged):
+            self._rebuilt[record.id] = rebuilt  # taken up once the session is made
+        keeper = rebuilt.keeper if rebuilt is not None else QueueKeeper(record.id, queue_version)
         session = AgentSession(
             session_id=record.id,
             model=record.model,
@@ -496,6 +651,8 @@ class Engine:
             tell_owner=self.owners.on_child,
             goal=record.goal,
             admission=self._admission,
+            queue=rebuilt.queue if rebuilt is not None else None,
+            keeper=keeper,
         )
         if self.owners.host is not None or self.delegations.active_into(record.id):
             session.listen_for_owner()

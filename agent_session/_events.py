@@ -86,10 +86,22 @@ class ResumeAttempted(_Event, frozen=True, kw_only=True, tag="resume"):
 
 
 class Recovered(_Event, frozen=True, kw_only=True, tag="recovered"):
-    """Startup recovery's decision for one session (PS-6): ``resume`` or ``abandon``."""
+    """Startup recovery's decision for one session (PS-4, PS-6): resume, retry or abandon."""
 
     action: str
     #: Why, redacted when the event is built (it may quote a stored record's problem).
+    why: str
+    #: The cut (a stream id) a ``resume`` or ``retry`` takes up; its endings follow the
+    #: durable record of a resume, none of a retry (nothing durable stands for it).
+    cut: str | None = None
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "why", redact(self.why))
+
+
+class RetryAbandoned(_Event, frozen=True, kw_only=True, tag="retry-abandoned"):
+    """A turn that would have been retried is not (PS-5, R61: no steps left, unreadable)."""
+
     why: str
 
     def __post_init__(self) -> None:
@@ -145,6 +157,7 @@ SessionEvent = (
     | ContinuationEnded
     | ResumeAttempted
     | Recovered
+    | RetryAbandoned
     | SessionBroken
     | HandleClaimed
     | HandleSettled
@@ -167,6 +180,7 @@ __all__ = [
     "QueueCleared",
     "Recovered",
     "ResumeAttempted",
+    "RetryAbandoned",
     "SessionBroken",
     "SessionEvent",
 ]

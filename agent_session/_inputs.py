@@ -28,6 +28,7 @@ import msgspec
 
 from agent_session._continuation import Marker
 from agent_session._cut_records import CutChange
+from agent_session._events import EntryQueued
 from agent_session._phases import Phase
 from agent_session._turn import StreamContext, TurnInput
 from message_queue import CancelToken, Correlation, EntryCallbacks, EntrySnapshot, NewMessage
@@ -55,6 +56,29 @@ _S = msgspec.Struct
 
 class Queued(_S, frozen=True):
     """A message was queued: an idle session drains it at once."""
+
+
+class QueueWritten(_S, frozen=True):
+    """An enqueue's commit is durable: ``queued`` was told; an idle session drains."""
+
+
+class QueueFailed(_S, frozen=True):
+    """A queue commit failed; an enqueue's (``queued``) entry stays queued in memory, told."""
+
+    queued: EntryQueued | None
+    error: Exception | None = None
+
+
+class TokenFired(_S, frozen=True):
+    """The cancel token of queued or dispatching ``entry`` fired (told ``withdrawn``)."""
+
+    entry: str
+
+
+class TakeUpQueue(_S, frozen=True):
+    """A restart rebuilt the queue: ``dropped`` entries are told gone once durable; drain."""
+
+    dropped: tuple[str, ...]
 
 
 class Enqueue(_S, frozen=True):
@@ -184,6 +208,18 @@ class AdoptOwed(_S, frozen=True):
 
 
 # ------------------------------------------------------------ the sweep and resumes
+
+
+class AdoptRetry(_S, frozen=True):
+    """PS-4: owe a startup retry's marker (rebuilt from the history's tail; no record)."""
+
+    marker: Marker
+
+
+class GiveUp(_S, frozen=True):
+    """PS-8: the current turn must not be retried at startup (``reason``: its failure type)."""
+
+    reason: str
 
 
 class SweepDue(_S, frozen=True):
@@ -517,6 +553,10 @@ class Ignored(_S, frozen=True):
 #: Every input of the machine.
 Input: TypeAlias = (
     Queued
+    | QueueWritten
+    | QueueFailed
+    | TokenFired
+    | TakeUpQueue
     | Enqueue
     | Withdraw
     | Claim
@@ -541,6 +581,8 @@ Input: TypeAlias = (
     | DisposedNow
     | DisposalDone
     | AdoptOwed
+    | AdoptRetry
+    | GiveUp
     | SweepDue
     | Sweep
     | ResumeFailed
@@ -597,5 +639,12 @@ Input: TypeAlias = (
 
 #: The inputs a failed write feeds back (the writer fills in ``error``).
 WriteFailure: TypeAlias = (
-    AnswerError | WithRecords | StartFailed | FinalFailed | RecordsFailed | PartialFailed | Ignored
+    AnswerError
+    | WithRecords
+    | StartFailed
+    | FinalFailed
+    | RecordsFailed
+    | PartialFailed
+    | QueueFailed
+    | Ignored
 )

@@ -80,12 +80,14 @@ from agent_session._events import (
     EntryCanceled,
     EntryDequeued,
     EntryQueued,
+    EntryWithdrawn,
     PhaseChanged,
     QueueCleared,
     ResumeAttempted,
     SessionBroken,
 )
 from agent_session._phases import BrokenSession, Phase, next_phase
+from agent_session._queue_keeper import QueueKeeper, durable_extra
 from agent_session._rows import (
     CONTINUE_TEXT,
     RowBody,
@@ -107,6 +109,8 @@ from message_queue import (
     SendOptions,
 )
 from persistence import (
+    AbandonMarker,
+    Boundary,
     CutRecord,
     CutState,
     HistoryRow,
@@ -120,6 +124,7 @@ from stream_manager import (
     ErrorKind,
     ErrorType,
     Failed,
+    Persisted,
     QueuedStopReport,
     Refused,
     StartCause,
@@ -140,6 +145,8 @@ if TYPE_CHECKING:
 GOAL_KIND = "goal"
 
 _FLUSH = Next(_in.FlushRecords())
+_QUEUE_WRITTEN = _in.QueueWritten()
+_QUEUE_UNWRITTEN = _in.QueueFailed(None)
 _ABORT_RESUME = AbortResume()
 _DRAIN = Next(_in.Drain())
 _DRAIN_IF_IDLE = Next(_in.DrainIfIdle())
@@ -162,6 +169,7 @@ class TurnMachine:
     __slots__ = (
         "_abandon_partial",
         "_active_tools",
+        "_drain_held",
         "_known_models",
         "_preparing_turn",
         "_records",
@@ -172,6 +180,8 @@ class TurnMachine:
         "_stamp",
         "_stream_n",
         "_streaming",
+        "abandon_stored",
+        "anchor",
         "broken",
         "context",
         "continuation",
@@ -180,6 +190,7 @@ class TurnMachine:
         "disposed",
         "goal",
         "id",
+        "keeper",
         "manual_preflight",
         "model",
         "owner_listens",
@@ -203,6 +214,7 @@ class TurnMachine:
         next_seq: int = 1,
         next_stream: int = 1,
         goal: str | None = None,
+        keeper: QueueKeeper | None = None,
     ) -> None:
         self.id = session_id
         self.model = model
@@ -211,6 +223,8 @@ class TurnMachine:
         self._known_models = known_models
         self._resume_cap = resume_attempt_cap
         self.queue = queue if queue is not None else MessageQueue()
+        #: What each queue change commits: the durable queue's version and dispatching entry.
+        self.keeper = keeper if keeper is not None else QueueKeeper(session_id)
         self.phase = Phase.IDLE
         #: Why the machine broke (``Type: message``), or ``None`` while it works (BROKEN).
         self.broken: str | None = None
@@ -229,6 +243,13 @@ class TurnMachine:
         self.send_now_pending = False  # AS-18: the interrupted stream's abort drains
         self.defer_drain = False  # AS-6/AS-15: an edit is waiting; the queue is not drained
         self._abandon_partial = False  # AS-6: the interrupted stream's partial is dropped
+        #: PS-8: a startup-abandon marker may be stored (a success or a user row clears it);
+        #: ``anchor``: the user row the current turn answers (the marker names it).
+        self.abandon_stored = False
+        self.anchor: str | None = None
+        #: A drain from COMPLETING waits for an enqueue's commit: the phase stays COMPLETING
+        #: and the commit's result drains (AS-24: the next entry takes over from COMPLETING).
+        self._drain_held = False
         self._stamp: tuple[str, Correlation] | None = None  # R56: correlation for a wake
         #: AS-3: the entry dequeued and not yet accepted, with its cancel token (if it has one).
         self.dispatching: tuple[str, CancelToken] | None = None
@@ -251,8 +272,11 @@ class TurnMachine:
 
     @property
     def busy(self) -> bool:
-        """A turn is claimed or a manual send is in preflight: a send now queues (AS-12)."""
-        return turn_claimed(self.phase, self.manual_preflight)
+        """A send now queues (AS-12): a turn is claimed, or a manual send is in preflight.
+
+        Or an entry queued meanwhile waits for its commit: it goes first.
+        """
+        return turn_claimed(self.phase, self.manual_preflight) or self.keeper.enqueues > 0
 
     def statistics(self, *, tasks: int = 0, writing: int = 0) -> SessionStatistics:
         """What the machine knows of the session, with the shell's ``tasks`` and ``writing``."""
@@ -335,6 +359,8 @@ class TurnMachine:
         return effects
 
     def _to_idle_from(self, *phases: Phase) -> list[Effect]:
+        if self._drain_held and self.phase is Phase.COMPLETING:
+            return []  # the entry whose commit is in flight takes over from here
         return self._move(Phase.IDLE) if self.phase in phases else []
 
     def _schedule_sweep(self) -> list[Effect]:
@@ -359,7 +385,10 @@ class TurnMachine:
             effects.append(_ABORT_RESUME if reason is AbortReason.SYSTEM else AbortResume(reason))
         if marker is not None:
             told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
-            self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after the write
+            if marker.durable:
+                self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after it
+            else:  # a startup retry's: no record to write
+                effects.append(Emit(told))
             if how is EndedHow.FORFEITED and marker.correlation is not None:  # ST-6, TD-11
                 forfeited = ChildForfeited(target=self.id, correlation=marker.correlation, why=why)
                 effects.append(TellOwner(forfeited))
@@ -377,6 +406,10 @@ class TurnMachine:
         """Record changes are waiting for their write."""
         return self._records is not None and bool(self._records.pending)
 
+    def adopt_retry(self, marker: Marker) -> None:
+        """PS-4: owe the startup retry ``marker``: no row carries a record of it."""
+        self.continuation, _ = owe(self.continuation, marker)
+
     def adopt_owed(self, marker: Marker, row_id: str) -> None:
         """PS-6: owe ``marker``, rebuilt at startup from the durable record on ``row_id``."""
         self.continuation, _ = owe(self.continuation, marker)
@@ -393,11 +426,15 @@ class TurnMachine:
             return []  # AS-15: an edit is waiting; it restores the queue itself
         if self.queue.is_empty:
             return self._schedule_sweep()  # AS-14
+        if self.keeper.enqueues:  # an entry not yet told queued: its commit's result drains
+            self._drain_held = self.phase is Phase.COMPLETING
+            return []
         # AS-13: PREPARING at once (claimed first: a move the table refuses takes nothing off
         # the queue), told after the dequeue: an observer of either event that queues more
         # input finds the session busy, so that input queues behind this entry.
         moved = self._move(Phase.PREPARING)
         entry = self.queue.dequeue_next()
+        self.keeper.dispatch(entry.state)  # durable until accepted or dropped
         token = entry.cancel_token
         self.dispatching = (entry.entry_id, token) if token is not None else None
         turn = TurnInput.from_dequeued(entry)
@@ -436,6 +473,19 @@ class TurnMachine:
             return dispatching[1].cancel(reason)
         return self.queue.withdraw(entry, reason)
 
+    def token_fired(self, entry: str) -> list[Effect]:
+        """An entry's cancel token fired: told at once (readers look past it from now on).
+
+        A user-authored entry still queued is committed withdrawn, so a restart rebuilds it
+        withdrawn (its drain cancels it) instead of running it. Agent-initiated entries never
+        outlive the process (``docs/session.md``, "The durable queue"): nothing to commit.
+        """
+        told: list[Effect] = [Emit(EntryWithdrawn(session=self.id, entry=entry))]
+        queued = self.queue.get(entry)
+        if queued is not None and queued.user_authored and self.keeper.holds(queued.id):
+            told += self._queue_commit("withdrawn entry", force=True)
+        return told
+
     def drain_if_idle(self) -> list[Effect]:
         """Drain, when nothing holds the session (idle, no manual send in preflight)."""
         if self.phase is Phase.IDLE and self.manual_preflight == 0:
@@ -443,8 +493,19 @@ class TurnMachine:
         return []
 
     def _enqueue(self, message: NewMessage, key: str | None) -> list[Effect]:
-        """Add ``message`` to the queue; the add (or its refusal) is the reply."""
+        """Add ``message`` to the queue; the add (or its refusal) is the reply.
+
+        Decide, persist, tell: on a busy session the queue's new state is committed, then
+        ``queued`` is told; until then the drain waits (``keeper.enqueues``: the session counts
+        as busy, so a later send queues behind it), and an entry is never dequeued before it
+        was told queued. A failed write leaves the message queued in memory (it runs; a crash
+        before it does loses it): ``queued`` is told all the same. On an idle session the
+        entry is dispatched at once (``Queued``), so nothing is written for it here: like a
+        direct send, it is durable once its row is.
+        """
         queue = self.queue
+        if message.options is not None and message.options.extra:
+            durable_extra(message.options.extra)  # refused before anything changes
         outcome = queue.add(message) if key is None else queue.add_once(message, key)
         if not isinstance(outcome, Queued):
             return [Reply(outcome)]
@@ -457,11 +518,79 @@ class TurnMachine:
             mode=entry.mode,
             into=outcome.into,
         )
-        return [Reply(outcome), Emit(queued)]
+        if not self.busy:  # dispatched at once: durable with its row
+            return [Reply(outcome), Emit(queued)]
+        self.keeper.enqueues += 1
+        persisted = Persisted(session=self.id, what="queue", id=outcome.message_id)
+        commit = Commit(
+            Boundary(queue=self.keeper.snapshot(queue)),
+            tell=(persisted, queued),
+            then=_QUEUE_WRITTEN,
+            failed=_in.QueueFailed(queued),
+            what="queued entry",
+        )
+        return [Reply(outcome), commit]
 
     def queued(self) -> list[Effect]:
         """A message was queued: an idle session drains it at once."""
         return [] if self.busy else self.drain()
+
+    def queue_written(self) -> list[Effect]:
+        """An enqueue's commit is settled: the drain waits for it no longer."""
+        if self.keeper.enqueues:
+            self.keeper.enqueues -= 1
+        if self._drain_held:
+            if self.keeper.enqueues:
+                return []
+            self._drain_held = False
+            if self.phase is Phase.COMPLETING:
+                return [*self.drain(), *self._to_idle_from(Phase.COMPLETING)]
+        return self.queued()
+
+    def queue_failed(self, queued: EntryQueued | None) -> list[Effect]:
+        """A queue commit failed: the store's queue is not known (the next change rewrites it).
+
+        An enqueue's message stays queued in memory and is told as queued all the same.
+        """
+        self.keeper.unknown()
+        if queued is None:
+            return []
+        return [Emit(queued), *self.queue_written()]
+
+    def take_up_queue(self, dropped: tuple[str, ...]) -> list[Effect]:
+        """A restart rebuilt the queue: what it dropped is told once durable, then drain.
+
+        The agent-initiated entries a dead process queued are not in the rebuilt queue; a
+        snapshot without them is committed first, then each is told ``entry-canceled``
+        (reason ``restart``). The drain goes on either way (a failed write leaves them stored:
+        the next change, or the next restart, drops them).
+        """
+        if not dropped:
+            return self.drain_if_idle()
+        told = tuple(EntryCanceled(session=self.id, entry=e, reason="restart") for e in dropped)
+        (commit,) = self._queue_commit("restart's dropped entries", force=True)
+        assert isinstance(commit, Commit)
+        then = _DRAIN_IF_IDLE.input
+        return [msgspec.structs.replace(commit, tell=(*commit.tell, *told), then=then)]
+
+    def _queue_commit(self, why: str, *, force: bool = False) -> list[Effect]:
+        """The queue's state after a change that is not an add (a removal, a dispatch's end).
+
+        Nothing when the store's queue already holds exactly these entries (an entry that was
+        dispatched at once was never written), unless ``force``. Told ``persisted queue`` once
+        durable; a failed one changes nothing but makes the next change write the queue again.
+        """
+        keeper = self.keeper
+        if not force and not keeper.changed(self.queue):
+            return []
+        persisted = Persisted(session=self.id, what="queue", id=self.id)
+        commit = Commit(
+            Boundary(queue=keeper.snapshot(self.queue)),
+            tell=(persisted,),
+            failed=_QUEUE_UNWRITTEN,
+            what=why,
+        )
+        return [commit]
 
     def removed(
         self,
@@ -487,6 +616,7 @@ class TurnMachine:
                 ):
                     effects += self._end(EndedHow.FORFEITED, "its queued continuation was removed")
                     break
+        effects += self._queue_commit("queue removal")
         effects += [
             Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason=reason)) for c in removed
         ]
@@ -617,7 +747,7 @@ class TurnMachine:
         """The stream context of a resume of ``marker`` (ST-8, ST-12, ST-13)."""
         return StreamContext(
             model=marker.model,
-            cause=StartCause.RESUME,
+            cause=marker.cause,
             options=marker.options,
             step_budget=marker.step_budget,
             progress=marker.progress,
@@ -655,7 +785,10 @@ class TurnMachine:
         leaves preflight, and the sweep it held back runs again (R3).
         """
         told = self._unsent(turn)
-        if turn.dispatched:
+        if turn.dispatched:  # it left the queue without a row: durably too
+            stored = self.keeper.dispatch_stored
+            self.keeper.dispatch(None)
+            told += self._queue_commit("dropped entry", force=stored)
             return [*told, *self._to_idle_from(Phase.PREPARING), _DRAIN_IF_IDLE]
         self.release_preflight()
         return [*told, *self._to_idle_from(Phase.PREPARING), _SWEEP_WANTED, _DRAIN_IF_IDLE]
@@ -765,25 +898,33 @@ class TurnMachine:
     def _consume(self, stream: str, cause: StartCause) -> list[Effect]:
         before = self.continuation
         self.continuation, marker = consume(before)
+        told_now: list[Effect] = []
         if marker is not None:
-            self.records.consumed_from = before
             told = ContinuationEnded(
                 session=self.id,
                 cut=marker.cut,
                 how=EndedHow.CONSUMED,
                 why=f"stream {stream} started",
             )
-            self.records.change(marker.cut, CutState.CONSUMED, told)
+            if marker.durable:
+                self.records.consumed_from = before
+                self.records.change(marker.cut, CutState.CONSUMED, told)
+            else:  # a startup retry's: nothing to write, told now
+                told_now.append(Emit(told))
         resume = self.context.resume_of
-        if resume is not None and cause is StartCause.RESUME:
+        if resume is not None and (cause is StartCause.RESUME or cause is StartCause.RECOVERY):
             # its continuation ended while the stream started (a Stop inside ``stream-start``):
             # the stream runs nothing and the attempt was withdrawn, not started (ST-10)
             outcome = "started" if marker is not None else "withdrawn"
-            self.records.untold_resume = ResumeAttempted(
+            attempted = ResumeAttempted(
                 session=self.id, cut=resume[0], attempt=resume[1], outcome=outcome
             )
+            if marker is not None and not marker.durable:
+                told_now.append(Emit(attempted))
+            else:
+                self.records.untold_resume = attempted
             self._resume_armed = False
-        return []
+        return told_now
 
     # ------------------------------------------------------------ cut records made durable
 
@@ -986,7 +1127,42 @@ class TurnMachine:
             failed=_in.FinalFailed(ended, row),
             what="final row",
         )
-        return [self._with_records(commit)]
+        return [self._with_records(self._abandon_cleared(commit))]
+
+    # ------------------------------------------------------------ abandon markers (PS-8)
+
+    def _abandon_cleared(self, commit: Commit) -> Commit:
+        """AS-9, AS-24: a success or a new user row clears a stored abandon marker (same commit)."""
+        if not self.abandon_stored:
+            return commit
+        self.abandon_stored = False
+        boundary = msgspec.structs.replace(commit.boundary, clear_abandon=True)
+        return msgspec.structs.replace(commit, boundary=boundary)
+
+    def _abandoned(self, reason: str, commit: Commit | None = None) -> list[Effect]:
+        """PS-8: the turn must not be retried at startup: its marker, told once durable.
+
+        Rides in ``commit`` when the decision has one (a user abort's partial row), else is
+        a write of its own; a failed one is logged (a startup may retry that turn).
+        """
+        marker = AbandonMarker(reason=reason, user_row=self.anchor)
+        self.abandon_stored = True
+        persisted = Persisted(session=self.id, what="abandon", id=self.anchor or self.id)
+        if commit is None:
+            return [
+                Commit(
+                    Boundary(abandon=marker),
+                    tell=(persisted,),
+                    failed=_in.Ignored(),
+                    what="abandon marker",
+                )
+            ]
+        boundary = msgspec.structs.replace(commit.boundary, abandon=marker)
+        return [msgspec.structs.replace(commit, boundary=boundary, tell=(*commit.tell, persisted))]
+
+    def give_up(self, reason: str) -> list[Effect]:
+        """PS-8, AS-4: a send refused before its stream keeps its row: never retried."""
+        return self._abandoned(reason)
 
     def _final_failed(self, failed: _in.FinalFailed) -> list[Effect]:
         """A failed final row ends the stream in a ``store_write`` error."""
@@ -1045,9 +1221,26 @@ class TurnMachine:
         return [*moved, *self._owner_hears(ended, context), _DRAIN, _IDLE_FROM_COMPLETING]
 
     def _failed(self, failed: Failed, context: StreamContext) -> list[Effect]:
-        """AS-25, R25: a stream error withdraws the continuation; the error path owns it."""
+        """AS-25, R25: a stream error withdraws the continuation; the error path owns it.
+
+        PS-8: a non-retryable failure stores the turn's abandon marker (its type); a
+        retryable one clears a stored one (a startup retries the turn).
+        """
         moved = self._move(Phase.COMPLETING)
-        return [*moved, *self._owner_hears(failed, context), Next(_in.FailedTurnSettles())]
+        if failed.retryable:
+            marker = self._abandon_cleared(Commit(Boundary(), what="abandon marker"))
+            marks: list[Effect] = []
+            if marker.boundary.clear_abandon:
+                persisted = Persisted(session=self.id, what="abandon", id=self.anchor or self.id)
+                marks = [msgspec.structs.replace(marker, tell=(persisted,), failed=_in.Ignored())]
+        else:
+            marks = self._abandoned(failed.type.value)
+        return [
+            *moved,
+            *marks,
+            *self._owner_hears(failed, context),
+            Next(_in.FailedTurnSettles()),
+        ]
 
     def _owner_hears(
         self, outcome: Ended | Aborted | Failed, context: StreamContext
@@ -1230,8 +1423,12 @@ class TurnMachine:
                 failed=_in.PartialFailed(aborted),
                 what="partial row",
             )
+            if aborted.reason is AbortReason.USER:  # PS-8: a user's Stop is never retried
+                (commit,) = self._abandoned("aborted", commit)  # type: ignore[assignment]
             effects.append(self._with_records(commit))
             return effects
+        if aborted.reason is AbortReason.USER:
+            effects += self._abandoned("aborted")
         effects.append(Next(_in.AbortWritten(aborted, None, owes)))
         return effects
 
@@ -1351,7 +1548,7 @@ class TurnMachine:
         if not self.queue.prioritize_next_user_entry():
             return False, []
         effects = self._end(EndedHow.WITHDRAWN, "send now")  # a user interrupt withdraws (R6)
-        effects.append(_FLUSH)
+        effects += [_FLUSH, *self._queue_commit("queue order", force=True)]
         if self.phase is Phase.IDLE:
             return True, [*effects, *self.drain_if_idle()]
         self.send_now_pending = True
@@ -1400,6 +1597,9 @@ class TurnMachine:
         self.disposed = True
         removed = self.queue.clear()
         effects: list[Effect] = [AbortPrepared(AbortReason.SYSTEM)]
+        if self.broken is None:  # a broken one's queue stays as stored, for its reopening
+            self.keeper.dispatch(None)
+            effects += self._queue_commit("disposed queue")
         effects += [
             Emit(EntryCanceled(session=self.id, entry=c.entry_id, reason="disposed"))
             for c in removed
@@ -1417,11 +1617,25 @@ class TurnMachine:
         body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
         row = self.new_row(RowKind.USER, encode_body(body))
         answer = _in.Answer(row)
-        return [
-            _boundaries.appended(
-                row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
+        commit = _boundaries.appended(
+            row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
+        )
+        self.anchor = row.row_id  # the turn this row starts answers it (PS-8)
+        commit = self._abandon_cleared(commit)
+        keeper = self.keeper
+        stored = turn.dispatched and keeper.dispatch_stored
+        if turn.dispatched:
+            keeper.dispatch(None)
+        if stored or (turn.dispatched and keeper.changed(self.queue)):
+            # accepted into history and off the queue in one transaction
+            snapshot = keeper.snapshot(self.queue)
+            persisted = Persisted(session=self.id, what="queue", id=row.row_id)
+            commit = msgspec.structs.replace(
+                commit,
+                boundary=msgspec.structs.replace(commit.boundary, queue=snapshot),
+                tell=(*commit.tell, persisted),
             )
-        ]
+        return [commit]
 
     def _rollback(self, row: HistoryRow) -> list[Effect]:
         """AS-3: exactly this send's row goes; a delete that took nothing counts as failed."""
@@ -1644,6 +1858,30 @@ class TurnMachine:
     def _on_Queued(self, given: _in.Queued) -> list[Effect]:
         return self.queued()
 
+    def _on_QueueWritten(self, given: _in.QueueWritten) -> list[Effect]:
+        return self.queue_written()
+
+    def _on_QueueFailed(self, given: _in.QueueFailed) -> list[Effect]:
+        queued = given.queued
+        return self.queue_failed(queued)
+
+    def _on_GiveUp(self, given: _in.GiveUp) -> list[Effect]:
+        reason = given.reason
+        return self.give_up(reason)
+
+    def _on_AdoptRetry(self, given: _in.AdoptRetry) -> list[Effect]:
+        marker = given.marker
+        self.adopt_retry(marker)
+        return []
+
+    def _on_TakeUpQueue(self, given: _in.TakeUpQueue) -> list[Effect]:
+        dropped = given.dropped
+        return self.take_up_queue(dropped)
+
+    def _on_TokenFired(self, given: _in.TokenFired) -> list[Effect]:
+        entry = given.entry
+        return self.token_fired(entry)
+
     def _on_Enqueue(self, given: _in.Enqueue) -> list[Effect]:
         message = given.message
         key = given.key
@@ -1861,6 +2099,12 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.Dispatched: TurnMachine._on_Dispatched,
     _in.SendWentNowhere: TurnMachine._on_SendWentNowhere,
     _in.Queued: TurnMachine._on_Queued,
+    _in.QueueWritten: TurnMachine._on_QueueWritten,
+    _in.QueueFailed: TurnMachine._on_QueueFailed,
+    _in.TokenFired: TurnMachine._on_TokenFired,
+    _in.TakeUpQueue: TurnMachine._on_TakeUpQueue,
+    _in.AdoptRetry: TurnMachine._on_AdoptRetry,
+    _in.GiveUp: TurnMachine._on_GiveUp,
     _in.Enqueue: TurnMachine._on_Enqueue,
     _in.Claim: TurnMachine._on_Claim,
     _in.DirectSend: TurnMachine._on_DirectSend,

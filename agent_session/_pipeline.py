@@ -208,6 +208,8 @@ class SendPipeline:
                 return SendRefused(SendFailure(type="store_write", message=message))
             why = "superseded by a refused send's row (R35)"
             await self._perform(machine.handle(_in.Supersede(turn, why)))
+            # PS-8: its row stays unanswered; a startup must not retry a refused message
+            await self._perform(machine.handle(_in.GiveUp("pre_stream_rejected")))
             self._pause_goal(f"a message was refused before its stream: {error}")
             self._emit(
                 StreamFailed(

@@ -36,7 +36,7 @@ damaged body of a history (``turnkeeper inspect`` reports it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent_session._continuation import Marker
@@ -49,9 +49,10 @@ from persistence import (
     HistoryRow,
     RecoverableCut,
     RowKind,
+    SessionTail,
     clip,
 )
-from stream_manager import ModelFallbackProgress
+from stream_manager import ModelFallbackProgress, StartCause
 
 #: Rows that may follow the owed row while the cut is still at the tail (PS-6).
 TAIL_KINDS = frozenset({RowKind.SENTINEL, RowKind.SYSTEM})
@@ -77,6 +78,8 @@ class Abandon:
     why: str
     void: tuple[str, ...]
     state: CutState = CutState.VOIDED
+    #: The turn is given up (R61 damage, R65 nothing left): told ``retry-abandoned`` too.
+    gives_up: bool = False
 
 
 RecoveryPlan = Resume | Abandon
@@ -140,7 +143,7 @@ def plan_recovery(
     assert cut is not None  # the scan returns rows with an owed record only
     damage = damaged_cut(found)
     if damage is not None:  # R61: reported, nothing written: the record stays owed
-        return Abandon(str(damage), ())
+        return Abandon(str(damage), (), gives_up=True)
     stale = tuple(earlier.row_id for earlier in found.owed[:-1])
     everything = (*stale, row.row_id)
     name = clip(row.row_id)
@@ -157,7 +160,8 @@ def plan_recovery(
     try:
         superseded = follower is not None and not continues(follower, cut)
     except CorruptRecord as error:  # R61: never read as "nothing follows"; nothing written
-        return Abandon(f"the row after the cut on {name} is unreadable: {error}", ())
+        why = f"the row after the cut on {name} is unreadable: {error}"
+        return Abandon(why, (), gives_up=True)
     if superseded:
         assert follower is not None
         return Abandon(
@@ -167,7 +171,7 @@ def plan_recovery(
             CutState.WITHDRAWN,
         )
     if cut.remaining <= 0:
-        return Abandon(f"the cut on {name} has no steps left (R65)", everything)
+        return Abandon(f"the cut on {name} has no steps left (R65)", everything, gives_up=True)
     if cut.model not in models:
         return Abandon(
             f"the cut on {name} ran model {clip(repr(cut.model))}, which this engine does not "
@@ -205,3 +209,184 @@ def continues(follower: HistoryRow, cut: CutRecord) -> bool:
         and (correlation.handle_id, correlation.owner_session, correlation.turn_id)
         == (cut.handle_id, cut.owner_session, cut.turn_id)
     )
+
+
+# ------------------------------------------------------------ startup retry (PS-4, PS-5)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Take the interrupted turn up again: owe ``marker`` (no durable record) and sweep it.
+
+    ``anchor``: the row the turn answers (an abandon marker of the retried turn names it).
+    """
+
+    marker: Marker
+    why: str
+    anchor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NoRetry:
+    """Leave the unanswered turn as it is, saying why (``retry-abandoned``, PS-8, R61).
+
+    ``anchor``: the row the turn answered (its abandon marker names it, so the next startup
+    does not plan it again). ``quiet``: decided before (a stored abandon marker, a cut that
+    already ended): nothing to write or tell.
+    """
+
+    why: str
+    anchor: str | None = None
+    quiet: bool = False
+
+
+RetryPlan = Retry | NoRetry
+
+
+def steps_done(stream: str, op_ids: Sequence[str]) -> int:
+    """How many model steps ``stream`` finished, as far as its receipts tell.
+
+    A step that asked for tools has its calls' receipts written before they run, each op id
+    ``{stream}/{step}/{index}``; a step that asked for none ends the stream (its row says so).
+    So the highest step with a receipt is a floor of what the stream spent (exact for a
+    stream that died before its last step's row).
+    """
+    done = 0
+    prefix = f"{stream}/"
+    for op_id in op_ids:
+        if op_id.startswith(prefix):
+            step, _, _ = op_id[len(prefix) :].partition("/")
+            if step.isascii() and step.isdigit():
+                done = max(done, int(step))
+    return done
+
+
+def plan_retry(
+    tail: SessionTail,
+    *,
+    spent: int,
+    models: frozenset[str],
+    ceiling: int,
+    chain: Callable[[str], tuple[str, ...]],
+) -> RetryPlan:
+    """PS-4: whether and how startup takes up a turn a crash interrupted (no cut owed).
+
+    The history's last row that is not a system row is the user's (its turn never ended), a
+    ``[CONTINUE]`` sentinel (a resumed stream started and died: its cut record consumed), or
+    a partial assistant row with no cut record (a stream aborted by the system). A stored
+    abandon marker naming the turn's user row stops it (PS-8). The retry runs under what the
+    turn has left: the interrupted stream's envelope budget less the steps it spent
+    (``spent``: :func:`steps_done` of its receipts), on the model it started on, with the
+    fallback progress and correlation the consumed cut record kept (R57, R58); a turn whose
+    stream never started gets the
+    ceiling (it spent nothing). Never a fresh budget when the remainder is known; 0 left, or
+    a model this engine does not run, leaves it (``retry-abandoned``).
+    """
+    rows = tail.rows
+    last = next((r for r in reversed(rows) if r.kind is not RowKind.SYSTEM), None)
+    if last is None:
+        return NoRetry("nothing in the history to retry", quiet=True)
+    user = next((r for r in reversed(rows) if r.kind is RowKind.USER), None)
+    anchor = (user or last).row_id
+    cut_row = _consumed_cut(rows, last)
+    stopped = _not_retried(tail, last, anchor, cut_row)
+    if stopped is not None:
+        return NoRetry(stopped, anchor, quiet=True)
+    name = clip(anchor)
+    try:
+        correlation = _correlation_of(user, cut_row)
+    except CorruptRecord as error:  # R55: never read as "no correlation"
+        return NoRetry(f"the turn of {name} names an unreadable correlation: {error}", anchor)
+    cut, remaining, model, why = _left(tail, last, cut_row, ceiling, name, spent)
+    if remaining <= 0:
+        return NoRetry(f"the turn of {name} has no steps left (R65)", anchor)
+    if remaining > ceiling:
+        why = f"the turn of {name} says {remaining} steps remain, more than {ceiling}"
+        return NoRetry(why, anchor)
+    if model not in models:
+        return NoRetry(f"the turn of {name} ran model {clip(repr(model))}, not run here", anchor)
+    record = cut_row.cut if cut_row is not None else None
+    progress = ModelFallbackProgress(
+        requested_model=record.requested_model if record else model,
+        refused_models=record.refused_models if record else (),
+        chain=record.chain if record else chain(model),
+    )
+    goal_kind = record.goal_kind if record else None
+    goal_id = record.goal_id if record else None
+    if record is None and tail.session.goal is not None:
+        goal_kind, goal_id = "goal", tail.session.goal
+    marker = Marker(
+        cut=cut,
+        model=model,
+        step_budget=remaining,
+        progress=progress,
+        options=SendOptions(model=model),
+        correlation=correlation,
+        goal_kind=goal_kind,
+        goal_id=goal_id,
+        cause=StartCause.RECOVERY,
+        durable=False,
+    )
+    return Retry(marker=marker, why=why, anchor=anchor)
+
+
+def _not_retried(
+    tail: SessionTail, last: HistoryRow, anchor: str, cut_row: HistoryRow | None
+) -> str | None:
+    """Why the tail's turn is not to be retried (an abandon marker, an ended cut), or ``None``."""
+    abandon = tail.abandon
+    if abandon is not None and abandon.user_row in (None, anchor):
+        return f"the turn of {clip(anchor)} was abandoned: {clip(abandon.reason)} (PS-8)"
+    ended = last if last.kind is RowKind.PARTIAL else cut_row
+    if ended is not None and ended.cut is not None and ended.cut.state is not CutState.CONSUMED:
+        return f"the cut on {clip(ended.row_id)} already ended ({ended.cut.state})"
+    return None
+
+
+def _left(
+    tail: SessionTail,
+    last: HistoryRow,
+    cut_row: HistoryRow | None,
+    ceiling: int,
+    name: str,
+    spent: int,
+) -> tuple[str, int, str, str]:
+    """The retry's cut id, remaining steps, model and why: what the turn has left."""
+    envelope = tail.envelope
+    running = envelope is not None and not tail.envelope_ended
+    if last.kind is RowKind.PARTIAL:  # the aborted stream is this turn's
+        running = envelope is not None and last.stream == envelope.stream
+    if running and envelope is not None:
+        remaining = envelope.budget - spent
+        why = f"stream {envelope.stream} was interrupted with {remaining} of {envelope.budget}"
+        return envelope.stream, remaining, envelope.model, f"{why} steps left"
+    if cut_row is not None and cut_row.cut is not None:  # its resume never wrote a start
+        cut = cut_row.stream or f"{tail.session.id}/0"
+        why = f"the resume of {cut} was interrupted with {cut_row.cut.remaining} steps left"
+        return cut, cut_row.cut.remaining, cut_row.cut.model, why
+    cut = f"{tail.session.id}/{1 + len(tail.streams)}"
+    return cut, ceiling, tail.session.model, f"the turn of {name} never started a stream"
+
+
+def _consumed_cut(rows: Sequence[HistoryRow], last: HistoryRow) -> HistoryRow | None:
+    """The row whose (consumed) cut record a ``[CONTINUE]`` tail resumed, if it has one."""
+    if last.kind is not RowKind.SENTINEL:
+        return None
+    index = rows.index(last)
+    for row in reversed(rows[:index]):
+        if row.kind is RowKind.SYSTEM:
+            continue
+        return row if row.cut is not None else None
+    return None
+
+
+def _correlation_of(anchor: HistoryRow | None, cut_row: HistoryRow | None) -> Correlation | None:
+    """The delegated turn the retry works for: the cut record's, else the anchor row's."""
+    record = cut_row.cut if cut_row is not None else None
+    if record is not None and record.handle_id and record.owner_session and record.turn_id:
+        return Correlation(
+            handle_id=record.handle_id, owner_session=record.owner_session, turn_id=record.turn_id
+        )
+    if anchor is None:
+        return None
+    return decode_body(anchor).correlation

@@ -38,6 +38,7 @@ import msgspec
 
 from agent_session import _inputs as _in
 from agent_session._delegation import ChildEvent
+from agent_session._delivery import Delivery, DeliveryState
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
@@ -57,7 +58,6 @@ from agent_session._effects import (
 )
 from agent_session._events import (
     EngineEvent,
-    EntryWithdrawn,
     PhaseChanged,
     SessionBroken,
 )
@@ -67,13 +67,14 @@ from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
 from agent_session._session_store import SessionStore
 from agent_session._statistics import SessionStatistics, nothing_running
-from agent_session._turn import Accepted, SendRefused, TurnInput
+from agent_session._turn import Accepted, CanceledBeforeAcceptance, SendRefused, TurnInput
 from agent_session._writer import WriteCutShort, Writer
 from agent_session.ports import PreStreamFailure
 from message_queue import (
     CancelToken,
     Correlation,
     DispatchMode,
+    EntryCallbacks,
     EntryKind,
     MessageMetadata,
     MetadataType,
@@ -106,9 +107,10 @@ from stream_manager import (
 if TYPE_CHECKING:
     from agent_session._admission import Admission, Ticket
     from agent_session._continuation import Continuation, Marker
-    from agent_session._turn import StreamContext
+    from agent_session._queue_keeper import QueueKeeper
+    from agent_session._turn import PipelineResult, StreamContext
     from agent_session.ports import EngineConfig, PreStreamGate
-    from message_queue import EntryCallbacks, MessageQueue
+    from message_queue import MessageQueue
 
 log = logging.getLogger("turnkeeper.session")
 
@@ -125,6 +127,7 @@ class AgentSession:
     # Slots: thousands of idle sessions share one process; a per-instance dict costs ~1.6 KB.
     __slots__ = (
         "_admission",
+        "_deliveries",
         "_emit",
         "_gate",
         "_idle",
@@ -162,6 +165,8 @@ class AgentSession:
         tell_owner: Callable[[ChildEvent], Awaitable[None] | None] | None = None,
         goal: str | None = None,
         admission: Admission | None = None,
+        queue: MessageQueue | None = None,
+        keeper: QueueKeeper | None = None,
     ) -> None:
         self.id = session_id
         #: The store port the engine shares (reads go through a ``SessionStore`` made for the
@@ -187,7 +192,11 @@ class AgentSession:
             next_seq=next_seq,
             next_stream=next_stream,
             goal=goal,
+            queue=queue,
+            keeper=keeper,
         )
+        #: Queued user messages not yet durable, by the queue version that holds them.
+        self._deliveries: list[tuple[int, Delivery]] | None = None
         self._prepared_abort: AbortSignal | None = None
         self._resume_abort: AbortSignal | None = None
         #: ``None`` while idle (made only when someone could wait: events are not free).
@@ -433,15 +442,39 @@ class AgentSession:
             raise
         except (TurnkeeperError, OSError) as error:
             log.warning("session %s: %s not written: %s", self.id, effect.what, error)
+            if effect.boundary.queue is not None and self._deliveries is not None:
+                self._delivered(effect.boundary.queue.version, error)
             failed = effect.failed
             if failed is None or machine.broken is not None:
                 return []
             return machine.handle(msgspec.structs.replace(failed, error=error))
+        if effect.boundary.queue is not None and self._deliveries is not None:
+            self._delivered(effect.boundary.queue.version, None)
         for event in effect.tell:
             self._tell(event)
         if effect.then is None or machine.broken is not None:
             return []
         return machine.handle(effect.then)
+
+    def _delivered(self, version: int, error: Exception | None) -> None:
+        """The queue's ``version`` is durable (``error``: it failed): the messages it holds.
+
+        Durable, every message queued at that version or before is safe (a later snapshot
+        holds what is still queued; what left it was accepted or removed). Failed, the
+        messages queued at exactly that version are queued in memory only.
+        """
+        pending = self._deliveries
+        if pending is None:
+            return
+        kept: list[tuple[int, Delivery]] = []
+        for at, delivery in pending:
+            if error is None and at <= version:
+                delivery.settle(DeliveryState.QUEUED)
+            elif error is not None and at == version:
+                delivery.settle(DeliveryState.NOT_DURABLE, f"the queue write failed: {error}")
+            else:
+                kept.append((at, delivery))
+        self._deliveries = kept or None
 
     def _tell(self, event: EngineEvent) -> None:
         """Emit ``event``; a phase move also keeps ``wait_idle`` true to the phase.
@@ -782,6 +815,15 @@ class AgentSession:
         """
         self._machine.handle(_in.AdoptOwed(marker, row_id))
 
+    def knows_abandon(self, *, stored: bool, anchor: str | None) -> None:
+        """PS-8: what the store holds of the abandon marker, and the turn's user row."""
+        self._machine.abandon_stored = stored
+        self._machine.anchor = anchor
+
+    def adopt_retry(self, marker: Marker) -> None:
+        """PS-4: owe the startup retry ``marker`` (no durable record); the sweep resumes it."""
+        self._machine.handle(_in.AdoptRetry(marker))
+
     async def _resume(
         self, marker: Marker, attempt: int, abort: AbortSignal, then: Successors
     ) -> None:
@@ -862,10 +904,10 @@ class AgentSession:
         assert isinstance(outcome, Queued | Rejected)
         token = message.cancel_token
         if isinstance(outcome, Queued) and token is not None:
-            told: list[Effect] = [Emit(EntryWithdrawn(session=self.id, entry=outcome.message_id))]
+            fired = _in.TokenFired(outcome.message_id)
 
             def withdrawn(_: str) -> None:
-                self._host(told)
+                self._host(self._machine.handle(fired))
 
             token.add_listener(withdrawn)
         return outcome
@@ -948,6 +990,25 @@ class AgentSession:
             InvalidEntry: the entry has no cancel token.
         """
         return self._host(self._machine.handle(_in.Withdraw(entry, reason))) is True
+
+    def adopt_queue(self, queue: MessageQueue, keeper: QueueKeeper) -> None:
+        """Take the queue a restart rebuilt from the store (before anything was queued here)."""
+        machine = self._machine
+        if len(machine.queue) or machine.keeper.enqueues:
+            raise UsageError(f"session {self.id}: its queue is in use; nothing was adopted")
+        machine.queue, machine.keeper = queue, keeper
+
+    async def take_up_queue(self, dropped: tuple[str, ...]) -> None:
+        """The rebuilt queue goes on: ``dropped`` are told gone (``restart``), then it drains."""
+        await self._perform(self._machine.handle(_in.TakeUpQueue(dropped)))
+
+    def queued_handles(self) -> set[str]:
+        """The handles of the delegated turns whose live entries are queued here."""
+        return {
+            e.metadata.correlation.handle_id
+            for e in self._machine.queue
+            if not e.withdrawn and e.metadata is not None and e.metadata.correlation is not None
+        }
 
     def listen_for_owner(self) -> None:
         """A delegated turn runs here: its owner hears of uncorrelated stream ends too (TD-4)."""
@@ -1041,8 +1102,12 @@ class AgentSession:
         mode: DispatchMode | str = DispatchMode.TOOL_END,
         options: SendOptions | None = None,
         correlation: Correlation | None = None,
-    ) -> None:
+    ) -> Delivery:
         """A user message: queued while the session is busy (AS-12), else sent now.
+
+        Returns its :class:`~agent_session.Delivery` at once; ``await`` it to know the
+        message is safe (``delivery.safe``): committed to the durable queue, or its user row
+        committed to history. It runs whether or not anyone awaits it.
 
         ``correlation``: the message is a delegated turn's prompt (``Engine.delegate``); its
         streams carry the turn's handle, and its owner hears how they end.
@@ -1063,16 +1128,32 @@ class AgentSession:
             outcome = self._queue(message)
             if isinstance(outcome, Rejected):
                 raise UsageError(f"session {self.id}: {outcome.detail}")
-            return
+            delivery = Delivery(outcome.message_id)
+            if machine.keeper.enqueues:  # its commit is in flight: settled when it lands
+                if self._deliveries is None:
+                    self._deliveries = []
+                self._deliveries.append((machine.keeper.version, delivery))
+            else:  # settled already (a synchronous store): what became of it
+                delivery.settle(DeliveryState.QUEUED)
+            return delivery
+        delivery = Delivery(entry)
         machine.handle(_in.DirectSend())  # R3: the sweep yields until this send claims or fails
-        turn = TurnInput(text=text, entry_id=entry, options=options, correlation=correlation)
+        accepted = EntryCallbacks(
+            entry_id=entry or "",
+            on_accepted=lambda: delivery.settle(DeliveryState.ACCEPTED),
+        )
+        turn = TurnInput(
+            text=text, entry_id=entry, options=options, correlation=correlation, callbacks=accepted
+        )
 
         async def direct(then: Successors) -> None:
             result = await self._pipeline().run(turn, then)
             if not isinstance(result, Accepted):
+                delivery.settle(DeliveryState.REFUSED, _why_unsent(result))
                 await self._perform(machine.handle(_in.SendWentNowhere(turn)), then)
 
         self._run(direct)
+        return delivery
 
     # ------------------------------------------------------------ turn settings
 
@@ -1226,3 +1307,12 @@ def _awaiting(awaitable: Awaitable[None]) -> Work:
         await awaitable
 
     return work
+
+
+def _why_unsent(result: PipelineResult) -> str:
+    """Why a direct send kept no row: its refusal, or its cancellation."""
+    if isinstance(result, SendRefused):
+        return f"{result.failure.type}: {result.failure.message}"
+    if isinstance(result, CanceledBeforeAcceptance):
+        return f"cancelled before acceptance: {result.reason}"
+    return type(result).__name__

@@ -2,7 +2,8 @@
 
 ``run`` drives scenario files through the harness; ``demo`` runs the built-in incident on a
 fresh SQLite file with a live timeline; ``inspect`` and ``receipts`` read a store, read-only;
-``resolve`` settles an indeterminate operation in a store no process holds.
+``resolve`` settles an indeterminate operation in a store no process holds; ``migrate`` brings
+a store of an older schema to this one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from importlib.metadata import version
 import anyio
 
 from agent_session.harness.commands import demo_command, run_command
-from agent_session.harness.inspection import inspect_command, receipts_command, resolve_command
+from agent_session.harness.inspection import (
+    inspect_command,
+    migrate_command,
+    receipts_command,
+    resolve_command,
+)
 from persistence import TurnkeeperError, UsageError
 
 
@@ -56,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         "--as", dest="as_", metavar="completed|failed|not-run", required=True, help="what you found"
     )
     resolve.add_argument("--note", metavar="TEXT", required=True, help="what you checked")
+    migrate = commands.add_parser("migrate", help="bring a store to this turnkeeper's schema")
+    migrate.add_argument("--db", metavar="PATH", required=True)
     return parser
 
 
@@ -131,6 +139,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return anyio.run(resolve_command, args.db, args.op, args.as_, args.note)
     if args.command == "receipts":
         return anyio.run(receipts_command, args.db, args.state, args.json)
+    if args.command == "migrate":
+        return anyio.run(migrate_command, args.db)
     return anyio.run(inspect_command, args.db, args.session, args.json)
 
 

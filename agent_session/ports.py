@@ -47,6 +47,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     overlap_policy: str = "block"
     #: Resume, when the engine starts, every turn a previous process left owed (PS-6).
     recover_at_start: bool = True
+    #: Retry, when the engine starts, a turn a crash interrupted (PS-4: its history ends on
+    #: the user's row, a ``[CONTINUE]`` sentinel or a partial row), under what it had left.
+    auto_retry: bool = True
     #: Recovered resumes starting at once, at most (each holds its slot until its stream
     #: started or its attempt failed): no thundering herd of stream starts at the provider,
     #: and a bounded set of starts in flight (a cheaper heap for the garbage collector).

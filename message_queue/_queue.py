@@ -331,6 +331,7 @@ class MessageQueue:
         if not self._entries:
             raise QueueEmpty("dequeue_next on an empty queue")
         entry = self._entries.popleft()
+        state = state_of(entry)
         self._release(entry)
         self._by_id.pop(entry.id, None)
         messages = entry.messages
@@ -354,6 +355,7 @@ class MessageQueue:
             callbacks=entry.callbacks(),
             cancel_token=entry.token,
             cancel_state=entry.cancel_state,
+            state=state,
         )
 
     def clear(self) -> list[EntryCallbacks]:

@@ -13,6 +13,7 @@ from enum import StrEnum
 
 import msgspec
 
+from message_queue._durable import EntryState
 from message_queue._entries import (
     Attachment,
     CancelState,
@@ -137,6 +138,9 @@ class Dequeued(msgspec.Struct, frozen=True, kw_only=True):
     callbacks: EntryCallbacks
     cancel_token: CancelToken | None
     cancel_state: CancelState | None
+    #: The entry's durable state as it was queued (kept durably until it is accepted or
+    #: dropped: a crash while it dispatches leaves it queued).
+    state: EntryState | None = None
 
     @property
     def withdrawn(self) -> bool:

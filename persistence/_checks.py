@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from persistence._errors import StaleOwner, UsageError
+from persistence._text import clip
 from persistence.records import (
     MAX_HANDLE_BYTES,
     MAX_QUEUED_BYTES,
@@ -81,10 +82,11 @@ def check_queue(session: str, snapshot: QueueSnapshot) -> None:
     Raises:
         UsageError: Naming the entry and what is wrong; nothing is written.
     """
-    if not 1 <= snapshot.version <= MAX_SEQ:
+    version = snapshot.version
+    if type(version) is not int or not 1 <= version <= MAX_SEQ:
         raise UsageError(
-            f"Boundary.queue: version {snapshot.version} is not in 1..{MAX_SEQ}; nothing was "
-            "written"
+            f"Boundary.queue: version {clip(repr(version))} is not an integer in 1..{MAX_SEQ}; "
+            "nothing was written"
         )
     seen: set[str] = set()
     for index, record in enumerate(snapshot.entries):
@@ -99,6 +101,12 @@ def check_queue(session: str, snapshot: QueueSnapshot) -> None:
         if record.entry_id in seen:
             raise UsageError(f"{where}: the entry id is given twice; nothing was written")
         seen.add(record.entry_id)
+    for index, kept in enumerate(snapshot.keep):
+        if type(kept) is not str:
+            raise UsageError(
+                f"Boundary.queue.keep[{index}]: {clip(repr(kept))} is not an entry id (text); "
+                "nothing was written"
+            )
 
 
 def queued_problem(record: object) -> str | None:
@@ -110,9 +118,9 @@ def queued_problem(record: object) -> str | None:
     if type(entry_id) is not str or not entry_id:
         return "$.entry_id: not a non-empty string"
     if type(position) is not int or not 0 <= position <= MAX_SEQ:
-        return f"$.position: {position!r} is not an integer in 0..{MAX_SEQ}"
+        return f"$.position: {clip(repr(position))} is not an integer in 0..{MAX_SEQ}"
     if type(kind) is not str or kind not in QUEUED_KINDS:
-        return f"$.kind: {kind!r} is not one of {', '.join(sorted(QUEUED_KINDS))}"
+        return f"$.kind: {clip(repr(kind))} is not one of {', '.join(sorted(QUEUED_KINDS))}"
     if type(body) is not bytes or not body:
         return "$.body: not a non-empty byte string"
     if len(body) > MAX_QUEUED_BYTES:

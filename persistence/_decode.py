@@ -30,6 +30,8 @@ from persistence.records import (
     HandleRecord,
     HistoryRow,
     OperationRecord,
+    QueuedEntryRecord,
+    QueueQuery,
     RecoverableCut,
     RecoveryScan,
     RowKind,
@@ -337,16 +339,99 @@ def decode_handle(values: Sequence[Any]) -> HandleRecord:
     return record
 
 
+#: Where queued entries and queue versions are kept (``docs/persistence.md``, "The queue").
+QUEUED_TABLE, VERSIONS_TABLE = "queued_entries", "queue_versions"
+
+
+def _name(value: object) -> str:
+    """A key column as a report names it: its exact text, or the cut repr of other values.
+
+    Exact, since the layer above keeps a damaged entry by this id (``QueueSnapshot.keep``).
+    """
+    return value if type(value) is str else clip(repr(value))
+
+
+def decode_queued(values: Sequence[Any]) -> QueuedEntryRecord:
+    """Build a queued entry from its ``(session, entry_id, position, kind, body)`` columns.
+
+    The body is kept as it is: the layer above decodes it (``message_queue.decode_entry``).
+
+    Raises:
+        CorruptRecord: A column fails validation (``_checks.queued_problem``, or a session
+            that is not text), naming the field.
+    """
+    session, entry_id, position, kind, body = values
+    record = QueuedEntryRecord(
+        session=session, entry_id=entry_id, position=position, kind=kind, body=body
+    )
+    problem = _checks.queued_problem(record)
+    if problem is None and type(session) is str:
+        return record
+    key = f"{clip(_name(session))}/{clip(_name(entry_id))}"
+    raise CorruptRecord(QUEUED_TABLE, key, problem or f"$.session: {_name(session)} is not text")
+
+
+def decode_queue_version(values: Sequence[Any]) -> int:
+    """A session's queue version from its ``(session, version)`` columns.
+
+    Raises:
+        CorruptRecord: It is not an integer in 1..MAX_SEQ.
+    """
+    session, version = values
+    if type(version) is int and 1 <= version <= MAX_SEQ:
+        return version
+    raise CorruptRecord(
+        VERSIONS_TABLE,
+        clip(_name(session)),
+        f"$.version: {clip(repr(version))} is not an integer in 1..{MAX_SEQ}",
+    )
+
+
+def _queue(
+    rows: Sequence[Sequence[Any]],
+) -> tuple[list[QueuedEntryRecord], list[tuple[str, str, str]]]:
+    """The entries that validate, and ``(session, entry id, problem)`` for each that does not."""
+    records: list[QueuedEntryRecord] = []
+    damaged: list[tuple[str, str, str]] = []
+    for values in rows:
+        try:
+            records.append(decode_queued(values))
+        except CorruptRecord as error:
+            damaged.append((_name(values[0]), _name(values[1]), str(error)))
+    return records, damaged
+
+
+def decode_queue_query(
+    entries: Sequence[Sequence[Any]], versions: Sequence[Sequence[Any]]
+) -> QueueQuery:
+    """What ``queued()`` returns from the raw rows: damaged entries and versions reported.
+
+    A damaged entry is reported by its ``session/entry`` key, a damaged version by its
+    session; each is left out, and stays as it is in the store.
+    """
+    records, damaged = _queue(entries)
+    corrupt = [(f"{session}/{entry_id}", detail) for session, entry_id, detail in damaged]
+    good: list[tuple[str, int]] = []
+    for values in versions:
+        try:
+            good.append((_name(values[0]), decode_queue_version(values)))
+        except CorruptRecord as error:
+            corrupt.append((_name(values[0]), str(error)))
+    return QueueQuery(records=tuple(records), versions=tuple(good), corrupt=tuple(corrupt))
+
+
 def recovery_scan(
     owed: Sequence[Sequence[Any]],
     trailing: Sequence[Sequence[Any]],
     sessions: Sequence[Sequence[Any]],
     streams: Sequence[Sequence[Any]],
+    queued: Sequence[Sequence[Any]] = (),
 ) -> RecoveryScan:
     """Decode the raw scan, by session: its owed rows, the rows after them, its record.
 
     A session any of whose values fails validation is reported in ``corrupt`` (the first
-    problem found) and left out of ``cuts``.
+    problem found) and left out of ``cuts``. ``queued`` names the sessions holding a queued
+    entry (valid or damaged: recovery loads each, and ``load`` reports the damage).
     """
     corrupt: dict[str, str] = {}
     decoded: dict[str, dict[str, list[HistoryRow]]] = {"owed": {}, "after": {}}
@@ -381,22 +466,30 @@ def recovery_scan(
         for name, rows in decoded["owed"].items()
         if name not in corrupt and name in records
     ]
-    return RecoveryScan(cuts=tuple(cuts), corrupt=tuple(sorted(corrupt.items())))
+    return RecoveryScan(
+        cuts=tuple(cuts),
+        queued=tuple(_name(values[0]) for values in queued),
+        corrupt=tuple(sorted(corrupt.items())),
+    )
 
 
 def decode_load(
     session: Sequence[Sequence[Any]],
     rows: Sequence[Sequence[Any]],
     envelopes: Sequence[Sequence[Any]],
+    queued: Sequence[Sequence[Any]] = (),
+    version: Sequence[Sequence[Any]] = (),
 ) -> SessionLoad | None:
     """Build a session's load from its raw rows; ``None`` when there is no session row.
 
     A damaged cut record of a row that owes nothing is reported in ``corrupt`` and the row
-    comes back without it (:func:`decode_history_row`).
+    comes back without it (:func:`decode_history_row`); a damaged queued entry is reported in
+    ``queue_corrupt`` by its entry id and left out of ``queue``.
 
     Raises:
-        CorruptRecord: The session, a row's columns, a cut record that may be owed or an
-            envelope fails validation.
+        CorruptRecord: The session, a row's columns, a cut record that may be owed, an
+            envelope or the queue version fails validation (the next snapshot's version is
+            counted from it: one read as 0 would be skipped for ever).
     """
     if not session:
         return None
@@ -408,9 +501,13 @@ def decode_load(
         history.append(row)
         if problem is not None:
             corrupt.append((row.row_id, str(problem)))
+    entries, damaged = _queue(queued) if queued else ([], [])
     return SessionLoad(
         record=record,
         rows=tuple(history),
         envelopes=tuple(decode_envelope(values) for values in envelopes),
         corrupt=tuple(corrupt),
+        queue=tuple(entries),
+        queue_version=decode_queue_version(version[0]) if version else 0,
+        queue_corrupt=tuple((entry_id, detail) for _, entry_id, detail in damaged),
     )

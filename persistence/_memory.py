@@ -17,6 +17,7 @@ from persistence import _checks
 from persistence._errors import UsageError
 from persistence._open_receipts import OpenReceipts, open_in
 from persistence.records import (
+    AbandonMarker,
     Boundary,
     Committed,
     CutState,
@@ -31,8 +32,10 @@ from persistence.records import (
     ReceiptQuery,
     RecoverableCut,
     RecoveryScan,
+    RowKind,
     SessionLoad,
     SessionRecord,
+    SessionTail,
     TurnEnvelope,
 )
 
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 class _SessionData:
     """One session's rows, indexed both ways."""
 
-    __slots__ = ("by_id", "by_seq", "envelopes", "queue", "queue_version", "record")
+    __slots__ = ("abandon", "by_id", "by_seq", "envelopes", "queue", "queue_version", "record")
 
     def __init__(self, record: SessionRecord) -> None:
         self.record = record
@@ -53,6 +56,7 @@ class _SessionData:
         self.envelopes: dict[str, TurnEnvelope] = {}
         self.queue: tuple[QueuedEntryRecord, ...] = ()
         self.queue_version = 0
+        self.abandon: AbandonMarker | None = None
 
 
 _EMPTY = _SessionData(SessionRecord(id="", model=""))
@@ -142,6 +146,8 @@ class MemoryStore:
             boundary.create is None
             and boundary.envelope is None
             and boundary.queue is None
+            and boundary.abandon is None
+            and not boundary.clear_abandon
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary: nothing to check against the store
             _checks.check_receipts(session, boundary.operations)
@@ -159,7 +165,13 @@ class MemoryStore:
             raise _checks.session_conflict(data.record, create)
         existing = data if data is not None else _EMPTY
         doomed = {r for r in boundary.delete if r in existing.by_id} if boundary.delete else _NONE
-        if boundary.rows or boundary.envelope is not None or boundary.queue is not None:
+        if (
+            boundary.rows
+            or boundary.envelope is not None
+            or boundary.queue is not None
+            or boundary.abandon is not None
+            or boundary.clear_abandon
+        ):
             if data is None and create is None:
                 raise _checks.unknown_session(session)
             self._check_rows(existing, doomed, boundary.rows)
@@ -217,6 +229,7 @@ class MemoryStore:
             envelopes=tuple(data.envelopes.values()) if envelopes else (),
             queue=tuple(sorted(data.queue, key=_position)),
             queue_version=data.queue_version,
+            abandon=data.abandon,
         )
 
     async def sessions(self) -> list[SessionRecord]:
@@ -228,20 +241,29 @@ class MemoryStore:
         """Every session with an owed cut record: its owed rows and the rows after them."""
         self._check_open()
         cuts: list[RecoverableCut] = []
+        tails: list[SessionTail] = []
         for name in sorted(self._sessions):
             data = self._sessions[name]
             rows = [data.by_id[data.by_seq[seq]] for seq in sorted(data.by_seq)]
             owed = [r for r in rows if r.cut is not None and r.cut.state is CutState.OWED]
+            if not owed:
+                tail = _tail(data, rows)
+                if tail is not None:
+                    tails.append(tail)
             if owed:
                 after = tuple(r for r in rows if r.seq > owed[-1].seq)
                 streams = tuple(data.envelopes)
                 cuts.append(
                     RecoverableCut(
-                        session=data.record, owed=tuple(owed), after=after, streams=streams
+                        session=data.record,
+                        owed=tuple(owed),
+                        after=after,
+                        streams=streams,
+                        queue_version=data.queue_version,
                     )
                 )
         queued = tuple(name for name in sorted(self._sessions) if self._sessions[name].queue)
-        return RecoveryScan(cuts=tuple(cuts), queued=queued)
+        return RecoveryScan(cuts=tuple(cuts), queued=queued, tails=tuple(tails))
 
     async def receipts(
         self,
@@ -310,15 +332,46 @@ def _write_session(
         data.envelopes[boundary.envelope.stream] = boundary.envelope
     if boundary.queue is not None:
         _replace_queue(data, boundary.queue)
+    if boundary.clear_abandon:
+        data.abandon = None
+    if boundary.abandon is not None:
+        data.abandon = boundary.abandon
+
+
+def _tail(data: _SessionData, rows: Sequence[HistoryRow]) -> SessionTail | None:
+    """The session's unanswered tail (PS-4), or ``None`` when its last turn was answered."""
+    last = next((r for r in reversed(rows) if r.kind is not RowKind.SYSTEM), None)
+    if last is None or last.kind not in _UNANSWERED:
+        return None
+    start = max((i for i, r in enumerate(rows) if r.kind is RowKind.USER), default=0)
+    envelope = next(reversed(data.envelopes.values()), None) if data.envelopes else None
+    return SessionTail(
+        session=data.record,
+        rows=tuple(rows[start:]),
+        last_seq=rows[-1].seq,
+        streams=tuple(data.envelopes),
+        envelope=envelope,
+        envelope_ended=envelope is not None and any(r.stream == envelope.stream for r in rows),
+        queue_version=data.queue_version,
+        abandon=data.abandon,
+    )
+
+
+#: The kinds of a last (non-system) row that leave a turn unanswered (PS-4).
+_UNANSWERED = frozenset({RowKind.USER, RowKind.SENTINEL, RowKind.PARTIAL})
 
 
 def _replace_queue(data: _SessionData, snapshot: QueueSnapshot) -> None:
     """A snapshot newer than the stored queue replaces it, keeping the entries it says to."""
     if snapshot.version > data.queue_version:
-        kept = tuple(e for e in data.queue if e.entry_id in snapshot.keep)
+        written = {entry.entry_id for entry in snapshot.entries}  # upserted: they win over keep
+        kept = tuple(
+            e for e in data.queue if e.entry_id in snapshot.keep and e.entry_id not in written
+        )
         data.queue = (*kept, *snapshot.entries)
         data.queue_version = snapshot.version
 
 
-def _position(record: QueuedEntryRecord) -> int:
-    return record.position
+def _position(record: QueuedEntryRecord) -> tuple[int, str]:
+    """The read order of queued entries: by position, then entry id (as SQLite's index)."""
+    return record.position, record.entry_id

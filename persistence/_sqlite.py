@@ -41,6 +41,7 @@ from persistence._decode import (
     decode_handle,
     decode_load,
     decode_operation,
+    decode_queue_query,
     decode_session,
     recovery_scan,
 )
@@ -65,6 +66,7 @@ from persistence.records import (
     HandleRecord,
     OperationRecord,
     OpState,
+    QueueQuery,
     ReceiptQuery,
     RecoveryScan,
     SessionList,
@@ -255,6 +257,8 @@ class SqliteStore:
         self._precheck = precheck
         #: A read-only view under an owner's lock (``precheck``): read ``immutable`` throughout.
         self._settled = False
+        #: The schema version this open migrated from (0: it created the store), else ``None``.
+        self._migrated_from: int | None = None
         self._db: aiosqlite.Connection | None = None
         self._checkpointer: Checkpointer | None = None
         self._held: HeldLock | None = None
@@ -426,6 +430,29 @@ class SqliteStore:
             await _give_up(held, unlink=files)
         return True
 
+    @classmethod
+    async def migrate(cls, path: str | os.PathLike[str]) -> tuple[int, int]:
+        """Bring the store at ``path`` to this code's schema; ``(version found, version now)``.
+
+        The missing migrations run in one transaction (as any read-write open runs them), so
+        a failure leaves the store at its old version. Unlike an open, it never creates a
+        store: a missing or empty file is refused, and the folder is left as it was.
+
+        Raises:
+            NotATurnkeeperStore: No such file, an empty one, or not a turnkeeper store.
+            UnsupportedSchemaVersion: The store is newer than this code; it is left as is.
+            DamagedStore: The store cannot be read whole; nothing was written.
+            StoreLocked: Another store owns the file; nothing was read or written.
+            StoreError: A migration failed (the store is left at its old version).
+        """
+        database = os.fspath(path)
+        if not await anyio.Path(database).exists():
+            raise NotATurnkeeperStore(database, "no such file (migrate creates nothing)")
+        store = cls(database, precheck=_current)  # the read-only view refuses what is no store
+        async with store:
+            found = store._migrated_from
+        return (schema_version() if found is None else found), schema_version()
+
     async def __aenter__(self) -> Self:
         """Open the store and return it."""
         await self.open()
@@ -547,6 +574,7 @@ class SqliteStore:
             version = await self._read_version(db) if tables else 0
             if version > schema_version():  # another process migrated it meanwhile
                 raise UnsupportedSchemaVersion(self._path, version, schema_version())
+            self._migrated_from = version
             for migration in migrations()[version:]:
                 for statement in migration.statements:
                     await db.execute(statement)
@@ -620,6 +648,7 @@ class SqliteStore:
         if (
             boundary.create is None
             and boundary.envelope is None
+            and boundary.queue is None
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary (two per tool step): its own short path
             _checks.check_receipts(session, boundary.operations)
@@ -636,7 +665,9 @@ class SqliteStore:
     # -- reads ----------------------------------------------------------------------------------
 
     async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
-        """The session's record, rows by seq and envelopes, read in one snapshot (one call).
+        """The session's record, rows by seq, envelopes and queue, read in one snapshot (one call).
+
+        A damaged queued entry is reported in ``queue_corrupt`` and left out of ``queue``.
 
         Raises:
             CorruptRecord: A value of the session fails validation (it is reported, never
@@ -672,10 +703,10 @@ class SqliteStore:
 
         The owed rows are read through the partial index on ``cut_state``. A session whose
         owed rows, later rows or record fail validation is reported in ``corrupt`` and left
-        out; nothing is written.
+        out; nothing is written. ``queued`` names every session holding a queued entry, read
+        in the same call (through the primary key's index).
         """
-        owed, trailing, sessions, streams = await self._read(_writes.scan_recoverable)
-        return recovery_scan(owed, trailing, sessions, streams)
+        return recovery_scan(*await self._read(_writes.scan_recoverable))
 
     async def receipts(
         self,
@@ -732,6 +763,19 @@ class SqliteStore:
             except CorruptRecord as error:
                 corrupt.append((clip(str(row[0])), str(error)))
         return HandleQuery(records=tuple(records), corrupt=tuple(corrupt))
+
+    async def queued(self, session: str | None = None) -> QueueQuery:
+        """The durable queue's entries by session then position, and the queue versions.
+
+        One read (through the index on ``(session, position)`` for one session). A damaged
+        entry is reported in ``corrupt`` by its ``session/entry`` key, a damaged version by its
+        session; each is skipped, never dropped or rewritten.
+        """
+        return decode_queue_query(*await self._read(_writes.queued(session)))
+
+
+async def _current(view: SqliteStore) -> None:
+    """``migrate``'s precheck: a store the read-only view opened needs no migration."""
 
 
 def _read_label(database: str) -> int:

@@ -30,6 +30,7 @@ from persistence.records import (
     HandleRecord,
     HistoryRow,
     OperationRecord,
+    QueueSnapshot,
     SessionRecord,
 )
 
@@ -72,6 +73,23 @@ PUT_HANDLE = (
     "INSERT INTO handles (handle_id, owner, target, status, record) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (handle_id) DO UPDATE SET owner = excluded.owner, target = excluded.target, "
     "status = excluded.status, record = excluded.record"
+)
+#: A queue snapshot's version guard: stores the version only when it is above the stored one
+#: (``changes()`` is 0 when it is not, and the snapshot is then skipped whole).
+PUT_QUEUE_VERSION = (
+    "INSERT INTO queue_versions (session, version) VALUES (?, ?) ON CONFLICT (session) "
+    "DO UPDATE SET version = excluded.version WHERE excluded.version > queue_versions.version"
+)
+#: Every entry of the session the snapshot neither holds nor keeps. An entry id that is not
+#: text (damage) cannot be named in ``keep``: it is never deleted, for a person to see.
+DROP_QUEUED = (
+    "DELETE FROM queued_entries WHERE session = ? AND typeof(entry_id) = 'text' "
+    "AND entry_id NOT IN (SELECT value FROM json_each(?))"
+)
+PUT_QUEUED = (
+    "INSERT INTO queued_entries (session, entry_id, position, kind, body) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session, entry_id) DO UPDATE SET "
+    "position = excluded.position, kind = excluded.kind, body = excluded.body"
 )
 #: The end of a receipt's bytes when nobody resolved it: the fields migration 0003 added, all
 #: unset. Left off, so such a receipt keeps the bytes it always had (they decode to the
@@ -131,6 +149,24 @@ def handle_params(record: HandleRecord) -> tuple[object, ...]:
     )
 
 
+class _Queue(msgspec.Struct, frozen=True):
+    """A queue snapshot encoded for its three statements (``_replace_queue``)."""
+
+    version: int
+    #: The ids the snapshot holds or keeps, as a JSON array (``DROP_QUEUED``'s parameter).
+    spared: str
+    entries: list[tuple[object, ...]]
+
+
+def queue_plan(snapshot: QueueSnapshot) -> _Queue:
+    """The statements' parameters of a (checked) queue snapshot."""
+    entries: list[tuple[object, ...]] = [
+        (r.session, r.entry_id, r.position, r.kind, r.body) for r in snapshot.entries
+    ]
+    spared = [*(r.entry_id for r in snapshot.entries), *snapshot.keep]
+    return _Queue(version=snapshot.version, spared=_ENCODE(spared).decode(), entries=entries)
+
+
 class _Plan(msgspec.Struct, frozen=True):
     """A boundary encoded on the event loop, ready to run on the connection's thread."""
 
@@ -144,6 +180,7 @@ class _Plan(msgspec.Struct, frozen=True):
     envelope: tuple[str, str, bytes] | None
     operations: list[tuple[object, ...]]
     handles: list[tuple[object, ...]]
+    queue: _Queue | None
 
     @property
     def statements(self) -> int:
@@ -156,6 +193,7 @@ class _Plan(msgspec.Struct, frozen=True):
             + (self.envelope is not None)
             + min(len(self.operations), 1)
             + min(len(self.handles), 1)
+            + (0 if self.queue is None else 3)  # never bare: several statements
         )
 
 
@@ -186,6 +224,7 @@ def commit(
         and not boundary.delete
         and not boundary.operations
         and not boundary.handles
+        and boundary.queue is None
     ):
         # The hottest boundaries are one statement (a row, an envelope, a record's state):
         # their jobs skip the plan and run ``_apply``'s statements (``_insert``, ...) alone.
@@ -198,7 +237,10 @@ def commit(
         if envelope is not None and not rows and not cuts:
             params = (session, envelope.stream, _ENCODE(envelope))
             return partial(_put_envelope, store, owner, session, params)
-    if not (boundary.create or boundary.delete or rows or cuts or envelope or boundary.handles):
+    queue = boundary.queue
+    if not (
+        boundary.create or boundary.delete or rows or cuts or envelope or boundary.handles or queue
+    ):
         return receipts(session, boundary.operations, store, owner)
     plan = _Plan(
         session=session,
@@ -211,6 +253,7 @@ def commit(
         envelope=None if envelope is None else (session, envelope.stream, _ENCODE(envelope)),
         operations=[operation_params(record) for record in boundary.operations],
         handles=[handle_params(record) for record in boundary.handles],
+        queue=None if queue is None else queue_plan(queue),
     )
     statements = plan.statements
     if statements == 0:
@@ -324,7 +367,26 @@ def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
         db.executemany(PUT_OPERATION, plan.operations)
     if plan.handles:
         db.executemany(PUT_HANDLE, plan.handles)
+    if plan.queue is not None:
+        _replace_queue(db, plan.session, plan.queue)
     return deleted
+
+
+def _replace_queue(db: sqlite3.Connection, session: str, queue: _Queue) -> None:
+    """Replace the session's queue when the snapshot is newer than the stored version.
+
+    Raises:
+        UsageError: The session does not exist (the foreign keys refuse the version).
+    """
+    try:
+        applied = db.execute(PUT_QUEUE_VERSION, (session, queue.version)).rowcount
+    except sqlite3.IntegrityError:
+        raise _checks.unknown_session(session) from None
+    if not applied:  # stale: the one decided last was written already
+        return
+    db.execute(DROP_QUEUED, (session, queue.spared))
+    if queue.entries:
+        db.executemany(PUT_QUEUED, queue.entries)
 
 
 def _insert(db: sqlite3.Connection, row: HistoryRow, params: tuple[object, ...], path: str) -> None:
@@ -410,12 +472,19 @@ SELECT_ENVELOPES = (
     "SELECT session, stream, record FROM turn_envelopes WHERE session = ? ORDER BY rowid"
 )
 
-#: The raw load: the session row (none or one), its history rows, its envelopes.
-Load = tuple[list[Any], list[Any], list[Any]]
+_QUEUED_COLUMNS = "SELECT session, entry_id, position, kind, body FROM queued_entries"
+SELECT_QUEUED = f"{_QUEUED_COLUMNS} WHERE session = ? ORDER BY position, entry_id"
+SELECT_ALL_QUEUED = f"{_QUEUED_COLUMNS} ORDER BY session, position, entry_id"
+SELECT_QUEUE_VERSION = "SELECT session, version FROM queue_versions WHERE session = ?"
+SELECT_QUEUE_VERSIONS = "SELECT session, version FROM queue_versions ORDER BY session"
+
+#: The raw load: the session row (none or one), its history rows, its envelopes, its queued
+#: entries and its queue version (none or one).
+Load = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
 
 
 def load(session: str, *, envelopes: bool = True) -> Job[Load]:
-    """A session's record, rows and (when asked for) envelopes, read in one snapshot."""
+    """A session's record, rows, (when asked for) envelopes and queue, read in one snapshot."""
     return partial(_load, session, envelopes)
 
 
@@ -424,12 +493,36 @@ def _load(session: str, envelopes: bool, db: sqlite3.Connection) -> Load:
         db.execute(SELECT_SESSION, (session,)).fetchall(),
         db.execute(SELECT_HISTORY, (session,)).fetchall(),
         db.execute(SELECT_ENVELOPES, (session,)).fetchall() if envelopes else [],
+        db.execute(SELECT_QUEUED, (session,)).fetchall(),
+        db.execute(SELECT_QUEUE_VERSION, (session,)).fetchall(),
+    )
+
+
+#: The raw queue: the entries, then the versions (every session's, or one's).
+Queued = tuple[list[Any], list[Any]]
+
+
+def queued(session: str | None) -> Job[Queued]:
+    """The durable queue's entries and versions (``session``'s only, when given), one snapshot."""
+    return partial(_queued, session)
+
+
+def _queued(session: str | None, db: sqlite3.Connection) -> Queued:
+    if session is None:
+        return (
+            db.execute(SELECT_ALL_QUEUED).fetchall(),
+            db.execute(SELECT_QUEUE_VERSIONS).fetchall(),
+        )
+    return (
+        db.execute(SELECT_QUEUED, (session,)).fetchall(),
+        db.execute(SELECT_QUEUE_VERSION, (session,)).fetchall(),
     )
 
 
 #: The raw startup scan: owed rows, rows after each session's last owed row, session records
-#: and envelope stream ids of those sessions (decoded by the store, on the loop).
-Scan = tuple[list[Any], list[Any], list[Any], list[Any]]
+#: and envelope stream ids of those sessions, and the sessions holding queued entries (decoded
+#: by the store, on the loop).
+Scan = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
 
 
 def _live_cut_rows() -> str:
@@ -467,6 +560,9 @@ SCAN_STREAMS = (
     "ORDER BY rowid"
 )
 
+#: Every session holding a queued entry, valid or damaged (through the primary key's index).
+SCAN_QUEUED = "SELECT DISTINCT session FROM queued_entries ORDER BY session"
+
 
 def scan_recoverable(db: sqlite3.Connection) -> Scan:
     """On the connection's thread: the startup scan (inside the caller's transaction)."""
@@ -475,4 +571,5 @@ def scan_recoverable(db: sqlite3.Connection) -> Scan:
         db.execute(SCAN_TRAILING).fetchall(),
         db.execute(SCAN_SESSIONS).fetchall(),
         db.execute(SCAN_STREAMS).fetchall(),
+        db.execute(SCAN_QUEUED).fetchall(),
     )

@@ -146,12 +146,15 @@ class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         after: Every row after the last of them, by seq.
         streams: The session's turn envelopes' stream ids, in first-written order (to
             number the next stream).
+        queue_version: The session's stored queue version (0 when none was ever written):
+            the recovered session's next queue snapshot must be above it.
     """
 
     session: SessionRecord
     owed: tuple[HistoryRow, ...]
     after: tuple[HistoryRow, ...] = ()
     streams: tuple[str, ...] = ()
+    queue_version: int = 0
 
     @property
     def row(self) -> HistoryRow:
@@ -164,6 +167,49 @@ class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return (self.after or self.owed)[-1].seq
 
 
+class AbandonMarker(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A session's startup-abandon marker (PS-8): why its last turn must not be retried.
+
+    Attributes:
+        reason: Why the turn was given up: a non-retryable failure's type, or ``aborted``
+            (a user stopped it).
+        user_row: The turn's anchor: the id of the user row it answered (a startup retry of
+            that row's turn is not made; a later user row is retried as usual).
+    """
+
+    reason: str
+    user_row: str | None = None
+
+
+class SessionTail(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A session whose history ends on a turn nothing answered, as startup reads it (PS-4).
+
+    Plain facts, no decisions (``agent_session._recovery.plan_retry`` decides): a session
+    with no owed cut record whose last row that is not a system row is a user row, a
+    ``[CONTINUE]`` sentinel or a partial assistant row.
+
+    Attributes:
+        session: The session's record.
+        rows: Its rows from the last user row on (every row, when it has none), by seq.
+        last_seq: The seq of its last row.
+        streams: Its turn envelopes' stream ids, in first-written order.
+        envelope: Its last-written turn envelope (the stream that was running, if any).
+        envelope_ended: A row of the session names that envelope's stream (it ended with a
+            row: it was not running when the process died).
+        queue_version: Its stored queue version.
+        abandon: Its startup-abandon marker, if one is stored.
+    """
+
+    session: SessionRecord
+    rows: tuple[HistoryRow, ...]
+    last_seq: int
+    streams: tuple[str, ...] = ()
+    envelope: TurnEnvelope | None = None
+    envelope_ended: bool = False
+    queue_version: int = 0
+    abandon: AbandonMarker | None = None
+
+
 class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What startup recovery needs from the store, read at once (one call in SQLite)."""
 
@@ -171,6 +217,9 @@ class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Every session whose durable queue holds an entry (valid or damaged), by id: recovery
     #: opens each and rebuilds its queue (``Store.load`` reads the entries).
     queued: tuple[str, ...] = ()
+    #: Every session that owes nothing and whose history ends on an unanswered turn, by id
+    #: (the startup retry's candidates, PS-4).
+    tails: tuple[SessionTail, ...] = ()
     #: ``(session, what was wrong)`` for every session whose owed rows, later rows or record
     #: failed validation: those sessions are left out of ``cuts`` and nothing of theirs is
     #: changed.
@@ -454,9 +503,9 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     Every part is optional; every record must belong to the boundary's session. A store
     applies the parts in this order: ``create``, ``delete``, ``rows``, ``cut_states``,
-    ``envelope``, ``operations``, ``handles``, ``queue`` (so a boundary may replace a row by
-    deleting and re-adding its id, may move the cut record of a row it adds, and may accept a
-    queued entry into history and take it off the queue in one transaction).
+    ``envelope``, ``operations``, ``handles``, ``queue``, the abandon marker (so a boundary may
+    replace a row by deleting and re-adding its id, may move the cut record of a row it adds,
+    and may accept a queued entry into history and take it off the queue in one transaction).
 
     Attributes:
         create: Create the session (idempotent for an identical record).
@@ -470,6 +519,9 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             handle id (B10). They need no session record either.
         queue: The session's whole queue after the boundary (:class:`QueueSnapshot`), applied
             only when its version is above the stored one.
+        abandon: The session's startup-abandon marker to store, replacing any (PS-8).
+        clear_abandon: Remove the session's startup-abandon marker (with ``abandon``: the
+            marker given is stored).
     """
 
     create: SessionRecord | None = None
@@ -480,6 +532,8 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     operations: tuple[OperationRecord, ...] = ()
     handles: tuple[HandleRecord, ...] = ()
     queue: QueueSnapshot | None = None
+    abandon: AbandonMarker | None = None
+    clear_abandon: bool = False
 
 
 class Committed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -507,6 +561,7 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         queue_version: Its queue version (0 when no queue was ever written).
         queue_corrupt: ``(entry id, what was wrong, naming the field)`` for each stored queue
             entry that failed validation: left out of ``queue``, kept in the store.
+        abandon: Its startup-abandon marker (PS-8), if one is stored.
     """
 
     record: SessionRecord
@@ -516,6 +571,7 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     queue: tuple[QueuedEntryRecord, ...] = ()
     queue_version: int = 0
     queue_corrupt: tuple[tuple[str, str], ...] = ()
+    abandon: AbandonMarker | None = None
 
 
 class SessionList(list[SessionRecord]):

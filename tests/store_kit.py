@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         HandleRecord,
         HistoryRow,
         OperationRecord,
+        QueueSnapshot,
         SessionRecord,
         Store,
         TurnEnvelope,
@@ -43,6 +44,7 @@ async def commit(
     envelope: TurnEnvelope | None = None,
     operations: Iterable[OperationRecord] = (),
     handles: Iterable[HandleRecord] = (),
+    queue: QueueSnapshot | None = None,
 ) -> Committed:
     """One boundary of ``session``, committed as the store's current owner."""
     boundary = Boundary(
@@ -53,6 +55,7 @@ async def commit(
         envelope=envelope,
         operations=tuple(operations),
         handles=tuple(handles),
+        queue=queue,
     )
     return await store.commit(session, boundary, owner=owner(store))
 

@@ -27,6 +27,7 @@ from persistence import (
     HandleQuery,
     OpenReceipts,
     OpState,
+    QueueQuery,
     ReceiptQuery,
     RecoveryScan,
     SessionLoad,
@@ -178,7 +179,11 @@ class Faults:
     """``fail_next`` counters: the pre-stream gate, and store writes through ``FaultyStore``."""
 
     def __init__(self) -> None:
-        self.pending: dict[str, int] = {"pre_stream": 0, "store_write": 0}
+        self.pending: dict[str, int] = {"pre_stream": 0, "store_write": 0, "queue_write": 0}
+        #: The store whose calls the gate waits for: a gate check is answered only once no
+        #: store call is in flight, so a write racing it (a queue commit a host call started)
+        #: lands at the same point whatever the store's thread does (a deterministic trace).
+        self.store: FaultyStore | None = None
 
     def arm(self, what: str, count: int) -> None:
         """Make the next ``count`` operations of kind ``what`` fail."""
@@ -194,6 +199,8 @@ class Faults:
     async def check(self, session: str, purpose: str) -> None:
         """The engine's pre-stream gate: fails while ``pre_stream`` failures are armed."""
         await anyio.lowlevel.checkpoint()
+        if self.store is not None and self.store.in_flight:
+            await self.store.settled()
         if self.take("pre_stream"):
             raise PreStreamFailure(f"injected pre-stream failure ({purpose} of {session})")
 
@@ -201,7 +208,9 @@ class Faults:
 class FaultyStore:
     """The one wrapper over the store port: faults on ``commit``, every call counted.
 
-    While ``store_write`` failures are armed, the next commits fail (:class:`InjectedFailure`);
+    While ``store_write`` failures are armed, the next commits fail (:class:`InjectedFailure`),
+    except those that write only the durable queue: ``queue_write`` failures are theirs
+    (``fault_of``);
     after a ``crash`` (``crashed``), every commit is refused (:class:`ProcessCrashed`). Either
     way nothing of the boundary reaches the store. It counts calls in flight, so the
     virtual-time driver can tell "every task waits for the database thread" from "every task
@@ -211,6 +220,7 @@ class FaultyStore:
     def __init__(self, inner: Store, faults: Faults) -> None:
         self._inner = inner
         self._faults = faults
+        faults.store = self
         self._in_flight = 0
         self._settled = anyio.Event()
         self._settled.set()
@@ -275,7 +285,7 @@ class FaultyStore:
             what = _parts(session, boundary)
             if self.crashed:
                 raise ProcessCrashed(f"the process crashed: no {what} is written")
-            if self._faults.take("store_write"):
+            if self._faults.take(fault_of(boundary)):
                 raise InjectedFailure(f"injected store write failure ({what})")
             return await self._inner.commit(session, boundary, owner=owner)
         finally:
@@ -313,6 +323,31 @@ class FaultyStore:
         """Delegated-turn handle records, by id."""
         return await self._counted(self._inner.handles(owner=owner, target=target))
 
+    async def queued(self, session: str | None = None) -> QueueQuery:
+        """The durable queue entries."""
+        return await self._counted(self._inner.queued(session))
+
+
+def fault_of(boundary: Boundary) -> str:
+    """Which ``fail_next`` kind a commit of ``boundary`` takes.
+
+    ``queue_write`` for a commit that writes only the durable queue, ``store_write`` for
+    every other (so a scenario's ``store_write`` fails the writes it always failed).
+    """
+    queue_only = (
+        boundary.queue is not None
+        and boundary.create is None
+        and boundary.envelope is None
+        and not (
+            boundary.rows
+            or boundary.delete
+            or boundary.cut_states
+            or boundary.operations
+            or boundary.handles
+        )
+    )
+    return "queue_write" if queue_only else "store_write"
+
 
 def _parts(session: str, boundary: Boundary) -> str:
     """What a boundary writes, for messages: ``commit of s1 (rows, envelope)``."""
@@ -325,6 +360,8 @@ def _parts(session: str, boundary: Boundary) -> str:
             ("cut_states", bool(boundary.cut_states)),
             ("envelope", boundary.envelope is not None),
             ("operations", bool(boundary.operations)),
+            ("handles", bool(boundary.handles)),
+            ("queue", boundary.queue is not None),
         )
         if present
     ]

@@ -1,15 +1,19 @@
-"""``turnkeeper inspect``, ``receipts`` (what a store holds) and ``resolve`` (settle one).
+"""``turnkeeper inspect``, ``receipts``, ``resolve`` and ``migrate``: the store commands.
+
+``inspect`` and ``receipts`` show what a store holds, ``resolve`` settles one operation,
+``migrate`` brings a store of an older schema to this one.
 
 ``inspect`` and ``receipts`` open the store with ``SqliteStore(readonly=True)``: they never
 migrate, repair, lock or write a store another process may be using. A file that is not a
-turnkeeper store is refused with a clear message (exit 2). Receipts hold no arguments or
-outputs by construction; as a second line of defence every printed value passes through
-:func:`redact`. ``resolve`` holds the lock, checks read-only, and writes only once the operation
-is found resolvable.
+turnkeeper store is refused with a clear message (exit 2), a store of an older schema too,
+naming ``turnkeeper migrate``. Receipts hold no arguments or outputs by construction; as a
+second line of defence every printed value passes through :func:`redact`. ``resolve`` holds
+the lock, checks read-only, and writes only once the operation is found resolvable.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any
 
@@ -19,6 +23,7 @@ from rich.table import Table
 
 from agent_session._recovery import damaged_cut, unreadable
 from agent_session.harness.console import PipeConsole
+from agent_session.harness.queued_view import print_queue, read_queue
 from agent_session.harness.redaction import redact
 from persistence import (
     CorruptRecord,
@@ -26,6 +31,8 @@ from persistence import (
     HandleQuery,
     HandleRecord,
     HandleStatus,
+    MigrationRequired,
+    NotATurnkeeperStore,
     NotResolvable,
     OperationRecord,
     OpState,
@@ -35,7 +42,9 @@ from persistence import (
     SessionRecord,
     SqliteStore,
     StoreError,
+    StoreLocked,
     TurnkeeperError,
+    UnsupportedSchemaVersion,
     UsageError,
     as_resolution,
     checked_note,
@@ -65,8 +74,8 @@ def _handle_row(record: HandleRecord) -> dict[str, Any]:
     return row
 
 
-#: Exit codes of ``inspect`` and ``receipts`` (docs/cli.md).
-EXIT_OK, EXIT_REFUSED, EXIT_DAMAGED = 0, 2, 4
+#: Exit codes of ``inspect`` and ``receipts`` (docs/cli.md); ``migrate`` adds ``EXIT_FAILED``.
+EXIT_OK, EXIT_REFUSED, EXIT_FAILED, EXIT_DAMAGED = 0, 2, 3, 4
 
 
 async def _open(db: str) -> SqliteStore | tuple[int, str]:
@@ -76,9 +85,44 @@ async def _open(db: str) -> SqliteStore | tuple[int, str]:
         await store.open()
     except DamagedStore as error:
         return EXIT_DAMAGED, redact(error)
-    except TurnkeeperError as error:  # not a store, another version, unreadable
+    except MigrationRequired as error:
+        return EXIT_REFUSED, redact(
+            f"{db} has schema version {error.found} and needs migrating to {error.supported}; "
+            f"read-only commands never migrate: run `turnkeeper migrate --db {shlex.quote(db)}`"
+        )
+    except TurnkeeperError as error:  # not a store, a newer version, unreadable
         return EXIT_REFUSED, redact(error)
     return store
+
+
+async def migrate_command(db: str) -> int:
+    """``turnkeeper migrate``: bring a store to this turnkeeper's schema, in one transaction.
+
+    One line either way: what was done on standard output, why not on standard error. It
+    creates nothing: a missing or empty file, a file that is not a store, a newer schema and
+    a store another process owns are refused (exit 2) and left as they were; a damaged store
+    is exit 4; a migration that fails (exit 3) leaves the store at its old version.
+    """
+    try:
+        found, now = await SqliteStore.migrate(db)
+    except DamagedStore as error:
+        print(f"turnkeeper migrate: {redact(error)}", file=sys.stderr)
+        return EXIT_DAMAGED
+    except (NotATurnkeeperStore, UnsupportedSchemaVersion, StoreLocked) as error:
+        print(f"turnkeeper migrate: {redact(error)}", file=sys.stderr)
+        return EXIT_REFUSED
+    except StoreError as error:
+        print(
+            f"turnkeeper migrate: {redact(error)} (nothing was migrated: the store keeps its "
+            "schema version)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if found == now:
+        print(f"turnkeeper migrate: {redact(db)} is at schema version {now} already")
+    else:
+        print(f"turnkeeper migrate: {redact(db)} migrated from schema version {found} to {now}")
+    return EXIT_OK
 
 
 class _Findings:
@@ -237,7 +281,7 @@ async def _check_resolvable(view: SqliteStore, db: str, op_id: str) -> None:
 
 
 async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
-    """``turnkeeper inspect``: integrity, sessions, owed continuations, receipts.
+    """``turnkeeper inspect``: integrity, sessions, owed continuations, queue, handles, receipts.
 
     Every read goes on past a damaged value or table: what failed is reported (on standard
     error, and under ``corrupt`` in ``--json``) and the rest is shown; exit 4 when anything
@@ -254,6 +298,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         await opened.close()
     records: list[OperationRecord] = report.pop("records")
     handles: list[HandleRecord] = report.pop("handle_records")
+    queued, damaged = report["queued"], report["corrupt_queued"]
     report["corrupt"] = found.json()
     if as_json:
         print(_encoder.encode(report).decode())
@@ -275,6 +320,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     else:
         console.print("owed continuations: none")
     console.print("pending follow-ups: none")
+    print_queue(console, queued, damaged)
     _print_handles(console, handles)
     _print_receipts(records)
     if found.items:
@@ -311,6 +357,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
     for op_id, detail in query.corrupt:
         found.add(f"skipped corrupt receipt {redact(op_id)}", detail)
     handles = await _handles(store, session, found)
+    queued, damaged = await read_queue(store, session, found.add)
     owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
     return {
         "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
@@ -326,6 +373,8 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
             for row in owed
         ],
         "follow_ups": [],  # compaction follow-ups arrive with the compaction work
+        "queued": queued,
+        "corrupt_queued": damaged,
         "handles": [_handle_row(h) for h in handles],
         "receipts": [_receipt_row(r) for r in query.records],
         "corrupt_receipts": [{"op": redact(op), "detail": redact(d)} for op, d in query.corrupt],

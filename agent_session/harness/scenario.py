@@ -381,7 +381,7 @@ class FailNextAction(_Model):
     """Fault injection: the next ``count`` such operations fail."""
 
     op: Literal["fail_next"]
-    what: Literal["store_write", "pre_stream", "settlement"]
+    what: Literal["store_write", "queue_write", "pre_stream", "settlement"]
     count: int = Field(1, ge=1)
 
 

@@ -57,7 +57,7 @@ class HookTool:
     name: str
     output: object = "ok"
     kind: ToolKind = ToolKind.CLIENT
-    before: Callable[[ToolCallPart], None] | None = None
+    before: Callable[[ToolCallPart], object] | None = None
     gate: anyio.Event | None = None
     duration_s: float = 0.0
     clock: VirtualClock | None = None
@@ -102,7 +102,7 @@ class Rig:
     tools: dict[str, HookTool]
     store: Store
     events: list[EngineEvent]
-    hooks: list[Callable[[EngineEvent], None]]
+    hooks: list[Callable[[EngineEvent], object]]
     time: VirtualTime
 
     def session(self, name: str = "s1") -> AgentSession:
@@ -114,7 +114,7 @@ class Rig:
     def of(self, kind: type[T]) -> list[T]:
         return [e for e in self.events if isinstance(e, kind)]
 
-    def on(self, hook: Callable[[EngineEvent], None]) -> None:
+    def on(self, hook: Callable[[EngineEvent], object]) -> None:
         """Run ``hook`` synchronously inside every event's emission (after it is recorded)."""
         self.hooks.append(hook)
 
@@ -172,7 +172,7 @@ async def session_rig(
     for tool in tool_map.values():
         tool.clock = clock
     events: list[EngineEvent] = []
-    hooks: list[Callable[[EngineEvent], None]] = []
+    hooks: list[Callable[[EngineEvent], object]] = []
 
     def observe(event: EngineEvent) -> None:
         events.append(event)

@@ -19,6 +19,7 @@ from agent_session import (
     AgentSession,
     ContinuationEnded,
     ContinuationOwed,
+    DeliveryState,
     EngineConfig,
     EngineEvent,
     EntryCanceled,
@@ -200,7 +201,8 @@ async def test_as12_a_send_while_another_is_in_preflight_is_queued() -> None:
     async with session_rig({"M": [X("for a"), X("for b")]}) as r:
         session = r.session()
         session.send("a")
-        session.send("b")
+        delivery = await session.send("b")
+        assert delivery.state is DeliveryState.QUEUED  # durable in the queue, told queued
         assert len(r.of(EntryQueued)) == 1
         await r.settle()
         assert causes(r) == ["send", "queue"]
@@ -304,7 +306,7 @@ async def test_as13_the_drain_claims_preparing_synchronously() -> None:
         session = r.session()
         session.enqueue("monitors finished", kind=EntryKind.WAKE, entry="W")
         assert session.phase is Phase.PREPARING
-        session.send("x")  # new input queues behind the dequeued entry
+        assert (await session.send("x")).state is DeliveryState.QUEUED  # behind the dequeued
         assert [e.kind for e in r.of(EntryQueued)] == ["wake", "user"]
         await r.settle()
         assert causes(r) == ["queue", "queue"]

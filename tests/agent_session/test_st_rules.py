@@ -26,6 +26,7 @@ from agent_session import (
     Continuation,
     ContinuationEnded,
     ContinuationOwed,
+    DeliveryState,
     EngineConfig,
     EngineEvent,
     EntryCanceled,
@@ -1196,7 +1197,8 @@ async def test_st8_r7_the_resume_claims_preparing_before_its_gates() -> None:
         s.send("start")
         await reach(held.reached)
         assert (s.phase, s.busy) == (Phase.PREPARING, True)
-        s.send("u", entry="u")  # the idle window is closed: u queues behind the resume
+        delivery = await s.send("u", entry="u")  # the idle window is closed: u queues
+        assert delivery.state is DeliveryState.QUEUED  # behind the resume, durably
         assert [e.entry for e in r.of(EntryQueued)][-1] == "u"
         assert [e.what for e in r.of(Persisted)].count("user-row") == 1  # only "start"'s
         held.release()

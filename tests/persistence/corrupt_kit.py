@@ -224,6 +224,12 @@ ROW_DAMAGES: dict[str, RowDamage] = {
     "body-nested-deep": _first_sql(f"body = CAST('{{\"deep\":{DEEP}}}' AS BLOB)"),
 }
 
+
+def _queued(values: str) -> Damage:
+    """A queued entry row of these raw values, written past every check (foreign keys off)."""
+    return sql(f"INSERT INTO queued_entries VALUES ({values})")
+
+
 OWED = "WHERE cut_state = 'owed'"
 CUT_ROW = "WHERE cut IS NOT NULL"
 
@@ -326,7 +332,13 @@ CASES: dict[str, Case] = {
         sql("UPDATE schema_version SET version = 1"), 4, ("of a later version exists",)
     ),
     "schema-version-older-truly": Case(
-        sql("UPDATE schema_version SET version = 1", "DROP TABLE operations", "DROP TABLE handles"),
+        sql(
+            "UPDATE schema_version SET version = 1",
+            "DROP TABLE operations",
+            "DROP TABLE handles",
+            "DROP TABLE queued_entries",
+            "DROP TABLE queue_versions",
+        ),
         2,
         ("needs migrating",),
     ),
@@ -337,6 +349,31 @@ CASES: dict[str, Case] = {
     "table-history-dropped": Case(sql("DROP TABLE history_rows"), 4, ("history_rows",)),
     "table-sessions-dropped": Case(sql("DROP TABLE sessions"), 4, ("sessions",)),
     "index-dropped": Case(sql("DROP INDEX history_rows_cut_state"), 0),
+    "table-queued-dropped": Case(sql("DROP TABLE queued_entries"), 4, ("queued_entries",)),
+    # The durable queue: a damaged stored entry is reported by key and field, never dropped.
+    "queued-kind-unknown": Case(
+        _queued("'dev', 'q9', 1, 'robot', x'7b7d'"), 4, ("queued_entries[dev/q9]", "$.kind")
+    ),
+    "queued-position-text": Case(
+        _queued("'dev', 'q9', 'one', 'user', x'7b7d'"), 4, ("queued_entries[dev/q9]", "$.position")
+    ),
+    "queued-body-text": Case(
+        _queued("'dev', 'q9', 1, 'wake', 'text'"), 4, ("queued_entries[dev/q9]", "$.body")
+    ),
+    "queued-body-not-utf8": Case(
+        _queued(f"'dev', 'q9', 1, 'wake', CAST({NOT_UTF8} AS TEXT)"), 4, ("$.body",)
+    ),
+    "queued-body-undecodable": Case(  # sound columns; the body is no entry (the engine's read)
+        _queued("'dev', 'q9', 1, 'user', x'7b7d'"), 4, ("queued_entries[dev/q9]", "$: Object")
+    ),
+    "queued-entry-id-blob": Case(
+        _queued("'dev', x'7139', 1, 'user', x'7b7d'"), 4, ("queued_entries[dev/b'q9']",)
+    ),
+    "queue-version-text": Case(
+        sql("INSERT OR REPLACE INTO queue_versions VALUES ('dev', 'three')"),
+        4,
+        ("queue_versions[dev]", "$.version"),
+    ),
     "page-2-zeroed": Case(zero_page(2), 4, ("damaged",)),
     "last-page-zeroed": Case(zero_page(None), 4, ("damaged",)),
     "header-zeroed": Case(zero_page(1), 2, ("not a SQLite database",)),

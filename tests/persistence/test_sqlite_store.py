@@ -25,6 +25,8 @@ from persistence import (
     NotATurnkeeperStore,
     OperationRecord,
     OpState,
+    QueuedEntryRecord,
+    QueueSnapshot,
     RowKind,
     SqliteStore,
     StaleOwner,
@@ -415,6 +417,40 @@ async def test_a_boundary_of_every_part_is_one_immediate_transaction(
         assert calls.statements[-2:] == ["RELEASE boundary", "COMMIT"]
         assert sum(s.startswith("INSERT INTO history_rows") for s in calls.statements) == 5
         assert [r.seq for r in await history(store)] == [2, 3, 4, 5, 6, 7]
+
+
+async def test_a_queue_boundary_is_one_call_in_a_savepoint_with_the_guard_first(
+    db_path: Path, calls: Calls
+) -> None:
+    await make_store_file(db_path)
+    first, second = (
+        QueuedEntryRecord(session="s1", entry_id=f"q{n}", position=n, kind="wake", body=b"{}")
+        for n in (3, 5)
+    )
+    async with SqliteStore(db_path) as store:
+        await commit(store, "s1", queue=QueueSnapshot(version=2, entries=(first,)))
+        await traced(store, calls)
+        queue = QueueSnapshot(version=3, entries=(first, second))
+        await commit(store, "s1", rows=[row(8)], queue=queue)
+        assert calls.hops == ["_run_batch"]
+        assert calls.statements[:2] == ["BEGIN IMMEDIATE", "SAVEPOINT boundary"]
+        assert [s.split(" ")[:3] for s in calls.statements[2:-2]] == [
+            ["INSERT", "INTO", "history_rows"],
+            ["INSERT", "INTO", "queue_versions"],  # the guard, first
+            ["DELETE", "FROM", "queued_entries"],
+            ["INSERT", "INTO", "queued_entries"],
+            ["INSERT", "INTO", "queued_entries"],
+        ]
+        assert calls.statements[-2:] == ["RELEASE boundary", "COMMIT"]
+        calls.reset()
+        stale = QueueSnapshot(version=3, entries=(second,))
+        await commit(store, "s1", queue=stale)
+        assert [s.split(" ")[:3] for s in calls.statements[2:-2]] == [
+            ["INSERT", "INTO", "queue_versions"]  # refused by its own WHERE: nothing else runs
+        ]
+        loaded = await store.load("s1")
+        assert loaded is not None
+        assert (loaded.queue, loaded.queue_version) == ((first, second), 3)
 
 
 async def test_a_refused_boundary_is_rolled_back(db_path: Path, calls: Calls) -> None:

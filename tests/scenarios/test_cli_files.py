@@ -182,8 +182,9 @@ def test_demo_replaces_a_store_an_older_demo_made(
     db = tmp_path / "demo.db"
     assert main(["demo", "--db", str(db), "--plain"]) == 0
     newest = len(_sqlite.migrations())
-    with closing(sqlite3.connect(db)) as conn, conn:  # as the code before migration 0004 left it
-        conn.execute("DROP TABLE handles")
+    with closing(sqlite3.connect(db)) as conn, conn:  # as the code before migration 0005 left it
+        conn.execute("DROP TABLE queued_entries")
+        conn.execute("DROP TABLE queue_versions")
         conn.execute("UPDATE schema_version SET version = ?", (newest - 1,))
     assert main(["demo", "--db", str(db), "--plain"]) == 0  # replaced, at the current version
     capsys.readouterr()

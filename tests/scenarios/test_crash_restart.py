@@ -111,7 +111,11 @@ def test_ps6_a_crash_scenario_resumes_the_owed_turn_in_the_next_engine(
     names = [line["event"] for line in lines]
     crash = names.index("crash")
     assert "persisted" not in names[crash + 1 : names.index("recovered")]  # the dead wrote nothing
-    assert not any(line.get("entry") == "wake" for line in lines[crash + 1 :])  # died with it
+    # its producer died with the process: dropped once durably off the queue (reason restart)
+    wake = [line for line in lines[crash + 1 :] if line.get("entry") == "wake"]
+    assert [(line["event"], line.get("reason")) for line in wake] == [("entry-canceled", "restart")]
+    dropped = lines.index(wake[0])
+    assert (lines[dropped - 1]["event"], lines[dropped - 1]["what"]) == ("persisted", "queue")
     assert code == run(tmp_path, CRASH_AT_CUT, *store)[0]
     assert raw == run(tmp_path, CRASH_AT_CUT, *store)[2]  # byte-identical on re-run
 

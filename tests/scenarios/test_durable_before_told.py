@@ -32,9 +32,12 @@ def trace_of(path: Path, tmp_path: Path, *store: str) -> list[dict[str, object]]
 def untold_before_durable(lines: list[dict[str, object]]) -> list[str]:
     """Every telling event whose previous line is not its commit, as ``seq event``."""
     found = []
+    retried = set()  # a startup retry's cut: no record stands for it, nothing to write first
     for before, line in zip([None, *lines], lines, strict=False):
+        if line["event"] == "recovered" and line["action"] == "retry":
+            retried.add(line["cut"])
         what = TOLD_AFTER.get(str(line["event"]))
-        if what is None:
+        if what is None or line.get("cut") in retried:
             continue
         durable = (
             before is not None

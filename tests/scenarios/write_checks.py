@@ -295,9 +295,14 @@ def told_before_durable(trace: Trace, writes: list[Write]) -> list[str]:
     durable = _Durable(writes)
     told_ops: Counter[str] = Counter()
     wrong: list[str] = []
+    retried: set[str] = set()  # startup retries' cuts: no record stands for them
     for at, line in positions(trace):
         event = line["event"]
         need: Fact | None = None
+        if event == "recovered" and line["action"] == "retry":
+            retried.add(line["cut"])
+        if line.get("cut") in retried:
+            continue
         if event == "owed":
             need = ("cut-owed", line["cut"], durable.cut_rows.get(line["cut"], "?"))
         elif event == "continuation-ended":

@@ -130,6 +130,8 @@ class Shell:
     problems: list[str] = field(default_factory=list)
     #: The next commit fails (nothing of it is written; its ``failed`` input is handled).
     fail_next: bool = False
+    #: Queue-only commits a synchronous input decided: the shell writes them in a task.
+    queue_writes: list[Commit] = field(default_factory=list)
 
     def perform(self, effects: list[Effect], *, sync: bool) -> None:
         for effect in effects:
@@ -139,6 +141,9 @@ class Shell:
                 else:
                     self.perform(self.machine.handle(effect.input), sync=sync)
             elif isinstance(effect, Commit):
+                if sync and effect.boundary.queue is not None and not effect.boundary.rows:
+                    self.queue_writes.append(effect)  # the durable queue: written in a task
+                    continue
                 assert not sync, "a synchronous input committed (not through a flush)"
                 self.commit(effect)
             elif isinstance(effect, Reply):
@@ -364,6 +369,11 @@ class TurnMachineTest(RuleBasedStateMachine):
     def background_flush(self) -> None:
         self.shell.flush_due = False
         self.shell.flush()
+
+    @precondition(lambda self: self.shell.queue_writes)
+    @rule()
+    def background_queue_write(self) -> None:
+        self.shell.commit(self.shell.queue_writes.pop(0))
 
     @precondition(lambda self: self.shell.sweep_due)
     @rule()
