@@ -8,8 +8,8 @@ indeterminate, whatever startup recovery did with it (closed it, failed to, was 
 written through the store while the engine runs is seen at the next identical call, and a late
 end or the engine's own resolution never overwrites it. A damaged receipt row never lets a call
 through: it holds its target (or its whole session); a store the guard cannot read runs no
-call. A resumed turn after a restart that re-issues the call is refused at tool level, and
-the model is told why.
+call. A turn resumed or retried at startup after a crash that re-issues the call is refused
+at tool level, and the model is told why.
 """
 
 from __future__ import annotations
@@ -138,12 +138,22 @@ async def test_op9_after_a_restart_the_identical_call_is_blocked_or_warned_by_po
         assert not second.is_error
 
 
-@pytest.mark.parametrize("recover_at_start", [True, False])
-async def test_op9_a_receipt_a_crash_left_running_blocks_with_or_without_startup_recovery(
-    backend: Backend, recover_at_start: bool
+@pytest.mark.parametrize(
+    ("kind", "recover_at_start"),
+    # SQLite's startup scan does not report unanswered turns yet (main: SqliteStore has no
+    # ``tails``), so its startup retry is not here; a send after the crash is.
+    [("memory", True), ("memory", False), ("sqlite", False)],
+)
+async def test_op9_a_call_a_crash_left_running_is_not_re_run_by_the_startup_retry_or_a_send(
+    tmp_path: Path, kind: str, recover_at_start: bool
 ) -> None:
+    memory = MemoryStore()
+
+    def store() -> Store:
+        return memory if kind == "memory" else SqliteStore(tmp_path / "ops.db")
+
     async with op_rig(
-        {"M": [step(odd("a", HUNG, path="/etc/x"))]}, tools=[OpTool("a")], store=backend.make()
+        {"M": [step(odd("a", HUNG, path="/etc/x"))]}, tools=[OpTool("a")], store=store()
     ) as r:
         r.session().send("write /etc/x")
         await r.run_until(1.0)
@@ -153,14 +163,24 @@ async def test_op9_a_receipt_a_crash_left_running_blocks_with_or_without_startup
     a2 = OpTool("a")
     config = msgspec.structs.replace(CONFIG, recover_at_start=recover_at_start)
     async with op_rig(
-        _again(), tools=[a2], store=backend.make(), config=config, clock=VirtualClock(LATER)
+        _again(),
+        tools=[a2],
+        store=store(),
+        config=config,
+        clock=VirtualClock(LATER),
+        sessions=() if recover_at_start else (("s1", "M"),),
     ) as r2:
-        left = await r2.receipt(A1)  # the operation closes stale receipts either way (OP-7)
+        left = await r2.receipt(A1)  # stale receipts are closed either way (OP-7)
         assert (left.state, left.outcome_code) == (OpState.INDETERMINATE, "process_restart")
-        r2.session().send("again")
+        if not recover_at_start:
+            r2.session().send("again")  # nothing retries the turn: the user asks again
         await r2.settle()
+        (start,) = r2.of(StreamStarted)
+        assert (start.stream, start.cause) == ("s1/2", "recovery" if recover_at_start else "send")
         assert (await r2.receipt(AGAIN)).blocked_by == A1
         assert [dict(c.args) for c in a2.calls] == [{"path": "/etc/y"}]
+        first, _ = last_results(r2.scripted())  # the model is told why, as the call's result
+        assert first.output == {"error": "blocked_by_indeterminate", "blocked_by": A1}
 
 
 async def test_op9_a_receipt_of_a_session_no_engine_opened_blocks_when_it_is_opened(
