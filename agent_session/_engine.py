@@ -11,15 +11,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import anyio
 import anyio.abc
 import msgspec
 
 from agent_session._admission import Admission, GoalBoard, Goals, WorkspaceBoard, Workspaces
+from agent_session._continuation import EndedHow
 from agent_session._delegation import Delegation, Delegations, final_report
-from agent_session._events import EngineEvent, Recovered, ResumeAttempted, RetryAbandoned
+from agent_session._events import (
+    ContinuationEnded,
+    EngineEvent,
+    Recovered,
+    ResumeAttempted,
+    RetryAbandoned,
+)
 from agent_session._owners import Owners, TurnOwner
 from agent_session._queue_keeper import QueueKeeper, RebuiltQueue, rebuild
 from agent_session._recovery import Abandon, NoRetry, plan_recovery, plan_retry, steps_done
@@ -37,6 +44,7 @@ from persistence import (
     HistoryRow,
     OperationRecord,
     OpState,
+    RecoverableCut,
     Resolution,
     RowKind,
     SessionLoad,
@@ -312,9 +320,40 @@ class Engine:
             log.error("recovery of session %s abandoned: %s", clip(session_id), clip(problem, 2000))
             self._emit(RetryAbandoned(session=session_id, why=problem))  # R61: never as absent
             self._emit(Recovered(session=session_id, action="abandon", why=problem))
-        resumed: list[AgentSession] = []
-        voids: list[tuple[str, str, CutState]] = []
+        voids: list[_Void] = []
+        superseded: set[str] = set()  # a user row answered nothing yet: the retry's, next
         told: list[Recovered | RetryAbandoned] = []  # told once the voids they decided are durable
+        resumed = self._plan_cuts(cuts, told, voids, superseded)
+        if self.config.auto_retry:
+            resumed += await self._plan_retries(scan.tails, only, told)
+        unwritten = await self._commit_plans(voids)
+        for event in told:
+            own = isinstance(event, RetryAbandoned) or event.action != "abandon" or event.cut
+            if own or event.session not in unwritten:
+                self._emit(event)  # an abandon is its write: untold when that failed
+        superseded -= unwritten
+        if superseded and self.config.auto_retry:  # its user row is the tail now (PS-4)
+            again = await self.store.scan_recoverable()
+            retried: list[Recovered | RetryAbandoned] = []
+            tails = tuple(t for t in again.tails if t.session.id in superseded)
+            resumed += await self._plan_retries(tails, only, retried)
+            for event in retried:
+                self._emit(event)
+        await self._recover_queues(scan.queued, only)
+        if resumed:
+            held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
+            self._spawn(lambda: self._start_recovered(resumed, held))
+        return len(resumed)
+
+    def _plan_cuts(
+        self,
+        cuts: list[RecoverableCut],
+        told: list[Recovered | RetryAbandoned],
+        voids: list[_Void],
+        superseded: set[str],
+    ) -> list[AgentSession]:
+        """PS-6: each owed cut is resumed or abandoned (what to write and tell is collected)."""
+        resumed: list[AgentSession] = []
         for found in cuts:
             sid = found.session.id
             if sid in self._sessions:
@@ -325,12 +364,17 @@ class Engine:
                 if plan.gives_up:
                     told.append(RetryAbandoned(session=sid, why=plan.why))
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
+                live = found.row.row_id
                 voids.extend(
-                    (sid, rid, plan.state if rid == found.row.row_id else CutState.VOIDED)
+                    _Void(sid, rid, CutState.VOIDED)
+                    if rid != live
+                    else _Void(sid, rid, plan.state, found.row.stream, plan.why)
                     for rid in plan.void
                 )
+                if plan.state is CutState.WITHDRAWN:
+                    superseded.add(sid)
                 continue
-            voids.extend((sid, rid, CutState.VOIDED) for rid in plan.stale)
+            voids.extend(_Void(sid, rid, CutState.VOIDED) for rid in plan.stale)
             session = self._make_session(
                 found.session,
                 next_seq=found.last_seq + 1,
@@ -342,18 +386,7 @@ class Engine:
             session.knows_abandon(stored=True, anchor=None)  # not read here: cleared to be sure
             session.adopt_owed(plan.marker, plan.row_id)
             resumed.append(session)
-        if self.config.auto_retry:
-            resumed += await self._plan_retries(scan.tails, only, told)
-        unwritten = await self._commit_plans(voids)
-        for event in told:
-            own = isinstance(event, RetryAbandoned) or event.action != "abandon" or event.cut
-            if own or event.session not in unwritten:
-                self._emit(event)  # an abandon is its write: untold when that failed
-        await self._recover_queues(scan.queued, only)
-        if resumed:
-            held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
-            self._spawn(lambda: self._start_recovered(resumed, held))
-        return len(resumed)
+        return resumed
 
     async def _plan_retries(
         self,
@@ -487,27 +520,35 @@ class Engine:
             return None
         return None if loaded is None else final_report(handle, loaded)
 
-    async def _commit_plans(self, voids: list[tuple[str, str, CutState]]) -> set[str]:
+    async def _commit_plans(self, voids: list[_Void]) -> set[str]:
         """Write the record changes the plans decided, one boundary per session.
 
+        Each is told ``persisted cut-void`` once durable; a live continuation the plan ended is
+        then told ``continuation-ended`` (withdrawn, voided), as the live engine tells it.
         Returns the sessions whose write failed (logged; the next startup plans them again).
         """
-        by_session: dict[str, list[CutStateChange]] = {}
-        for sid, row_id, state in voids:
-            by_session.setdefault(sid, []).append(CutStateChange(row_id=row_id, state=state))
+        by_session: dict[str, list[_Void]] = {}
+        for void in voids:
+            by_session.setdefault(void.session, []).append(void)
         unwritten: set[str] = set()
-        for sid, changes in by_session.items():
+        for sid, mine in by_session.items():
+            changes = tuple(CutStateChange(row_id=v.row_id, state=v.state) for v in mine)
             try:
-                boundary = Boundary(cut_states=tuple(changes))
-                await self._writer.write(sid, boundary)
+                await self._writer.write(sid, Boundary(cut_states=changes))
             except (TurnkeeperError, OSError) as error:
                 log.error(
                     "recovery of session %s: its records were not written: %s", clip(sid), error
                 )
                 unwritten.add(sid)
                 continue
-            for change in changes:
-                self._emit(Persisted(session=sid, what="cut-void", id=change.row_id))
+            for void in mine:
+                self._emit(Persisted(session=sid, what="cut-void", id=void.row_id))
+                if void.cut is not None:
+                    how = (
+                        EndedHow.WITHDRAWN if void.state is CutState.WITHDRAWN else EndedHow.VOIDED
+                    )
+                    ended = ContinuationEnded(session=sid, cut=void.cut, how=how, why=void.why)
+                    self._emit(ended)
         return unwritten
 
     async def _start_recovered(
@@ -782,6 +823,16 @@ class Engine:
             await anyio.lowlevel.checkpoint()
             if all(s.settled for s in self._sessions.values()):
                 return
+
+
+class _Void(NamedTuple):
+    """A cut record recovery ends: the live one names its cut, to tell its ending."""
+
+    session: str
+    row_id: str
+    state: CutState
+    cut: str | None = None
+    why: str = ""
 
 
 def _stream_number(stream: str) -> int:

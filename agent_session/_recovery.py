@@ -165,8 +165,8 @@ def plan_recovery(
     if superseded:
         assert follower is not None
         return Abandon(
-            f"the cut on {name} was superseded by {clip(follower.row_id)} (R35); answering "
-            "that row is startup retry's (PS-4), which this engine does not do",
+            f"the cut on {name} was superseded by {clip(follower.row_id)} (R35); the startup "
+            "retry answers that row (PS-4)",
             everything,
             CutState.WITHDRAWN,
         )

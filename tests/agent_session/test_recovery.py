@@ -267,16 +267,24 @@ async def test_ps6_r35_a_cut_superseded_by_a_durable_row_is_withdrawn_not_resume
     store: Store, body: bytes
 ) -> None:
     # R35: the durable row did not continue the cut turn, so it superseded it; answering that
-    # row is the startup retry's (PS-4, not built), never the cut turn's resume.
+    # row is the startup retry's (PS-4), never the cut turn's resume: a fresh stream (nothing
+    # of the new turn was spent), its ending told after its void
     await seed(store, record=correlated(remaining=4))
     await follow(store, body)
-    async with session_rig({"M": []}, store=store, sessions=()) as r:
+    async with session_rig({"M": [X("answered")]}, store=store, sessions=()) as r:
         await r.settle()
-        (event,) = r.of(Recovered)
+        (event, retry) = r.of(Recovered)
         assert event.action == "abandon"
         assert "R35" in event.why
         assert "s1:r3" in event.why
-        assert r.of(StreamStarted) == []
+        assert retry.action == "retry"
+        starts = [(s.cause, s.budget) for s in r.of(StreamStarted)]
+        if b"report" in body:  # another turn's report: its handle is not active, refused (R57)
+            assert starts == []
+        else:
+            assert starts == [("recovery", 8)]
+        [ended] = [e for e in r.of(ContinuationEnded) if e.cut == "s1/1"]
+        assert ended.how == "withdrawn"
         assert await store_kit.owed(r.store) == []
         (stored,) = [h for h in await r.history() if h.cut is not None]
         assert stored.cut is not None
