@@ -495,10 +495,10 @@ class TurnMachine:
     def _enqueue(self, message: NewMessage, key: str | None) -> list[Effect]:
         """Add ``message`` to the queue; the add (or its refusal) is the reply.
 
-        Decide, persist, tell: on a busy session the queue's new state is committed, then
-        ``queued`` is told; until then the drain waits (``keeper.enqueues``: the session counts
-        as busy, so a later send queues behind it), and an entry is never dequeued before it
-        was told queued. A failed write leaves the message queued in memory (it runs; a crash
+        Decide, persist, tell: on a busy session a user-authored add commits the queue's new
+        state, then ``queued`` is told; until then the drain waits (``keeper.enqueues``: the
+        session counts as busy, so a later send queues behind it), and an entry is never
+        dequeued before it was told queued. A failed write leaves the message queued in memory (it runs; a crash
         before it does loses it): ``queued`` is told all the same. On an idle session the
         entry is dispatched at once (``Queued``), so nothing is written for it here: like a
         direct send, it is durable once its row is.
@@ -518,7 +518,11 @@ class TurnMachine:
             mode=entry.mode,
             into=outcome.into,
         )
-        if not self.busy:  # dispatched at once: durable with its row
+        if not self.busy or (not entry.user_authored and not self.keeper.enqueues):
+            # idle: dispatched at once, durable with its row. Agent-initiated: its producer
+            # lives in this process, so it is not worth a write of its own (it rides in the
+            # next change's snapshot, if any; a restart drops it: docs/session.md), unless a
+            # user's add is being written: then it is told after it, in queue order
             return [Reply(outcome), Emit(queued)]
         self.keeper.enqueues += 1
         persisted = Persisted(session=self.id, what="queue", id=outcome.message_id)
@@ -1055,15 +1059,22 @@ class TurnMachine:
         return []
 
     def synthetic_abort(self, reason: AbortReason) -> list[Effect]:
-        """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume."""
+        """AS-21, R19: a hard stop with no stream withdraws a PREPARING resume.
+
+        PS-8: a user's stop marks the turn it stopped ``aborted`` (a startup never retries it);
+        a ``system`` or ``startup`` one marks nothing.
+        """
         if reason is AbortReason.QUEUED_MESSAGE:
             return []
         self._soft_stop = False
         self._active_tools.clear()
+        marks: list[Effect] = []
+        if reason is AbortReason.USER and self.anchor is not None and self.phase is not Phase.IDLE:
+            marks = self._abandoned("aborted")
         if self.phase is Phase.PREPARING and self._resume_armed:
             why = f"{reason} stop before the resume started"
-            return [*self._end(EndedHow.WITHDRAWN, why), _FLUSH]
-        return []
+            return [*marks, *self._end(EndedHow.WITHDRAWN, why), _FLUSH]
+        return marks
 
     def queued_stop(self, report: QueuedStopReport) -> None:
         """ST-2, R1: the cut is owed a continuation, recorded synchronously in the report.

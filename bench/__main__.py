@@ -21,6 +21,7 @@ BENCHMARKS = (
     "many_sessions",
     "recovery",
     "delegation",
+    "queue_durable",
     "memory",
     "models",
 )

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from persistence._errors import StaleOwner, UsageError
-from persistence._text import clip
+from persistence._text import NotUtf8, clip
 from persistence.records import (
+    MAX_ABANDON_REASON_BYTES,
     MAX_HANDLE_BYTES,
     MAX_QUEUED_BYTES,
     MAX_SEQ,
@@ -25,7 +26,13 @@ from persistence.records import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from persistence.records import Boundary, HistoryRow, QueueSnapshot, SessionRecord
+    from persistence.records import (
+        AbandonMarker,
+        Boundary,
+        HistoryRow,
+        QueueSnapshot,
+        SessionRecord,
+    )
 
 
 def row_key(session: str, row_id: str) -> str:
@@ -70,6 +77,56 @@ def check_boundary(session: str, boundary: Boundary) -> None:
         check_handles(boundary.handles)
     if boundary.queue is not None:
         check_queue(session, boundary.queue)
+    check_abandon(boundary.abandon)
+
+
+def check_abandon(marker: AbandonMarker | None) -> None:
+    """Refuse an abandon marker a reader would call damaged (:func:`abandon_problem`).
+
+    Raises:
+        UsageError: Naming the field and what is wrong; nothing is written.
+    """
+    if marker is None:
+        return
+    problem = abandon_problem(marker.reason, marker.user_row)
+    if problem is not None:
+        raise UsageError(f"Boundary.abandon: {problem}; nothing was written")
+
+
+def abandon_problem(reason: object, user_row: object) -> str | None:
+    """What a reader would call damaged in an abandon marker (naming the field), or ``None``.
+
+    The reason is non-empty text of at most ``MAX_ABANDON_REASON_BYTES`` in UTF-8; the user
+    row is text or unset.
+    """
+    if type(reason) is not str:
+        return f"$.reason: {_type_name(reason)}, not text"
+    if not reason:
+        return "$.reason: empty (a marker says why its turn was given up)"
+    try:
+        size = len(reason.encode())
+    except UnicodeEncodeError:
+        return "$.reason: not encodable as UTF-8"
+    if size > MAX_ABANDON_REASON_BYTES:
+        return f"$.reason: {size:,} bytes, more than {MAX_ABANDON_REASON_BYTES:,}"
+    if user_row is not None and type(user_row) is not str:
+        return f"$.user_row: {_type_name(user_row)}, not text"
+    if user_row is not None and not _utf8(user_row):
+        return "$.user_row: not encodable as UTF-8"
+    return None
+
+
+def _type_name(value: object) -> str:
+    """A value's type as a damage message names it (stored text that is not UTF-8 says so)."""
+    return repr(value) if isinstance(value, NotUtf8) else type(value).__name__
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 #: The kinds a queued entry may have (``message_queue.EntryKind``'s values).

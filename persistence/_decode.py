@@ -11,7 +11,7 @@ long value cut (``clip``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -24,6 +24,7 @@ from persistence.records import (
     MAX_RECEIPT_BYTES,
     MAX_RECORD_BYTES,
     MAX_SEQ,
+    AbandonMarker,
     Capability,
     CutRecord,
     CutState,
@@ -37,6 +38,7 @@ from persistence.records import (
     RowKind,
     SessionLoad,
     SessionRecord,
+    SessionTail,
     ToolKind,
     TurnEnvelope,
 )
@@ -387,6 +389,24 @@ def decode_queue_version(values: Sequence[Any]) -> int:
     )
 
 
+#: Where abandon markers are kept (``docs/persistence.md``, "Abandon markers").
+ABANDON_TABLE = "abandon_markers"
+
+
+def decode_abandon(values: Sequence[Any]) -> AbandonMarker:
+    """A session's abandon marker from its ``(session, reason, user_row)`` columns.
+
+    Raises:
+        CorruptRecord: A column a commit would refuse (``_checks.abandon_problem``: a reason
+            that is empty, not text or too long, a user row that is not text), naming the field.
+    """
+    session, reason, user_row = values
+    problem = _checks.abandon_problem(reason, user_row)
+    if problem is None:
+        return AbandonMarker(reason=reason, user_row=user_row)
+    raise CorruptRecord(ABANDON_TABLE, clip(_name(session)), problem)
+
+
 def _queue(
     rows: Sequence[Sequence[Any]],
 ) -> tuple[list[QueuedEntryRecord], list[tuple[str, str, str]]]:
@@ -420,55 +440,120 @@ def decode_queue_query(
     return QueueQuery(records=tuple(records), versions=tuple(good), corrupt=tuple(corrupt))
 
 
-def recovery_scan(
-    owed: Sequence[Sequence[Any]],
-    trailing: Sequence[Sequence[Any]],
-    sessions: Sequence[Sequence[Any]],
-    streams: Sequence[Sequence[Any]],
-    queued: Sequence[Sequence[Any]] = (),
-) -> RecoveryScan:
-    """Decode the raw scan, by session: its owed rows, the rows after them, its record.
+class Scan(msgspec.Struct, frozen=True, kw_only=True):
+    """The raw startup scan (``_writes.scan_recoverable``), read in one transaction.
 
-    A session any of whose values fails validation is reported in ``corrupt`` (the first
-    problem found) and left out of ``cuts``. ``queued`` names the sessions holding a queued
-    entry (valid or damaged: recovery loads each, and ``load`` reports the damage).
+    For the sessions owing a cut: their owed rows, the rows after each one's last owed row,
+    their records and envelope stream ids. Every session holding a queued entry. For the
+    tails (sessions owing nothing whose history ends unanswered): their rows from the last
+    user row on, records, envelope stream ids, last envelopes (with whether a row names its
+    stream) and abandon markers. The queue versions of both.
+    """
+
+    owed: list[Any]
+    trailing: list[Any]
+    sessions: list[Any]
+    streams: list[Any]
+    queued: list[Any]
+    versions: list[Any]
+    tail_rows: list[Any]
+    tail_sessions: list[Any]
+    tail_streams: list[Any]
+    last_envelopes: list[Any]
+    abandon: list[Any]
+
+
+def _by_session(
+    raw: Sequence[Sequence[Any]], decode: Callable[[Sequence[Any]], T], corrupt: dict[str, str]
+) -> dict[str, list[T]]:
+    """Each session's decoded values (keyed by the first column); a failure goes to ``corrupt``."""
+    decoded: dict[str, list[T]] = {}
+    for values in raw:
+        name = str(values[0])
+        try:
+            value = decode(values)
+        except CorruptRecord as error:
+            corrupt.setdefault(name, str(error))
+            continue
+        decoded.setdefault(name, []).append(value)
+    return decoded
+
+
+def _stream_ids(streams: Sequence[Sequence[Any]]) -> dict[str, list[str]]:
+    ids: dict[str, list[str]] = {}
+    for name, stream in streams:
+        ids.setdefault(str(name), []).append(str(stream))
+    return ids
+
+
+def recovery_scan(raw: Scan) -> RecoveryScan:
+    """Decode the raw scan, by session: its owed rows or its tail, its record and the rest.
+
+    A session any of whose values fails validation (its owed or later rows, its tail's rows,
+    its record, its queue version, its last envelope, its abandon marker) is reported in
+    ``corrupt`` (the first problem found) and left out of ``cuts`` and ``tails``: nothing of
+    it is read as absent. ``queued`` names the sessions holding a queued entry (valid or
+    damaged: recovery loads each, and ``load`` reports the damage).
     """
     corrupt: dict[str, str] = {}
-    decoded: dict[str, dict[str, list[HistoryRow]]] = {"owed": {}, "after": {}}
-    for part, raw in (("owed", owed), ("after", trailing)):
-        for values in raw:
-            name = str(values[0])
-            try:
-                decoded[part].setdefault(name, []).append(decode_row(values))
-            except CorruptRecord as error:
-                corrupt.setdefault(name, str(error))
-    records: dict[str, SessionRecord] = {}
-    for values in sessions:
-        try:
-            records[str(values[0])] = decode_session(values)
-        except CorruptRecord as error:
-            corrupt.setdefault(str(values[0]), str(error))
-    for name in decoded["owed"]:
+    owed = _by_session(raw.owed, decode_row, corrupt)
+    after = _by_session(raw.trailing, decode_row, corrupt)
+    tail_rows = _by_session(raw.tail_rows, decode_row, corrupt)
+    records = {
+        name: found[0]
+        for name, found in _by_session(
+            [*raw.sessions, *raw.tail_sessions], decode_session, corrupt
+        ).items()
+    }
+    versions = _by_session(raw.versions, lambda values: decode_queue_version(values), corrupt)
+    markers = _by_session(raw.abandon, decode_abandon, corrupt)
+    last = _by_session(
+        raw.last_envelopes, lambda values: (decode_envelope(values[:3]), bool(values[3])), corrupt
+    )
+    for name in (*owed, *tail_rows):
         if name not in records and name not in corrupt:
             corrupt[name] = str(
-                CorruptRecord("sessions", clip(name), "$: no session row for its owed cut")
+                CorruptRecord("sessions", clip(name), "$: no session row for its history")
             )
-    stream_ids: dict[str, list[str]] = {}
-    for name, stream in streams:
-        stream_ids.setdefault(str(name), []).append(str(stream))
+
+    def version(name: str) -> int:
+        return versions[name][0] if name in versions else 0
+
+    streams = _stream_ids(raw.streams)
     cuts = [
         RecoverableCut(
             session=records[name],
             owed=tuple(rows),
-            after=tuple(decoded["after"].get(name, ())),
-            streams=tuple(stream_ids.get(name, ())),
+            after=tuple(after.get(name, ())),
+            streams=tuple(streams.get(name, ())),
+            queue_version=version(name),
         )
-        for name, rows in decoded["owed"].items()
-        if name not in corrupt and name in records
+        for name, rows in owed.items()
+        if name not in corrupt
     ]
+    tail_streams = _stream_ids(raw.tail_streams)
+    tails = []
+    for name, rows in tail_rows.items():
+        if name in corrupt:
+            continue
+        envelope, ended = last[name][0] if name in last else (None, False)
+        marker = markers.get(name)
+        tails.append(
+            SessionTail(
+                session=records[name],
+                rows=tuple(rows),
+                last_seq=rows[-1].seq,
+                streams=tuple(tail_streams.get(name, ())),
+                envelope=envelope,
+                envelope_ended=ended,
+                queue_version=version(name),
+                abandon=marker[0] if marker else None,
+            )
+        )
     return RecoveryScan(
         cuts=tuple(cuts),
-        queued=tuple(_name(values[0]) for values in queued),
+        queued=tuple(_name(values[0]) for values in raw.queued),
+        tails=tuple(tails),
         corrupt=tuple(sorted(corrupt.items())),
     )
 
@@ -479,6 +564,7 @@ def decode_load(
     envelopes: Sequence[Sequence[Any]],
     queued: Sequence[Sequence[Any]] = (),
     version: Sequence[Sequence[Any]] = (),
+    abandon: Sequence[Sequence[Any]] = (),
 ) -> SessionLoad | None:
     """Build a session's load from its raw rows; ``None`` when there is no session row.
 
@@ -488,8 +574,9 @@ def decode_load(
 
     Raises:
         CorruptRecord: The session, a row's columns, a cut record that may be owed, an
-            envelope or the queue version fails validation (the next snapshot's version is
-            counted from it: one read as 0 would be skipped for ever).
+            envelope, the queue version (the next snapshot's version is counted from it: one
+            read as 0 would be skipped for ever) or the abandon marker (never read as "no
+            marker": a turn given up would be retried) fails validation.
     """
     if not session:
         return None
@@ -510,4 +597,5 @@ def decode_load(
         queue=tuple(entries),
         queue_version=decode_queue_version(version[0]) if version else 0,
         queue_corrupt=tuple((entry_id, detail) for _, entry_id, detail in damaged),
+        abandon=decode_abandon(abandon[0]) if abandon else None,
     )

@@ -649,6 +649,8 @@ class SqliteStore:
             boundary.create is None
             and boundary.envelope is None
             and boundary.queue is None
+            and boundary.abandon is None
+            and not boundary.clear_abandon
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts only, the most frequent boundary (two per tool step): its own short path
             _checks.check_receipts(session, boundary.operations)
@@ -706,7 +708,7 @@ class SqliteStore:
         out; nothing is written. ``queued`` names every session holding a queued entry, read
         in the same call (through the primary key's index).
         """
-        return recovery_scan(*await self._read(_writes.scan_recoverable))
+        return recovery_scan(await self._read(_writes.scan_recoverable))
 
     async def receipts(
         self,

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from persistence import _checks
-from persistence._decode import decode_session
+from persistence._decode import Scan, decode_session
 from persistence._errors import CorruptRecord, UsageError
 from persistence.records import (
     Boundary,
@@ -91,6 +91,13 @@ PUT_QUEUED = (
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session, entry_id) DO UPDATE SET "
     "position = excluded.position, kind = excluded.kind, body = excluded.body"
 )
+#: A session's abandon marker, replacing any (the foreign key refuses an unknown session).
+PUT_ABANDON = (
+    "INSERT INTO abandon_markers (session, reason, user_row) VALUES (?, ?, ?) "
+    "ON CONFLICT (session) DO UPDATE SET reason = excluded.reason, user_row = excluded.user_row"
+)
+DROP_ABANDON = "DELETE FROM abandon_markers WHERE session = ?"
+SELECT_SESSION_ID = "SELECT 1 FROM sessions WHERE id = ?"
 #: The end of a receipt's bytes when nobody resolved it: the fields migration 0003 added, all
 #: unset. Left off, so such a receipt keeps the bytes it always had (they decode to the
 #: defaults); the hottest write stays as short as it was.
@@ -181,6 +188,10 @@ class _Plan(msgspec.Struct, frozen=True):
     operations: list[tuple[object, ...]]
     handles: list[tuple[object, ...]]
     queue: _Queue | None
+    #: The abandon marker's upsert parameters (``PUT_ABANDON``), when the boundary stores one.
+    abandon: tuple[str, str, str | None] | None = None
+    #: Remove the session's abandon marker (only when none is stored in its place).
+    clear_abandon: bool = False
 
     @property
     def statements(self) -> int:
@@ -194,6 +205,7 @@ class _Plan(msgspec.Struct, frozen=True):
             + min(len(self.operations), 1)
             + min(len(self.handles), 1)
             + (0 if self.queue is None else 3)  # never bare: several statements
+            + (self.abandon is not None or self.clear_abandon)
         )
 
 
@@ -225,6 +237,8 @@ def commit(
         and not boundary.operations
         and not boundary.handles
         and boundary.queue is None
+        and boundary.abandon is None
+        and not boundary.clear_abandon
     ):
         # The hottest boundaries are one statement (a row, an envelope, a record's state):
         # their jobs skip the plan and run ``_apply``'s statements (``_insert``, ...) alone.
@@ -237,9 +251,17 @@ def commit(
         if envelope is not None and not rows and not cuts:
             params = (session, envelope.stream, _ENCODE(envelope))
             return partial(_put_envelope, store, owner, session, params)
-    queue = boundary.queue
+    queue, abandon = boundary.queue, boundary.abandon
     if not (
-        boundary.create or boundary.delete or rows or cuts or envelope or boundary.handles or queue
+        boundary.create
+        or boundary.delete
+        or rows
+        or cuts
+        or envelope
+        or boundary.handles
+        or queue
+        or abandon
+        or boundary.clear_abandon
     ):
         return receipts(session, boundary.operations, store, owner)
     plan = _Plan(
@@ -254,6 +276,8 @@ def commit(
         operations=[operation_params(record) for record in boundary.operations],
         handles=[handle_params(record) for record in boundary.handles],
         queue=None if queue is None else queue_plan(queue),
+        abandon=None if abandon is None else (session, abandon.reason, abandon.user_row),
+        clear_abandon=boundary.clear_abandon and abandon is None,
     )
     statements = plan.statements
     if statements == 0:
@@ -369,7 +393,28 @@ def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
         db.executemany(PUT_HANDLE, plan.handles)
     if plan.queue is not None:
         _replace_queue(db, plan.session, plan.queue)
+    if plan.abandon is not None or plan.clear_abandon:
+        _abandon(db, plan.session, plan.abandon)
     return deleted
+
+
+def _abandon(
+    db: sqlite3.Connection, session: str, marker: tuple[str, str, str | None] | None
+) -> None:
+    """Store the session's abandon marker (replacing any), or remove it when ``marker`` is unset.
+
+    Raises:
+        UsageError: The session does not exist (nothing of the boundary is written).
+    """
+    if marker is not None:
+        try:
+            db.execute(PUT_ABANDON, marker)
+        except sqlite3.IntegrityError:
+            raise _checks.unknown_session(session) from None
+        return
+    cleared = db.execute(DROP_ABANDON, (session,)).rowcount
+    if not cleared and db.execute(SELECT_SESSION_ID, (session,)).fetchone() is None:
+        raise _checks.unknown_session(session)
 
 
 def _replace_queue(db: sqlite3.Connection, session: str, queue: _Queue) -> None:
@@ -477,14 +522,15 @@ SELECT_QUEUED = f"{_QUEUED_COLUMNS} WHERE session = ? ORDER BY position, entry_i
 SELECT_ALL_QUEUED = f"{_QUEUED_COLUMNS} ORDER BY session, position, entry_id"
 SELECT_QUEUE_VERSION = "SELECT session, version FROM queue_versions WHERE session = ?"
 SELECT_QUEUE_VERSIONS = "SELECT session, version FROM queue_versions ORDER BY session"
+SELECT_ABANDON = "SELECT session, reason, user_row FROM abandon_markers WHERE session = ?"
 
 #: The raw load: the session row (none or one), its history rows, its envelopes, its queued
-#: entries and its queue version (none or one).
-Load = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
+#: entries, its queue version (none or one) and its abandon marker (none or one).
+Load = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]
 
 
 def load(session: str, *, envelopes: bool = True) -> Job[Load]:
-    """A session's record, rows, (when asked for) envelopes and queue, read in one snapshot."""
+    """A session's record, rows, (when asked for) envelopes, queue and abandon marker, at once."""
     return partial(_load, session, envelopes)
 
 
@@ -495,6 +541,7 @@ def _load(session: str, envelopes: bool, db: sqlite3.Connection) -> Load:
         db.execute(SELECT_ENVELOPES, (session,)).fetchall() if envelopes else [],
         db.execute(SELECT_QUEUED, (session,)).fetchall(),
         db.execute(SELECT_QUEUE_VERSION, (session,)).fetchall(),
+        db.execute(SELECT_ABANDON, (session,)).fetchall(),
     )
 
 
@@ -519,12 +566,6 @@ def _queued(session: str | None, db: sqlite3.Connection) -> Queued:
     )
 
 
-#: The raw startup scan: owed rows, rows after each session's last owed row, session records
-#: and envelope stream ids of those sessions, and the sessions holding queued entries (decoded
-#: by the store, on the loop).
-Scan = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
-
-
 def _live_cut_rows() -> str:
     """A CTE ``live(session, seq)``: rows whose ``cut_state`` is ``owed`` or no state at all.
 
@@ -539,10 +580,11 @@ def _live_cut_rows() -> str:
         terms = [f"cut_state > '{low}'" if low else "", f"cut_state < '{high}'" if high else ""]
         where = " AND ".join(term for term in terms if term)
         selects.append(f"SELECT session, seq FROM history_rows WHERE {where}")
-    return "WITH live(session, seq) AS (" + " UNION ALL ".join(selects) + ") "
+    return "live(session, seq) AS (" + " UNION ALL ".join(selects) + ")"
 
 
-_LIVE = _live_cut_rows()
+_LIVE_CTE = _live_cut_rows()
+_LIVE = f"WITH {_LIVE_CTE} "
 _COLUMNS = "h.session, h.seq, h.row_id, h.kind, h.stream, h.cut_state, h.cut, h.body"
 _LIVE_SESSIONS = "SELECT DISTINCT session FROM live"
 SCAN_OWED = (
@@ -563,13 +605,67 @@ SCAN_STREAMS = (
 #: Every session holding a queued entry, valid or damaged (through the primary key's index).
 SCAN_QUEUED = "SELECT DISTINCT session FROM queued_entries ORDER BY session"
 
+#: ``tail(session, start)``: every session that owes nothing (no ``live`` row) whose last row
+#: that is not a system row is not an assistant row (a user row, a sentinel, a partial row, or
+#: a damaged kind the decoding then reports; a session of system rows only is none), with the
+#: seq of its last user row (``NULL``: it has none). Backward seeks of the primary key's index
+#: (one per session, a second per tail); no session's history is read whole.
+_TAIL_CTE = (
+    "tail(session, start) AS MATERIALIZED (SELECT s.id, "
+    "(SELECT h.seq FROM history_rows h WHERE h.session = s.id AND h.kind = 'user' "
+    "ORDER BY h.seq DESC LIMIT 1) "
+    f"FROM sessions s WHERE s.id NOT IN ({_LIVE_SESSIONS}) "
+    "AND (SELECT h.kind FROM history_rows h WHERE h.session = s.id AND h.kind IS NOT 'system' "
+    "ORDER BY h.seq DESC LIMIT 1) NOT IN ('assistant'))"
+)
+#: The tails' rows: each session's rows from its last user row on (every row when none).
+SCAN_TAIL_ROWS = (
+    f"WITH {_LIVE_CTE}, {_TAIL_CTE} SELECT {_COLUMNS} FROM tail JOIN history_rows h "
+    "ON h.session = tail.session AND h.seq >= coalesce(tail.start, -9223372036854775808) "
+    "ORDER BY h.session, h.seq"
+)
+#: The sessions named by ``?`` (a JSON array of ids): the follow-up reads of the tails.
+_NAMED = "(SELECT value FROM json_each(?))"
+SCAN_TAIL_SESSIONS = f"SELECT id, record FROM sessions WHERE id IN {_NAMED}"
+SCAN_TAIL_STREAMS = (
+    f"SELECT session, stream FROM turn_envelopes WHERE session IN {_NAMED} ORDER BY rowid"
+)
+#: Each named session's last-written envelope, and whether a row names its stream (a
+#: backward seek: a stream that ended wrote its row near the end).
+SCAN_LAST_ENVELOPES = (
+    "SELECT e.session, e.stream, e.record, (SELECT 1 FROM history_rows h "
+    "WHERE h.session = e.session AND h.stream = e.stream ORDER BY h.seq DESC LIMIT 1) "
+    "FROM turn_envelopes e WHERE e.rowid IN (SELECT max(rowid) FROM turn_envelopes "
+    f"WHERE session IN {_NAMED} GROUP BY session)"
+)
+SCAN_VERSIONS = f"SELECT session, version FROM queue_versions WHERE session IN {_NAMED}"
+SCAN_ABANDON = f"SELECT session, reason, user_row FROM abandon_markers WHERE session IN {_NAMED}"
+
+
+def _named(*parts: list[Any]) -> str:
+    """The sessions of the raw rows ``parts`` (their first column), as a JSON array.
+
+    An id that is not text (damage) is left out: its rows fail their own decoding.
+    """
+    names = sorted({values[0] for part in parts for values in part if type(values[0]) is str})
+    return _ENCODE(names).decode()
+
 
 def scan_recoverable(db: sqlite3.Connection) -> Scan:
     """On the connection's thread: the startup scan (inside the caller's transaction)."""
-    return (
-        db.execute(SCAN_OWED).fetchall(),
-        db.execute(SCAN_TRAILING).fetchall(),
-        db.execute(SCAN_SESSIONS).fetchall(),
-        db.execute(SCAN_STREAMS).fetchall(),
-        db.execute(SCAN_QUEUED).fetchall(),
+    owed = db.execute(SCAN_OWED).fetchall()
+    tail_rows = db.execute(SCAN_TAIL_ROWS).fetchall()
+    tails, both = _named(tail_rows), _named(owed, tail_rows)
+    return Scan(
+        owed=owed,
+        trailing=db.execute(SCAN_TRAILING).fetchall(),
+        sessions=db.execute(SCAN_SESSIONS).fetchall(),
+        streams=db.execute(SCAN_STREAMS).fetchall(),
+        queued=db.execute(SCAN_QUEUED).fetchall(),
+        versions=db.execute(SCAN_VERSIONS, (both,)).fetchall(),
+        tail_rows=tail_rows,
+        tail_sessions=db.execute(SCAN_TAIL_SESSIONS, (tails,)).fetchall(),
+        tail_streams=db.execute(SCAN_TAIL_STREAMS, (tails,)).fetchall(),
+        last_envelopes=db.execute(SCAN_LAST_ENVELOPES, (tails,)).fetchall(),
+        abandon=db.execute(SCAN_ABANDON, (tails,)).fetchall(),
     )

@@ -167,8 +167,17 @@ class RecoverableCut(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return (self.after or self.owed)[-1].seq
 
 
+#: The largest abandon marker reason a store holds, in UTF-8 bytes (a longer one is refused
+#: when written and read back as damage).
+MAX_ABANDON_REASON_BYTES = 65_536
+
+
 class AbandonMarker(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A session's startup-abandon marker (PS-8): why its last turn must not be retried.
+
+    A store refuses one a reader would call damaged (``_checks.abandon_problem``): a reason
+    that is empty, not text or over :data:`MAX_ABANDON_REASON_BYTES`, a ``user_row`` that is
+    not text.
 
     Attributes:
         reason: Why the turn was given up: a non-retryable failure's type, or ``aborted``

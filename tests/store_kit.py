@@ -15,6 +15,7 @@ from persistence import Boundary, CutState, CutStateChange, MemoryStore
 
 if TYPE_CHECKING:
     from persistence import (
+        AbandonMarker,
         Committed,
         HandleRecord,
         HistoryRow,
@@ -45,6 +46,8 @@ async def commit(
     operations: Iterable[OperationRecord] = (),
     handles: Iterable[HandleRecord] = (),
     queue: QueueSnapshot | None = None,
+    abandon: AbandonMarker | None = None,
+    clear_abandon: bool = False,
 ) -> Committed:
     """One boundary of ``session``, committed as the store's current owner."""
     boundary = Boundary(
@@ -56,6 +59,8 @@ async def commit(
         operations=tuple(operations),
         handles=tuple(handles),
         queue=queue,
+        abandon=abandon,
+        clear_abandon=clear_abandon,
     )
     return await store.commit(session, boundary, owner=owner(store))
 

@@ -26,6 +26,7 @@ from agent_session.harness.console import PipeConsole
 from agent_session.harness.queued_view import print_queue, read_queue
 from agent_session.harness.redaction import redact
 from persistence import (
+    AbandonMarker,
     CorruptRecord,
     DamagedStore,
     HandleQuery,
@@ -310,6 +311,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     console.print(f"integrity (SQLite quick_check): {verdict}")
     names = ", ".join(clip(s["id"]) for s in report["sessions"])
     console.print(f"sessions: {names or 'none'}", markup=False)
+    _print_markers(console, report["sessions"])
     if report["owed"]:
         for item in report["owed"]:
             console.print(
@@ -336,7 +338,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         problems = [str(error)]
     for problem in problems:
         found.add("quick_check", problem)
-    sessions = await _sessions(store, session, found)
+    sessions, markers = await _sessions(store, session, found)
     try:
         scan = await store.scan_recoverable()
     except StoreError as error:
@@ -344,7 +346,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         scan = RecoveryScan()
     for sid, detail in scan.corrupt:
         if session in (None, sid):
-            found.add(f"skipped corrupt cut of session {redact(sid)}", detail)
+            found.add(f"skipped corrupt recovery of session {redact(sid)}", detail)
     for cut in scan.cuts:
         damage = damaged_cut(cut)
         if damage is not None and session in (None, cut.session.id):
@@ -361,7 +363,10 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
     owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
     return {
         "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
-        "sessions": [{"id": redact(s.id), "model": redact(s.model)} for s in sessions],
+        "sessions": [
+            {"id": redact(s.id), "model": redact(s.model), "abandon": _marker(markers.get(s.id))}
+            for s in sessions
+        ],
         "owed": [
             {
                 "session": redact(row.session),
@@ -425,10 +430,35 @@ def _print_handles(console: Console, handles: list[HandleRecord]) -> None:
             console.print(report, markup=False, soft_wrap=True)
 
 
+def _marker(marker: AbandonMarker | None) -> dict[str, str | None] | None:
+    """An abandon marker as ``inspect --json`` shows it (redacted), or ``None``."""
+    if marker is None:
+        return None
+    row = None if marker.user_row is None else redact(marker.user_row)
+    return {"reason": redact(marker.reason), "user_row": row}
+
+
+def _print_markers(console: Console, sessions: list[dict[str, Any]]) -> None:
+    """One line per abandon marker (PS-8): the session, the user row, why it was given up."""
+    marked = [(s["id"], s["abandon"]) for s in sessions if s["abandon"] is not None]
+    if not marked:
+        console.print("abandoned turns: none")
+        return
+    console.print(f"abandoned turns (not retried at startup): {len(marked)}")
+    for sid, marker in marked:  # redacted already
+        row = "" if marker["user_row"] is None else f" (user row {clip(marker['user_row'])})"
+        reason = clip(marker["reason"]).replace("\n", " ⏎ ")
+        console.print(f"  {clip(sid)}{row}: {reason}", markup=False, soft_wrap=True)
+
+
 async def _sessions(
     store: SqliteStore, session: str | None, found: _Findings
-) -> list[SessionRecord]:
-    """The sessions (every one, or ``session``), each read whole to find its damaged rows."""
+) -> tuple[list[SessionRecord], dict[str, AbandonMarker]]:
+    """The sessions (every one, or ``session``), each read whole to find its damaged rows.
+
+    With each session's abandon marker, by id (a damaged one fails its session's load and is
+    reported so).
+    """
     try:
         listed = await store.sessions()
     except StoreError as error:
@@ -438,6 +468,7 @@ async def _sessions(
         if session in (None, sid):
             found.add(f"skipped corrupt session {sid}", detail)
     sessions = [s for s in listed if session in (None, s.id)]
+    markers: dict[str, AbandonMarker] = {}
     for record in sessions:
         try:
             loaded = await store.load(record.id)
@@ -446,9 +477,11 @@ async def _sessions(
             continue
         if loaded is None:
             continue
+        if loaded.abandon is not None:
+            markers[record.id] = loaded.abandon
         for row_id, detail in loaded.corrupt:
             found.add(f"skipped corrupt cut record of {row_id}", detail)
         damaged = unreadable(loaded.rows)
         if damaged is not None:
             found.add(f"session {record.id} has an unreadable row", damaged)
-    return sessions
+    return sessions, markers

@@ -335,6 +335,7 @@ def engine_config(scenario: Scenario) -> EngineConfig:
         resume_attempt_cap=scenario.engine.resume_attempt_cap,
         tool_deadline_s=scenario.engine.tool_deadline_ms / 1000,
         cancel_grace_s=scenario.engine.cancel_grace_ms / 1000,
+        auto_retry=scenario.engine.auto_retry,
     )
 
 

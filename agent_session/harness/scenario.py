@@ -119,6 +119,8 @@ class EngineConfig(_Model):
     resume_attempt_cap: int = Field(3, ge=1)
     tool_deadline_ms: int = Field(60_000, gt=0)
     cancel_grace_ms: int = Field(5_000, ge=0)
+    #: PS-4: a turn a crash interrupted is retried when the next engine starts.
+    auto_retry: bool = True
 
 
 class ModelSpec(_Model):

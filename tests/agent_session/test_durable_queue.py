@@ -134,6 +134,27 @@ async def test_ps1_an_entry_queued_on_an_idle_session_writes_no_queue() -> None:
     assert [e.entry for e in r.of(EntryDequeued)] == ["w"]
 
 
+async def test_ps1_an_agent_initiated_entry_writes_nothing_of_its_own() -> None:
+    # its producer lives in this process: a wake queued and withdrawn on a busy session is
+    # never worth a write (the incident's resume path stays free of queue commits)
+    store = SpyStore()
+    gate = anyio.Event()
+    async with session_rig(
+        {"M": [T_("bash"), X("built")]}, tools=[held_tool(gate)], store=store
+    ) as r:
+        s = r.session()
+        s.send("build it")
+        while not r.tools["bash"].calls:
+            await anyio.lowlevel.checkpoint()
+        token = s.enqueue("tasks finished", kind=EntryKind.WAKE, entry="w", mode="turn-end")
+        assert [e.entry for e in r.of(EntryQueued)] == ["w"]  # told at once
+        token.cancel()
+        gate.set()
+        await r.settle()
+    assert [b for b in store.boundaries if b.queue is not None] == []
+    assert [(e.entry, e.reason) for e in r.of(EntryCanceled)] == [("w", "withdrawn")]
+
+
 async def test_ps1_a_cleared_queue_is_cleared_durably() -> None:
     store = SpyStore()
     gate = anyio.Event()
@@ -204,17 +225,21 @@ async def test_ps1_a_queue_write_that_fails_leaves_the_message_queued_in_memory_
 async def busy_with_queue(
     store: MemoryStore, *messages: NewMessage, sends: tuple[str, ...]
 ) -> None:
-    """An engine whose turn is held in a tool while ``sends`` and ``messages`` queue; it stops."""
+    """An engine whose turn is held in a tool while ``messages``, then ``sends`` queue; it stops.
+
+    An agent-initiated message commits nothing of its own: it is durable only because a user's
+    send after it commits the whole queue.
+    """
     gate = anyio.Event()
     async with session_rig({"M": [T_("bash")]}, tools=[held_tool(gate)], store=store) as r:
         s = r.session()
         s.send("build it")
         while not r.tools["bash"].calls:
             await anyio.lowlevel.checkpoint()
-        for text in sends:
-            assert (await s.send(text, mode="turn-end")).safe
         for message in messages:
             s.enqueue_message(message)
+        for text in sends:
+            assert (await s.send(text, mode="turn-end")).safe
         for _ in range(20):  # let their commits land
             await anyio.lowlevel.checkpoint()
     # leaving the rig shuts the engine down with the turn in flight

@@ -47,11 +47,11 @@ async def test_statistics_read_mid_turn_the_phase_the_queue_the_tools_and_the_ta
         await r.settle()
         after = r.session().statistics()
     [(during, described)] = seen
-    assert during == SessionStatistics(  # the turn's task, and the wake's queue commit
-        session="s1", phase=Phase.STREAMING, queued=("w9",), tools=1, tasks=2
+    assert during == SessionStatistics(
+        session="s1", phase=Phase.STREAMING, queued=("w9",), tools=1, tasks=1
     )
     assert (during.busy, during.settled) == (True, False)
-    assert described == "<AgentSession s1 streaming queue=1 tools=1 tasks=2>"
+    assert described == "<AgentSession s1 streaming queue=1 tools=1 tasks=1>"
     assert after == SessionStatistics(session="s1", phase=Phase.IDLE)  # nothing else is set
     assert (after.busy, after.settled) == (False, True)
 

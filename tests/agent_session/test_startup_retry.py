@@ -14,6 +14,8 @@ import pytest
 
 from agent_session import (
     EngineConfig,
+    Phase,
+    PhaseChanged,
     Recovered,
     RetryAbandoned,
 )
@@ -388,3 +390,34 @@ async def test_r61_a_malformed_steps_remaining_abandons_the_retry_and_is_left_as
         (after,) = conn.execute("SELECT cut FROM history_rows WHERE seq = 2").fetchone()
     conn.close()
     assert after == damaged  # left as it is, for a person
+
+
+async def test_r55_a_retry_whose_row_names_a_malformed_correlation_is_not_run(
+    store: Store,
+) -> None:
+    # the anchor row's correlation lacks its handle: never read as "no correlation" (R55)
+    bad = b'{"text":"go","correlation":{"owner_session":"lead","turn_id":"t"}}'
+    await left_behind(store, row(1, RowKind.USER, body=bad), envelope=envelope("s1/1", 7))
+    async with session_rig({"M": []}, store=store, sessions=(), config=CONFIG) as r:
+        await r.settle()
+    [abandoned] = r.of(RetryAbandoned)
+    assert "correlation" in abandoned.why
+    assert r.of(StreamStarted) == []
+
+
+async def test_ps8_as21_a_user_stop_while_preparing_marks_the_turn_aborted() -> None:
+    store = MemoryStore()
+    async with session_rig({"M": [X("never")]}, store=store) as r:
+        s = r.session()
+
+        def stop_when_written(event: object) -> None:
+            if isinstance(event, PhaseChanged) and event.to is Phase.PREPARING:
+                s.stop()  # accepted, no stream yet: a synthetic abort
+
+        r.on(stop_when_written)
+        s.send("build it")
+        await r.settle()
+    assert await marker_of(store) == AbandonMarker(reason="aborted", user_row="s1:r1")
+    async with session_rig({"M": []}, store=store, sessions=()) as again:
+        await again.settle()
+    assert again.of(StreamStarted) == []  # the user's Stop is never undone by a restart

@@ -105,6 +105,7 @@ def test_a_minimal_scenario_gets_the_defaults(here: Path) -> None:
         "resume_attempt_cap": 3,
         "tool_deadline_ms": 60_000,
         "cancel_grace_ms": 5_000,
+        "auto_retry": True,
     }
     assert s.limits.max_virtual_ms == 3_600_000
     assert (s.models, s.actions, s.expect) == ([], [], None)

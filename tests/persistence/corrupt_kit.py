@@ -230,6 +230,25 @@ def _queued(values: str) -> Damage:
     return sql(f"INSERT INTO queued_entries VALUES ({values})")
 
 
+def _abandon(session: str, reason: str, user_row: str = "NULL") -> Damage:
+    """An abandon marker of these raw values for ``session`` (its reason, its user row)."""
+    return sql(f"INSERT INTO abandon_markers VALUES ('{session}', {reason}, {user_row})")
+
+
+#: A session ``idle`` whose history ends on a user row: a startup-retry tail.
+_IDLE_TAIL = (
+    'INSERT INTO sessions VALUES (\'idle\', CAST(\'{"id":"idle","model":"m"}\' AS BLOB))',
+    "INSERT INTO history_rows VALUES "
+    "('idle', 1, 'idle:r1', 'user', NULL, NULL, NULL, CAST('{\"text\":\"hi\"}' AS BLOB))",
+)
+
+
+def _tail_abandon(reason: str, user_row: str = "'idle:r1'") -> Damage:
+    """The ``idle`` tail, its abandon marker of these raw values."""
+    marker = f"INSERT INTO abandon_markers VALUES ('idle', {reason}, {user_row})"
+    return sql(*_IDLE_TAIL, marker)
+
+
 OWED = "WHERE cut_state = 'owed'"
 CUT_ROW = "WHERE cut IS NOT NULL"
 
@@ -338,6 +357,7 @@ CASES: dict[str, Case] = {
             "DROP TABLE handles",
             "DROP TABLE queued_entries",
             "DROP TABLE queue_versions",
+            "DROP TABLE abandon_markers",
         ),
         2,
         ("needs migrating",),
@@ -373,6 +393,26 @@ CASES: dict[str, Case] = {
         sql("INSERT OR REPLACE INTO queue_versions VALUES ('dev', 'three')"),
         4,
         ("queue_versions[dev]", "$.version"),
+    ),
+    # Abandon markers (PS-8): a damaged one is reported by session and field, never read as
+    # "no marker". dev owes a cut (its load reports it); idle is a startup-retry tail (the
+    # scan reports it too, and its recovery is abandoned).
+    "abandon-reason-blob": Case(
+        _abandon("dev", "x'61626f72746564'"), 4, ("abandon_markers[dev]", "$.reason")
+    ),
+    "abandon-reason-empty": Case(_abandon("dev", "''"), 4, ("abandon_markers[dev]", "$.reason")),
+    "abandon-user-row-not-utf8": Case(
+        _abandon("dev", "'aborted'", f"CAST({NOT_UTF8} AS TEXT)"),
+        4,
+        ("abandon_markers[dev]", "$.user_row"),
+    ),
+    "abandon-tail-reason-blob": Case(
+        _tail_abandon("x'61626f72746564'"),
+        4,
+        ("skipped corrupt recovery of session idle", "abandon_markers[idle]: $.reason"),
+    ),
+    "abandon-tail-user-row-blob": Case(
+        _tail_abandon("'aborted'", "x'6964'"), 4, ("abandon_markers[idle]: $.user_row",)
     ),
     "page-2-zeroed": Case(zero_page(2), 4, ("damaged",)),
     "last-page-zeroed": Case(zero_page(None), 4, ("damaged",)),

@@ -57,6 +57,8 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
 UNSEEN_BY_RECOVERY = frozenset({"cut-state-disagrees", "cut-without-state"})
 #: Damages of what the owed session's recovery reads: it abandons it, naming the damage.
 RECOVERY_NEEDS = ("cut-", "session-")
+#: Damages of a startup-retry tail's abandon marker: that session's recovery is abandoned.
+TAIL_DAMAGE = "abandon-tail-"
 #: Damages of the history the resume streams from: that resume is given up, never forfeited.
 HISTORY_DAMAGE = ("body",)
 #: Seconds an engine start on a damaged store may take at most: far beyond any real start
@@ -154,6 +156,12 @@ def test_every_read_path_ends_cleanly_on_a_damaged_store(
         resumes = [e.outcome for e in events if isinstance(e, ResumeAttempted)]
         assert resumes == ["failed"], (name, events)
         assert not [e for e in events if isinstance(e, ContinuationEnded)], (name, events)
+    elif base == "owed" and name.startswith(TAIL_DAMAGE):
+        # The tail's damaged marker abandons its recovery (no retry); the owed cut resumes.
+        recovered = {e.session: e for e in events if isinstance(e, Recovered)}
+        assert (recovered["idle"].action, recovered["dev"].action) == ("abandon", "resume")
+        assert "abandon_markers[idle]" in recovered["idle"].why, recovered["idle"].why
+        assert not [e for e in events if isinstance(e, StreamStarted) and e.session == "idle"]
     elif base == "owed" and name.startswith(RECOVERY_NEEDS):
         assert actions == ["abandon"], (name, events)
         (told,) = [e for e in events if isinstance(e, Recovered)]
