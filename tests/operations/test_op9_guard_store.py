@@ -138,20 +138,11 @@ async def test_op9_after_a_restart_the_identical_call_is_blocked_or_warned_by_po
         assert not second.is_error
 
 
-@pytest.mark.parametrize(
-    ("kind", "recover_at_start"),
-    # SQLite's startup scan does not report unanswered turns yet (main: SqliteStore has no
-    # ``tails``), so its startup retry is not here; a send after the crash is.
-    [("memory", True), ("memory", False), ("sqlite", False)],
-)
+@pytest.mark.parametrize("recover_at_start", [True, False])
 async def test_op9_a_call_a_crash_left_running_is_not_re_run_by_the_startup_retry_or_a_send(
-    tmp_path: Path, kind: str, recover_at_start: bool
+    backend: Backend, recover_at_start: bool
 ) -> None:
-    memory = MemoryStore()
-
-    def store() -> Store:
-        return memory if kind == "memory" else SqliteStore(tmp_path / "ops.db")
-
+    store = backend.make
     async with op_rig(
         {"M": [step(odd("a", HUNG, path="/etc/x"))]}, tools=[OpTool("a")], store=store()
     ) as r:
