@@ -498,10 +498,11 @@ class TurnMachine:
         Decide, persist, tell: on a busy session a user-authored add commits the queue's new
         state, then ``queued`` is told; until then the drain waits (``keeper.enqueues``: the
         session counts as busy, so a later send queues behind it), and an entry is never
-        dequeued before it was told queued. A failed write leaves the message queued in memory (it runs; a crash
-        before it does loses it): ``queued`` is told all the same. On an idle session the
-        entry is dispatched at once (``Queued``), so nothing is written for it here: like a
-        direct send, it is durable once its row is.
+        dequeued before it was told queued. A failed write leaves the message queued in memory
+        (it runs; a crash before it does loses it): ``queued`` is told all the same. On an idle
+        session the entry is dispatched at once (``Queued``), so nothing is written for it
+        here: like a direct send, it is durable once its row is. An agent-initiated add writes
+        nothing of its own (below).
         """
         queue = self.queue
         if message.options is not None and message.options.extra:
