@@ -189,35 +189,31 @@ class Engine:
     async def _recover_operations(self) -> None:
         """OP-7: what a previous process left open is indeterminate (``process_restart``).
 
-        The stale receipts and their sessions' histories are read first; the plan
+        The stale receipts (``requested``, ``running``: ``Store.open_receipts``, in the store's
+        order) and their sessions' histories are read first; the plan
         (``agent_session._startup_receipts``) then closes each session's receipts in one write
         with a system row that tells its model what became of those calls
         (``docs/operations.md``: every call's fate reaches the model). Only the written
-        sessions' ``receipt`` events are told, in the store's order; indeterminate receipts
-        then feed the overlap guard (OP-9).
+        sessions' ``receipt`` events are told, in the store's order. Then the overlap guard
+        (OP-9) reads what the store has open: the closed receipts, and those whose close failed
+        (still open in the store: held all the same).
         """
-        runner = self.manager.operations
-        stale = await self.store.receipts(states=frozenset({OpState.REQUESTED, OpState.RUNNING}))
+        found = await self.store.open_receipts()  # the open-states index, not every receipt
+        stale = [r for r in found.records if r.state is not OpState.INDETERMINATE]
         now = self.clock.now()
-        histories = {
-            session: await self._restart_history(session) for session in sessions_of(stale.records)
-        }
-        plan = plan_startup_receipts(stale.records, histories, now)
+        histories = {sid: await self._restart_history(sid) for sid in sessions_of(stale)}
+        plan = plan_startup_receipts(stale, histories, now)
         written: set[str] = set()
         for write in plan.writes:
             try:
                 await self._writer.write(write.session, write.boundary)
-            except (TurnkeeperError, OSError) as error:  # still open in the store: held here
+            except (TurnkeeperError, OSError) as error:  # still open in the store: held
                 log.warning("receipts of %s not closed at startup: %s", clip(write.session), error)
-                for held in write.boundary.operations:
-                    runner.remember_indeterminate(held)
                 continue
             written.add(write.session)
         for event in plan.told(written):  # told in the store's order, once durable
             self._emit(event)
-        open_ones = await self.store.receipts(states=frozenset({OpState.INDETERMINATE}))
-        for record in open_ones.records:
-            runner.remember_indeterminate(record)
+        await self.manager.operations.load_guard()
 
     async def _restart_history(self, session: str) -> tuple[HistoryRow, ...] | None:
         """``session``'s rows, where the restart note goes after them.

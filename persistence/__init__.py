@@ -27,6 +27,7 @@ from persistence._errors import (
 )
 from persistence._logging import quiet_aiosqlite
 from persistence._memory import MemoryStore
+from persistence._open_receipts import DamagedReceipt, OpenReceipts
 from persistence._resolve import (
     OPERATOR,
     OPERATOR_OUTCOMES,
@@ -87,6 +88,7 @@ __all__ = [
     "CutRecord",
     "CutState",
     "CutStateChange",
+    "DamagedReceipt",
     "DamagedStore",
     "ForeignStore",
     "HandleQuery",
@@ -98,6 +100,7 @@ __all__ = [
     "NotATurnkeeperStore",
     "NotResolvable",
     "OpState",
+    "OpenReceipts",
     "OperationRecord",
     "QueueQuery",
     "QueueSnapshot",

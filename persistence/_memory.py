@@ -15,6 +15,7 @@ import msgspec
 
 from persistence import _checks
 from persistence._errors import UsageError
+from persistence._open_receipts import OpenReceipts, open_in
 from persistence.records import (
     AbandonMarker,
     Boundary,
@@ -283,6 +284,11 @@ class MemoryStore:
             candidates, session=session, op_id=op_id, states=states, recent=recent
         )
         return ReceiptQuery(records=records)
+
+    async def open_receipts(self, session: str | None = None) -> OpenReceipts:
+        """The receipts that may still be running (``Store.open_receipts``); none is damaged."""
+        self._check_open()
+        return open_in(self._operations.values(), session)
 
     async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
         """Handle records by ``handle_id``, only ``owner``'s and ``target``'s when given."""

@@ -170,9 +170,11 @@ async def resolve_operation(
 ) -> OperationRecord:
     """Settle the indeterminate operation ``op_id`` in ``store``, durably; the new receipt.
 
-    For a store no running engine uses (``turnkeeper resolve``): a running engine's overlap
-    guard would go on holding the operation, so an engine settles its own through
-    ``Engine.resolve_operation``. ``owner`` defaults to the store's own token.
+    For a store no running engine uses (``turnkeeper resolve``). On a running engine's own
+    store it works too: the engine's overlap guard asks the store again before it refuses
+    the identical call, so it lets go then, and nothing the engine writes later overwrites
+    the settlement; ``Engine.resolve_operation`` lets go at once. ``owner`` defaults to the
+    store's own token.
 
     Raises:
         NotResolvable: No such receipt, a damaged one, or one that is not indeterminate.

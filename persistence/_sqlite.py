@@ -57,6 +57,7 @@ from persistence._errors import (
 )
 from persistence._group import GroupCommit
 from persistence._migrations import Migration, load_migrations
+from persistence._open_receipts import OpenReceipts, decode_open, open_query
 from persistence._text import clip, tolerant
 from persistence.records import (
     Boundary,
@@ -738,6 +739,15 @@ class SqliteStore:
             records, session=session, op_id=op_id, states=states, recent=recent
         )
         return ReceiptQuery(records=ordered, corrupt=tuple(corrupt))
+
+    async def open_receipts(self, session: str | None = None) -> OpenReceipts:
+        """The receipts that may still be running, through the ``operations_open`` index.
+
+        A row in an open state that fails validation is reported in ``damaged`` with its
+        indexed columns (``persistence._open_receipts``).
+        """
+        sql, params = open_query(session)
+        return decode_open(await self._read(_writes.select(sql, params)))
 
     async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
         """Handle records by ``handle_id`` (through the owner or target index when filtered).

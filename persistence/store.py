@@ -4,7 +4,8 @@ Two implementations share one conformance suite (``tests/persistence``): ``Memor
 tests and ``--memory`` runs, ``SqliteStore`` for everything durable. The port is shaped by the
 engine's durable boundaries: one :meth:`Store.commit` per boundary of one session (what the
 boundary makes durable is a :class:`~persistence.Boundary`), one :meth:`Store.load` per
-session, one scan for startup recovery, one receipts query and one handles query. A PostgreSQL
+session, one scan for startup recovery, one receipts query, one query of the open receipts
+(the overlap guard's) and one handles query. A PostgreSQL
 store with leases implements the same verbs; the owner token every commit carries is its fence.
 
 A commit is one durable boundary: when it returns, what it wrote is committed (and with
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, Self
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from persistence._open_receipts import OpenReceipts
     from persistence.records import (
         Boundary,
         Committed,
@@ -143,6 +145,22 @@ class Store(Protocol):
         Returns:
             Indeterminate receipts first, then requested and running, then the terminal ones
             newest first; a row that fails validation is reported in ``corrupt`` and skipped.
+        """
+        ...
+
+    async def open_receipts(self, session: str | None = None) -> OpenReceipts:
+        """Every receipt that may still be running: ``requested``, ``running``, ``indeterminate``.
+
+        What the overlap guard (OP-9) holds. Read through an index of the open states, so it
+        costs what the open receipts cost, whatever the number of terminal ones.
+
+        Args:
+            session: Only this session's open receipts.
+
+        Returns:
+            The records that validate, in the order they were first written; a row in an open
+            state that fails validation is reported in ``damaged`` with its session, target
+            and state columns (never skipped silently).
         """
         ...
 

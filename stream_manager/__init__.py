@@ -45,7 +45,8 @@ from stream_manager._events import (
 )
 from stream_manager._fallback import Hop, ModelFallbackProgress, NoHop, plan_hop, start_progress
 from stream_manager._loop import StreamManager
-from stream_manager._op_parts import OverlapPolicy, operation_id
+from stream_manager._op_guard import OverlapPolicy
+from stream_manager._op_parts import operation_id
 from stream_manager._op_states import CancelWhy, OutcomeCode
 from stream_manager._operations import OperationRunner
 from stream_manager._parts import (

@@ -39,7 +39,7 @@ from stream_manager._events import (
     StreamStarted,
 )
 from stream_manager._fallback import start_progress
-from stream_manager._op_parts import OverlapPolicy
+from stream_manager._op_guard import OverlapPolicy
 from stream_manager._operations import OperationRunner
 from stream_manager._processing import StreamProcessor
 from stream_manager._request import (

@@ -1,15 +1,12 @@
 """The pieces an operation is made of (see ``_operations`` for how they move).
 
-The overlap policy and its guard, one-shot flags, the stream's worker task and the shell of
-an operation in flight (its lifecycle is ``_op_life``'s). Receipts go through the
-``persistence.Store`` port.
+One-shot flags, the stream's worker task and the shell of an operation in flight (its
+lifecycle is ``_op_life``'s). The overlap guard is ``_op_guard``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -22,86 +19,11 @@ from stream_manager._op_answers import failed_result
 from stream_manager._op_life import Effect, OpLife
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.clock import Timer
-from stream_manager.ports import Capability, Tool
-
-log = logging.getLogger("turnkeeper.operations")
+from stream_manager.ports import Tool
 
 _encoder = msgspec.json.Encoder()
 
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
-
-
-class OverlapPolicy(enum.StrEnum):
-    """What a call meets while an earlier call is indeterminate (OP-9)."""
-
-    #: Refuse a call on the same capability and target (the default).
-    BLOCK = "block"
-    #: Run it, noting the earlier operation in the log and the trace (``op-overlap-warned``).
-    WARN = "warn"
-    #: Refuse any call in the session while one of its operations is indeterminate.
-    SESSION = "session"
-
-
-class OverlapGuard:
-    """OP-9: the indeterminate operations, and the later calls they block (by policy).
-
-    An operation holds its session's target while it is indeterminate. A target is the
-    capability's text and a digest of the arguments (``client:bash#<digest>``), so one target
-    means one capability and one set of arguments.
-    """
-
-    def __init__(self, policy: OverlapPolicy) -> None:
-        #: The engine-wide policy (a tool's declaration may override it, ``tools.overlap_of``).
-        self.policy = policy
-        self._policy = policy
-        #: (session, target) -> the indeterminate operations holding it, first held first
-        #: (several after a crash: identical calls of one step were all open).
-        self._held: dict[tuple[str, str], dict[str, None]] = {}
-
-    def hold(self, record: OperationRecord) -> None:
-        """``record`` is indeterminate: it holds its session's target."""
-        self._held.setdefault((record.session, record.target), {})[record.op_id] = None
-
-    def release(self, record: OperationRecord) -> None:
-        """``record`` was resolved (late, or by a person): it holds nothing any more."""
-        key = (record.session, record.target)
-        holders = self._held.get(key)
-        if holders is not None:
-            holders.pop(record.op_id, None)
-            if not holders:
-                del self._held[key]
-
-    def meets(self, session: str, target: str, policy: OverlapPolicy) -> tuple[str | None, bool]:
-        """The indeterminate operation a call on ``target`` meets, and whether it is refused.
-
-        ``policy`` is the call's own (its tool's declaration, else the engine-wide one).
-        """
-        if policy is OverlapPolicy.SESSION:
-            holder = next(
-                (next(iter(ops)) for (s, _), ops in self._held.items() if s == session), None
-            )
-            return holder, holder is not None
-        holders = self._held.get((session, target))
-        if not holders:
-            return None, False
-        return next(iter(holders)), policy is OverlapPolicy.BLOCK
-
-    def blocker(self, op_id: str, session: str, capability: Capability, target: str) -> str | None:
-        """The indeterminate operation that refuses call ``op_id``, or ``None``: it may run."""
-        holder, refused = self.meets(session, target, self._policy)
-        if holder is not None and not refused:
-            warn_overlap(op_id, holder, capability)
-        return holder if refused else None
-
-
-def warn_overlap(op_id: str, holder: str, capability: Capability) -> None:
-    """Log that ``op_id`` runs beside indeterminate ``holder`` (overlap: warn)."""
-    log.warning(
-        "%s runs although %s, on the same %s target, is indeterminate (overlap: warn)",
-        op_id,
-        holder,
-        capability.text,
-    )
 
 
 def operation_id(stream: str, step: int, index: int) -> str:

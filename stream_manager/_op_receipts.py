@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from persistence import Boundary, OperationRecord, OpState, Store, TurnkeeperError
 from stream_manager._events import OperationStarted, Persisted, ReceiptWritten, StreamEvent
-from stream_manager._op_parts import OverlapGuard
+from stream_manager._op_guard import OverlapGuard
 from stream_manager._op_states import OutcomeCode, advance, requested, target_digest
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import WriteFailed
@@ -111,7 +111,14 @@ class ProviderCalls:
     async def started(
         self, *, session: str, stream: str, step: int, index: int, call: ToolCallPart
     ) -> None:
-        """A provider-executed call began inside the model's response: it runs already."""
+        """A provider-executed call began inside the model's response: it runs already.
+
+        Raises:
+            WriteFailed: Its receipt could not be written (or, before this process's first
+                receipt, the overlap guard could not read the store's open receipts).
+        """
+        if not self._guard.loaded:
+            await self._guard.load()
         capability = Capability(kind=ToolKind.PROVIDER, name=call.name)
         now = self._clock.now()
         record = requested(

@@ -32,9 +32,11 @@ interval (OP-6), and a tool that never stops keeps only its own task. A late end
 Provider-executed calls get receipts too (``_op_receipts.ProviderCalls``).
 
 The runner holds its collaborators: a :class:`~stream_manager._op_receipts.ReceiptWriter`
-writes and reports every receipt, an :class:`~stream_manager._op_parts.OverlapGuard` keeps the
-indeterminate operations (OP-9), and :class:`~stream_manager._op_receipts.ProviderCalls`
-(``provider_calls``) gives provider-executed calls their receipts.
+writes and reports every receipt, an :class:`~stream_manager._op_guard.OverlapGuard` keeps the
+operations the store says may still be running (OP-9: a cache of ``Store.open_receipts``,
+confirmed by the store before it refuses a call), and
+:class:`~stream_manager._op_receipts.ProviderCalls` (``provider_calls``) gives
+provider-executed calls their receipts.
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ from typing import Any
 import anyio
 
 from persistence import (
+    OPEN_OP_STATES,
     MemoryStore,
     OperationRecord,
     OpState,
     Resolution,
     Store,
+    TurnkeeperError,
     found_receipt,
     resolved,
 )
@@ -65,6 +69,7 @@ from stream_manager._events import (
     StreamEvent,
 )
 from stream_manager._op_answers import failed_result, receipt_answer
+from stream_manager._op_guard import OverlapGuard, OverlapPolicy, warn_overlap
 from stream_manager._op_life import (
     Abandon,
     Arm,
@@ -81,13 +86,10 @@ from stream_manager._op_life import (
 from stream_manager._op_parts import (
     Flag,
     Op,
-    OverlapGuard,
-    OverlapPolicy,
     Spawn,
     Worker,
     checked_result,
     operation_id,
-    warn_overlap,
 )
 from stream_manager._op_receipts import ProviderCalls, ReceiptWriter
 from stream_manager._op_states import (
@@ -144,7 +146,7 @@ class OperationRunner:
         self._receipts = ReceiptWriter(
             store=receipts, owner=owner or (lambda: receipts.owner), emit=emit
         )
-        self._guard = OverlapGuard(policy)
+        self._guard = OverlapGuard(policy, receipts)
         #: Each tool's own overlap policy (its declaration, else the engine-wide one).
         self._policies = {
             name: OverlapPolicy(overlap_of(tool, policy.value)) for name, tool in tools.items()
@@ -195,10 +197,17 @@ class OperationRunner:
         """Whether an engine's task group runs the tool tasks (streams need no group then)."""
         return self._spawn is not None
 
-    def remember_indeterminate(self, record: OperationRecord) -> None:
-        """Load an indeterminate receipt into the overlap guard (at startup)."""
-        if record.state is OpState.INDETERMINATE:
-            self._guard.hold(record)
+    async def load_guard(self) -> None:
+        """Read the store's open receipts into the overlap guard (OP-9), before any call runs.
+
+        The engine does it at startup, once it closed what the previous process left open; a
+        runner nobody loaded loads at its first call. Every open receipt holds its target
+        (``_op_guard``).
+
+        Raises:
+            WriteFailed: The store could not be read.
+        """
+        await self._guard.load()
 
     async def resolve_indeterminate(
         self, op_id: str, as_: Resolution | str, *, note: str
@@ -214,7 +223,12 @@ class OperationRunner:
             WriteFailed: The write failed; the operation stays indeterminate and held.
         """
         query = await self._receipts.store.receipts(op_id=op_id)
-        op = self._lingering.get(op_id)  # its record in memory is the newest
+        op = self._lingering.get(op_id)  # its record in memory is the newest, unless ...
+        stored = next((r for r in query.records if r.op_id == op_id), None)
+        if op is not None and stored is not None and stored.state not in OPEN_OP_STATES:
+            del self._lingering[op_id]  # ... it was settled through the store meanwhile
+            op.life.settle(stored)
+            op = None
         record = op.record if op is not None else found_receipt(query, op_id)
         settled = resolved(record, as_, at=self._clock.now(), note=note)
         if op is not None:
@@ -249,9 +263,11 @@ class OperationRunner:
         spawn = self._spawn or spawn
         if spawn is None:
             raise RuntimeError("no task group to run tool calls in: bind one or pass spawn")
-        admitted = [
-            self._admit(session, stream, step, index, call) for index, call in enumerate(calls)
-        ]
+        guard = self._guard
+        if guard.loaded and not guard.holding:  # the hot path: no holder, nothing to confirm
+            admitted = [self._admit(session, stream, step, i, c) for i, c in enumerate(calls)]
+        else:
+            admitted = await self._admit_step(session, stream, step, calls)
         ops = [op for op in admitted if isinstance(op, Op)]
         first = ops[0] if ops and ops[0].tool is not None else None
         unstarted = first.life.record if first is not None else None
@@ -411,6 +427,28 @@ class OperationRunner:
             other.feed(other.life.drop(self._clock.now()))
             await self._drive(other, spawn)
 
+    async def _admit_step(
+        self, session: str, stream: str, step: int, calls: list[ToolCallPart]
+    ) -> list[Admitted]:
+        """OP-9, then OP-1, for the step's calls: each call admitted, or refused.
+
+        The guard's cache decides; when a call met a held operation, the store confirms first,
+        and the calls are admitted again if it let one go. Nothing is written here.
+        """
+        if not self._guard.loaded:
+            await self._guard.load()
+        while True:  # each round that confirms lets at least one holder go: it ends
+            admitted = [
+                self._admit(session, stream, step, index, call) for index, call in enumerate(calls)
+            ]
+            met = [holder for item in admitted if (holder := _met(item)) is not None]
+            if not met or not await self._guard.confirm(met):
+                break
+        for item in admitted:
+            if isinstance(item, Op) and item.overlaps is not None:
+                warn_overlap(item.record.op_id, item.overlaps, item.record.capability)
+        return admitted
+
     def _admit(
         self, session: str, stream: str, step: int, index: int, call: ToolCallPart
     ) -> Admitted:
@@ -437,11 +475,10 @@ class OperationRunner:
         holder, refused = self._guard.meets(session, target, policy)
         if not refused:
             op = Op(OpLife(record, call, grace_s=self._grace_s, closing=self._closing), tool)
-            if holder is not None:
-                warn_overlap(record.op_id, holder, capability)
-                op.overlaps = holder
+            op.overlaps = holder
             return op
         assert holder is not None
+        damaged = self._guard.damaged(holder) is not None
         record = advance(
             record,
             OpState.FAILED,
@@ -449,9 +486,10 @@ class OperationRunner:
             outcome=OutcomeCode.BLOCKED_BY_INDETERMINATE,
             acknowledged=True,
             blocked_by=holder,
-            explanation="not run: an earlier call on this target is indeterminate",
+            explanation=_DAMAGED_BLOCKER if damaged else _BLOCKER,
         )
-        return record, failed_result(call, "blocked_by_indeterminate", blocked_by=holder)
+        extra: dict[str, object] = {"blocker_receipt": "damaged"} if damaged else {}
+        return record, failed_result(call, "blocked_by_indeterminate", blocked_by=holder, **extra)
 
     def _admitted(self, item: Admitted) -> None:
         """The events of one admitted call, once the step's receipts are durable."""
@@ -692,6 +730,8 @@ class OperationRunner:
 
     async def _resolve_late(self, op: Op, effect: Resolve) -> None:
         self._guard.release(effect.held)
+        if await self._settled_in_store(effect.held.op_id):
+            return  # a person settled it through the store meanwhile: that stands (OP-8)
         try:
             await self._receipts.write(effect.record)
         except WriteFailed as error:  # it stays indeterminate, as the store says
@@ -703,9 +743,28 @@ class OperationRunner:
             raise
         self._receipts.receipt_event(effect.record, op.call.name)
 
+    async def _settled_in_store(self, op_id: str) -> bool:
+        """Whether the store says ``op_id`` ended (a read that fails says it did not)."""
+        try:
+            query = await self._receipts.store.receipts(op_id=op_id)
+        except (TurnkeeperError, OSError):
+            return False
+        return any(r.state not in OPEN_OP_STATES for r in query.records)
+
     def _still_held(self, op: Op, held: OperationRecord) -> None:
         op.life.record = held
         self._guard.hold(held)
+
+
+_BLOCKER = "not run: an earlier call on this target is indeterminate"
+_DAMAGED_BLOCKER = (
+    "not run: an earlier call on this target has a damaged receipt, held as indeterminate"
+)
+
+
+def _met(item: Admitted) -> str | None:
+    """The held operation the call met (refused by it, or running beside it), if any."""
+    return item.overlaps if isinstance(item, Op) else item[0].blocked_by
 
 
 def _record_of(item: Admitted) -> OperationRecord:

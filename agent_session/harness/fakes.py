@@ -25,6 +25,7 @@ from persistence import (
     Boundary,
     Committed,
     HandleQuery,
+    OpenReceipts,
     OpState,
     QueueQuery,
     ReceiptQuery,
@@ -313,6 +314,10 @@ class FaultyStore:
         """Receipts, open ones first."""
         query = self._inner.receipts(session, op_id=op_id, states=states, recent=recent)
         return await self._counted(query)
+
+    async def open_receipts(self, session: str | None = None) -> OpenReceipts:
+        """The receipts that may still be running (the overlap guard's read)."""
+        return await self._counted(self._inner.open_receipts(session))
 
     async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
         """Delegated-turn handle records, by id."""

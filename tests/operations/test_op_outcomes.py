@@ -30,7 +30,7 @@ from stream_manager import (
     VirtualClock,
     WriteFailed,
 )
-from stream_manager._op_parts import OverlapGuard, OverlapPolicy
+from stream_manager._op_guard import OverlapGuard, OverlapPolicy
 from stream_manager._op_receipts import ProviderCalls, ReceiptWriter
 from stream_manager._op_states import TRANSPORT_LOST, target_digest
 from stream_manager.tools import declared_definition
@@ -265,7 +265,7 @@ async def test_op9_op7_a_provider_call_cut_by_its_stream_is_held_in_the_live_pro
 async def test_op9_op7_cut_provider_calls_whose_receipts_fail_to_write_are_held_all() -> None:
     faults = Faults()
     store = FaultyStore(MemoryStore.opened(), faults)
-    guard = OverlapGuard(OverlapPolicy.BLOCK)
+    guard = OverlapGuard(OverlapPolicy.BLOCK, store)
     clock = VirtualClock()
     writer = ReceiptWriter(store=store, owner=lambda: store.owner, emit=None)
     calls = ProviderCalls(clock=clock, salt=SALT, receipts=writer, guard=guard, emit=None)

@@ -15,6 +15,7 @@ import pytest
 
 from persistence import (
     OPERATOR,
+    MemoryStore,
     NotResolvable,
     OperationRecord,
     OpState,
@@ -30,7 +31,7 @@ from stream_manager import (
     ToolKind,
     VirtualClock,
 )
-from stream_manager._op_parts import OverlapGuard, OverlapPolicy
+from stream_manager._op_guard import OverlapGuard, OverlapPolicy
 from tests.operations.conftest import Backend
 from tests.operations.support import (
     GRACE_S,
@@ -213,7 +214,7 @@ def test_op9_every_indeterminate_holder_of_a_target_blocks_until_each_is_settled
     policy: OverlapPolicy,
 ) -> None:
     # A crash can leave identical calls of one step open: each is indeterminate after it.
-    guard = OverlapGuard(policy)
+    guard = OverlapGuard(policy, MemoryStore.opened())
     first, second = _held("s1/1/1/0"), _held("s1/1/1/1")
     guard.hold(first)
     guard.hold(second)
