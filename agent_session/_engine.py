@@ -408,11 +408,17 @@ class Engine:
             if only not in (None, sid) or sid in self._sessions:
                 continue
             spent = 0
+            completed: list[OperationRecord] = []
             if (tail.envelope is not None and not tail.envelope_ended) or (
                 tail.envelope is not None and tail.rows and tail.rows[-1].kind is RowKind.PARTIAL
             ):
                 found = await self.store.receipts(sid)
                 spent = steps_done(tail.envelope.stream, [r.op_id for r in found.records])
+                completed = [
+                    r
+                    for r in found.records
+                    if r.stream == tail.envelope.stream and r.state is OpState.COMPLETED
+                ]
             plan = plan_retry(
                 tail,
                 spent=spent,
@@ -431,6 +437,9 @@ class Engine:
                 queue_version=tail.queue_version,
             )
             told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))
+            if plan.marker.cut == (tail.envelope.stream if tail.envelope else None):
+                for record in completed:  # OP-9: what the retry would re-run without knowing
+                    self.manager.operations.remember_lost(record)
             session.knows_abandon(stored=tail.abandon is not None, anchor=plan.anchor)
             session.adopt_retry(plan.marker)
             sessions.append(session)

@@ -84,6 +84,9 @@ class OverlapGuard:
         self._keys: dict[str, tuple[str, str | None]] = {}
         #: Op id -> what is wrong with its receipt, for each held operation whose row is damaged.
         self._damaged: dict[str, str] = {}
+        #: Completed operations of a stream a crash cut off, whose results died with it: each
+        #: refuses the next identical call of its session once (``hold_lost``), then lets go.
+        self._lost: set[str] = set()
         #: Whether the store's open receipts were read (``load``).
         self.loaded = False
         self._loading: anyio.Event | None = None
@@ -117,6 +120,31 @@ class OverlapGuard:
     def hold(self, record: OperationRecord) -> None:
         """``record`` may still be running (indeterminate, or open): it holds its target."""
         self._add((record.session, record.target), record.op_id)
+
+    def hold_lost(self, record: OperationRecord) -> None:
+        """``record`` completed in a stream a crash cut off; no row holds its result.
+
+        The startup retry of that turn would call it again without knowing: the next
+        identical call of its session is refused once (``blocked_by_lost_result``, the model
+        told why), then the target is free (a call the model makes knowingly runs).
+        """
+        self._add((record.session, record.target), record.op_id)
+        self._lost.add(record.op_id)
+
+    def forget_lost(self, session: str) -> None:
+        """A stream of ``session`` ended: its lost results hold nothing any more."""
+        for op_id in [o for o in self._lost if self._keys.get(o, ("",))[0] == session]:
+            self._drop(self._keys[op_id], op_id)
+
+    def lost(self, op_id: str) -> bool:
+        """Whether held ``op_id`` is a completed call whose result was lost (``hold_lost``)."""
+        return op_id in self._lost
+
+    def refused_once(self, op_id: str) -> None:
+        """A lost result's hold refused its one call: it lets go."""
+        key = self._keys.get(op_id)
+        if key is not None and op_id in self._lost:
+            self._drop(key, op_id)
 
     def _hold_damaged(self, damaged: DamagedReceipt) -> None:
         if damaged.session is None:  # nothing places it: reported, holds nothing
@@ -158,6 +186,7 @@ class OverlapGuard:
                 del self._held[key]
         self._keys.pop(op_id, None)
         self._damaged.pop(op_id, None)
+        self._lost.discard(op_id)
 
     def meets(self, session: str, target: str, policy: OverlapPolicy) -> tuple[str | None, bool]:
         """The operation a call on ``target`` meets (cached), and whether it is refused.
@@ -196,7 +225,7 @@ class OverlapGuard:
         gone: list[str] = []
         for op_id in dict.fromkeys(op_ids):
             key = self._keys.get(op_id)
-            if key is None:
+            if key is None or op_id in self._lost:  # completed, held on purpose: kept
                 continue
             found = await _read_one(self._store, op_id)
             if found.corrupt or any(r.state in OPEN_OP_STATES for r in found.records):

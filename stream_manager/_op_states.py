@@ -62,6 +62,9 @@ class OutcomeCode(StrEnum):
     PROCESS_RESTART = "process_restart"
     #: Refused while an earlier call on the same capability and target is indeterminate.
     BLOCKED_BY_INDETERMINATE = "blocked_by_indeterminate"
+    #: Refused once: the same call completed in the stream a crash cut off, and its result was
+    #: lost with that stream (a startup retry must not re-run it silently, OP-9).
+    BLOCKED_BY_LOST_RESULT = "blocked_by_lost_result"
     #: Completed, but its completion never reached the engine; delivered from its record.
     COMPLETION_SIGNAL_LOST = "completion_signal_lost"
     #: Indeterminate, then a person checked and found it completed (``turnkeeper resolve``).

@@ -197,6 +197,14 @@ class OperationRunner:
         """Whether an engine's task group runs the tool tasks (streams need no group then)."""
         return self._spawn is not None
 
+    def remember_lost(self, record: OperationRecord) -> None:
+        """A completed call of a stream a crash cut off: its next identical call is refused once.
+
+        Its result died with that stream (no row holds it), so a startup retry of the turn
+        would run it again without knowing (OP-9: never silently); the refusal tells the model.
+        """
+        self._guard.hold_lost(record)
+
     async def load_guard(self) -> None:
         """Read the store's open receipts into the overlap guard (OP-9), before any call runs.
 
@@ -478,6 +486,18 @@ class OperationRunner:
             op.overlaps = holder
             return op
         assert holder is not None
+        if self._guard.lost(holder):  # refused once, then the target is free
+            self._guard.refused_once(holder)
+            record = advance(
+                record,
+                OpState.FAILED,
+                now=now,
+                outcome=OutcomeCode.BLOCKED_BY_LOST_RESULT,
+                acknowledged=True,
+                blocked_by=holder,
+                explanation=_LOST_BLOCKER,
+            )
+            return record, failed_result(call, "blocked_by_lost_result", blocked_by=holder)
         damaged = self._guard.damaged(holder) is not None
         record = advance(
             record,
@@ -544,10 +564,16 @@ class OperationRunner:
         return worker
 
     def stream_closed(self, stream: str) -> None:
-        """The stream ended: its worker exits once its current call (if any) has ended."""
+        """The stream ended: its worker exits once its current call (if any) has ended.
+
+        Lost results its session still holds (``remember_lost``) are let go: they guard the
+        startup retry's stream only, never a later turn's identical call.
+        """
         worker = self._workers.pop(stream, None)
         if worker is not None:
             worker.retire()
+        if self._guard.holding:
+            self._guard.forget_lost(stream.rpartition("/")[0])
 
     def _retire_worker_of(self, op: Op) -> None:
         """The call ignores its cancellation: its worker stays with it; later calls get another."""
@@ -757,6 +783,10 @@ class OperationRunner:
 
 
 _BLOCKER = "not run: an earlier call on this target is indeterminate"
+_LOST_BLOCKER = (
+    "not run: the same call completed before a restart and its result was lost with the "
+    "interrupted stream; call it again to run it again"
+)
 _DAMAGED_BLOCKER = (
     "not run: an earlier call on this target has a damaged receipt, held as indeterminate"
 )

@@ -219,7 +219,12 @@ def check_messages(
             1 for row in new_rows if row.session == queued.session and _holds(row.text, queued.text)
         )
         count = in_rows + ((queued.session, queued.message) in still)
-        if count == 0:
+        if (queued.session, queued.message) in still and in_rows == 0:
+            # recovery ran to quiescence: every session idle, so a live user entry still
+            # queued was never taken up (a queue rebuilt but never drained)
+            why = f"message {queued.message} is still queued after recovery settled: never drained"
+            found.append(("message-lost", why))
+        elif count == 0:
             why = f"message {queued.message} was queued at the kill and is gone after recovery"
             found.append(("message-lost", why))
         elif count > 1:

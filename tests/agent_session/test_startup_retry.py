@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING
 
+import msgspec
 import pytest
 
 from agent_session import (
@@ -36,7 +37,7 @@ from persistence import (
     TurnEnvelope,
 )
 from persistence.records import Capability, ToolKind
-from stream_manager import FellBack, Persisted, ScriptStep, StreamStarted
+from stream_manager import FellBack, OpBlocked, Persisted, ScriptStep, StreamStarted
 from tests.agent_session.support import T_, X, active_handles, session_rig
 from tests.store_kit import commit
 
@@ -421,3 +422,34 @@ async def test_ps8_as21_a_user_stop_while_preparing_marks_the_turn_aborted() -> 
     async with session_rig({"M": []}, store=store, sessions=()) as again:
         await again.settle()
     assert again.of(StreamStarted) == []  # the user's Stop is never undone by a restart
+
+
+async def test_op9_ps4_a_retry_refuses_once_a_call_whose_result_died_with_the_stream(
+    store: Store,
+) -> None:
+    # the interrupted stream's bash call completed, but its result lived only in that stream:
+    # the retried model, not knowing, asks again: refused once (the model is told why), then
+    # the same call, asked knowingly, runs
+    from stream_manager import ScriptToolCall
+    from stream_manager._op_states import target_digest
+    from tests.agent_session.support import HookTool
+
+    args = {"cmd": "make deploy"}
+    target = target_digest(Capability(ToolKind.CLIENT, "bash"), args, "turnkeeper")
+    done = msgspec.structs.replace(receipt("s1/1/1/0"), target=target)
+    await left_behind(store, row(1, RowKind.USER), envelope=envelope("s1/1", 7), receipts=(done,))
+    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=args),))
+    bash = HookTool("bash")
+    async with session_rig(
+        {"M": [again, again, X("deployed once, then again on purpose")]},
+        store=store,
+        sessions=(),
+        config=CONFIG,
+        tools=[bash],
+    ) as r:
+        await r.settle()
+    [blocked] = r.of(OpBlocked)
+    assert (blocked.op, blocked.blocked_by) == ("s1/2/1/0", "s1/1/1/0")
+    assert len(bash.calls) == 1  # the knowing second call ran; the unknowing first did not
+    first = r.models["M"].requests[1].messages[-1]
+    assert "blocked_by_lost_result" in first.text or "lost" in str(first)

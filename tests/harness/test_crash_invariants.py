@@ -94,6 +94,18 @@ def test_in_flight_an_owed_cut_counts_until_its_void_is_durable() -> None:
     assert check_trial(ended, facts()) == []
 
 
+def test_in_flight_a_cut_the_store_no_longer_owes_ended_durably_before_the_kill() -> None:
+    # a disposal's forfeit landed, the kill came before its telling: nothing was in flight
+    owed = [
+        *MID_STREAM[:3],
+        ev("persisted", what="cut", id="dev:r2"),
+        ev("owed", cut="dev/1", remaining=3, model="m", handle=None),
+        ev("stream-end", stream="dev/1", finish="tool-calls"),
+    ]
+    assert check_trial(owed, facts(owed_after_kill=[])) == []
+    assert classes(check_trial(owed, facts(owed_after_kill=["dev/1"]))) == ["in-flight"]
+
+
 def test_in_flight_a_restart_inside_the_child_takes_its_sessions_up() -> None:
     restarted = [*MID_STREAM, ev("crash", session=None), *RETRIED, ev("stream-end", stream="dev/2")]
     assert check_trial(restarted, facts()) == []
@@ -128,6 +140,14 @@ def test_message_lost_a_queued_message_must_survive_recovery_once() -> None:
     base.queued_after_recovery = []
     base.texts_after_recovery = answered("and run clippy", "and run clippy")
     assert "2 times" in check_trial(QUEUED, base)[0].reason
+
+
+def test_message_lost_a_message_still_queued_after_recovery_settled_was_never_drained() -> None:
+    # recovery runs to quiescence: a user's live entry left queued was rebuilt, not drained
+    base = facts(recovery_events=RETRIED, queued_after_kill=[LINT], queued_after_recovery=[LINT])
+    found = check_trial(QUEUED, base)
+    assert classes(found) == ["message-lost"]
+    assert "still queued after recovery settled" in found[0].reason
 
 
 def test_message_lost_a_batch_row_holds_each_add_once() -> None:
