@@ -72,6 +72,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 EngineObserver = Callable[[EngineEvent], None]
+#: The failure types a provider's configuration can cause, and a change of it fix (PS-8).
+PROVIDER_FIXABLE = frozenset({"authentication", "quota", "model_not_found"})
 log = logging.getLogger("turnkeeper.engine")
 
 
@@ -245,6 +247,38 @@ class Engine:
             WriteFailed: The write failed; the operation stays indeterminate.
         """
         return await self.manager.operations.resolve_indeterminate(op_id, as_, note=note)
+
+    async def provider_changed(
+        self, *, fixable: frozenset[str] = PROVIDER_FIXABLE
+    ) -> tuple[str, ...]:
+        """PS-8: the provider's configuration changed (a new key, more quota, a model added).
+
+        Every stored abandon marker a provider could have caused (``fixable``: the failure
+        types ``authentication``, ``quota``, ``model_not_found`` by default) is cleared, one
+        write per session, each told ``persisted abandon``: the next startup retries those
+        turns. Nothing starts a stream now. A damaged marker is logged and left as it is.
+
+        Returns:
+            The sessions whose marker was cleared.
+        """
+        found = await self.store.abandon_markers()
+        for sid, why in found.corrupt:
+            log.error("the abandon marker of %s is damaged and left as it is: %s", clip(sid), why)
+        cleared: list[str] = []
+        for sid, marker in found.markers:
+            if marker.reason not in fixable:
+                continue
+            try:
+                await self._writer.write(sid, Boundary(clear_abandon=True))
+            except (TurnkeeperError, OSError) as error:
+                log.warning("the abandon marker of %s was not cleared: %s", clip(sid), error)
+                continue
+            open_one = self._sessions.get(sid)
+            if open_one is not None:
+                open_one.knows_abandon(stored=False, anchor=open_one.anchor)
+            self._emit(Persisted(session=sid, what="abandon", id=marker.user_row or sid))
+            cleared.append(sid)
+        return tuple(cleared)
 
     async def __aexit__(
         self,

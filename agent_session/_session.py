@@ -815,6 +815,11 @@ class AgentSession:
         """
         self._machine.handle(_in.AdoptOwed(marker, row_id))
 
+    @property
+    def anchor(self) -> str | None:
+        """The user row the session's current (or last) turn answers (PS-8's marker names it)."""
+        return self._machine.anchor
+
     def knows_abandon(self, *, stored: bool, anchor: str | None) -> None:
         """PS-8: what the store holds of the abandon marker, and the turn's user row."""
         self._machine.abandon_stored = stored

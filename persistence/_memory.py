@@ -18,6 +18,7 @@ from persistence._errors import UsageError
 from persistence._open_receipts import OpenReceipts, open_in
 from persistence.records import (
     AbandonMarker,
+    AbandonQuery,
     Boundary,
     Committed,
     CutState,
@@ -315,6 +316,16 @@ class MemoryStore:
             if data.queue_version:
                 versions.append((name, data.queue_version))
         return QueueQuery(records=tuple(records), versions=tuple(versions))
+
+    async def abandon_markers(self) -> AbandonQuery:
+        """Every session's abandon marker, by session id."""
+        self._check_open()
+        markers = tuple(
+            (name, marker)
+            for name in sorted(self._sessions)
+            if (marker := self._sessions[name].abandon) is not None
+        )
+        return AbandonQuery(markers=markers)
 
 
 def _write_session(

@@ -38,6 +38,7 @@ from persistence._connection import (
     transaction,
 )
 from persistence._decode import (
+    decode_abandon,
     decode_handle,
     decode_load,
     decode_operation,
@@ -60,6 +61,8 @@ from persistence._migrations import Migration, load_migrations
 from persistence._open_receipts import OpenReceipts, decode_open, open_query
 from persistence._text import clip, tolerant
 from persistence.records import (
+    AbandonMarker,
+    AbandonQuery,
     Boundary,
     Committed,
     HandleQuery,
@@ -765,6 +768,20 @@ class SqliteStore:
             except CorruptRecord as error:
                 corrupt.append((clip(str(row[0])), str(error)))
         return HandleQuery(records=tuple(records), corrupt=tuple(corrupt))
+
+    async def abandon_markers(self) -> AbandonQuery:
+        """Every session's abandon marker, by session id (one read of the marker table).
+
+        A row that fails validation is reported by session in ``corrupt`` and skipped.
+        """
+        markers: list[tuple[str, AbandonMarker]] = []
+        corrupt: list[tuple[str, str]] = []
+        for row in await self._read(_writes.select(_writes.SELECT_ALL_ABANDON, ())):
+            try:
+                markers.append((str(row[0]), decode_abandon(row)))
+            except CorruptRecord as error:
+                corrupt.append((clip(str(row[0])), str(error)))
+        return AbandonQuery(markers=tuple(markers), corrupt=tuple(corrupt))
 
     async def queued(self, session: str | None = None) -> QueueQuery:
         """The durable queue's entries by session then position, and the queue versions.

@@ -523,6 +523,7 @@ SELECT_ALL_QUEUED = f"{_QUEUED_COLUMNS} ORDER BY session, position, entry_id"
 SELECT_QUEUE_VERSION = "SELECT session, version FROM queue_versions WHERE session = ?"
 SELECT_QUEUE_VERSIONS = "SELECT session, version FROM queue_versions ORDER BY session"
 SELECT_ABANDON = "SELECT session, reason, user_row FROM abandon_markers WHERE session = ?"
+SELECT_ALL_ABANDON = "SELECT session, reason, user_row FROM abandon_markers ORDER BY session"
 
 #: The raw load: the session row (none or one), its history rows, its envelopes, its queued
 #: entries, its queue version (none or one) and its abandon marker (none or one).

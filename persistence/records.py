@@ -190,6 +190,19 @@ class AbandonMarker(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     user_row: str | None = None
 
 
+class AbandonQuery(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What ``abandon_markers()`` returns: every session's marker, by session id.
+
+    Attributes:
+        markers: ``(session, marker)`` for every stored marker that validates.
+        corrupt: ``(session, what was wrong, naming the field)`` for each that does not:
+            reported, never dropped or rewritten.
+    """
+
+    markers: tuple[tuple[str, AbandonMarker], ...] = ()
+    corrupt: tuple[tuple[str, str], ...] = ()
+
+
 class SessionTail(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A session whose history ends on a turn nothing answered, as startup reads it (PS-4).
 

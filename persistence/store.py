@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from persistence._open_receipts import OpenReceipts
     from persistence.records import (
+        AbandonQuery,
         Boundary,
         Committed,
         HandleQuery,
@@ -185,5 +186,14 @@ class Store(Protocol):
             The entries that validate, by session then position; the sessions' queue
             versions; a stored entry that fails validation is reported in ``corrupt`` (its
             ``session/entry`` key and what was wrong, naming the field) and skipped.
+        """
+        ...
+
+    async def abandon_markers(self) -> AbandonQuery:
+        """Every session's startup-abandon marker (PS-8), by session id.
+
+        Returns:
+            The markers that validate; a stored one that fails validation is reported in
+            ``corrupt`` (its session and what was wrong, naming the field) and skipped.
         """
         ...

@@ -22,6 +22,7 @@ import anyio
 from agent_session.harness.scenario import ToolSpec
 from agent_session.ports import PreStreamFailure
 from persistence import (
+    AbandonQuery,
     Boundary,
     Committed,
     HandleQuery,
@@ -322,6 +323,10 @@ class FaultyStore:
     async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
         """Delegated-turn handle records, by id."""
         return await self._counted(self._inner.handles(owner=owner, target=target))
+
+    async def abandon_markers(self) -> AbandonQuery:
+        """Every session's abandon marker."""
+        return await self._counted(self._inner.abandon_markers())
 
     async def queued(self, session: str | None = None) -> QueueQuery:
         """The durable queue entries."""

@@ -453,3 +453,40 @@ async def test_op9_ps4_a_retry_refuses_once_a_call_whose_result_died_with_the_st
     assert len(bash.calls) == 1  # the knowing second call ran; the unknowing first did not
     first = r.models["M"].requests[1].messages[-1]
     assert "blocked_by_lost_result" in first.text or "lost" in str(first)
+
+
+async def test_ps8_a_provider_configuration_change_clears_fixable_markers_only(
+    store: Store,
+) -> None:
+    # a turn abandoned for its provider's quota is retried once the provider is fixed; one the
+    # user stopped stays abandoned; nothing starts a stream at the change itself
+    async with store:
+        for sid, reason in (("s1", "quota"), ("s2", "aborted")):
+            await commit(
+                store,
+                sid,
+                create=SessionRecord(id=sid, model="M"),
+                rows=[
+                    msgspec.structs.replace(row(1, RowKind.USER), session=sid, row_id=f"{sid}:r1")
+                ],
+            )
+            await store.commit(
+                sid,
+                Boundary(abandon=AbandonMarker(reason=reason, user_row=f"{sid}:r1")),
+                owner=store.owner,
+            )
+    async with session_rig({"M": []}, store=store, sessions=(), config=CONFIG) as r:
+        await r.settle()
+        assert r.of(StreamStarted) == []  # both abandoned: nothing retried
+        assert await r.engine.provider_changed() == ("s1",)
+        await r.settle()
+        assert r.of(StreamStarted) == []  # the change starts nothing
+        assert [(p.session, p.what) for p in r.of(Persisted)] == [("s1", "abandon")]
+        left = await r.store.abandon_markers()
+        assert [sid for sid, _ in left.markers] == ["s2"]
+    async with session_rig(
+        {"M": [X("answered")]}, store=store, sessions=(), config=CONFIG
+    ) as again:
+        await again.settle()
+    [start] = again.of(StreamStarted)
+    assert (start.session, start.cause) == ("s1", "recovery")

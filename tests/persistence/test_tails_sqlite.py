@@ -259,3 +259,20 @@ async def test_ps8_a_schema_5_store_gains_abandon_markers_keeping_what_it_held(
         loaded = await store.load("lead")
         assert loaded is not None
         assert (loaded.rows, loaded.abandon) == ((lead(1), lead(3)), GIVEN_UP)
+
+
+async def test_ps8_abandon_markers_lists_every_marker_and_reports_a_damaged_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.db"
+    await a_tail(path)
+    async with SqliteStore(path) as store:
+        found = await store.abandon_markers()
+        assert [sid for sid, _ in found.markers] == ["lead"]
+        assert found.corrupt == ()
+    damage(path, "UPDATE abandon_markers SET user_row = x'39' WHERE session = 'lead'")
+    async with SqliteStore(path, readonly=True) as store:
+        found = await store.abandon_markers()
+    assert found.markers == ()
+    [(sid, detail)] = found.corrupt
+    assert (sid, detail.startswith("abandon_markers[lead]: $.user_row")) == ("lead", True)
