@@ -73,6 +73,12 @@ class ScheduleSweep(msgspec.Struct, frozen=True):
     """AS-2: run the idle sweep once the current handler's synchronous work is done."""
 
 
+class BackOff(msgspec.Struct, frozen=True):
+    """PS-3: wait ``delay_s`` on the engine's clock, then let the sweep retry (``BackOffOver``)."""
+
+    delay_s: float
+
+
 class StopStream(msgspec.Struct, frozen=True):
     """Ask the session's stream (or its launch) to stop."""
 
@@ -132,6 +138,7 @@ Effect = (
     | Next
     | Reply
     | ScheduleSweep
+    | BackOff
     | StopStream
     | AbortPrepared
     | AbortResume

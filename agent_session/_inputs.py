@@ -222,6 +222,10 @@ class GiveUp(_S, frozen=True):
     reason: str
 
 
+class BackOffOver(_S, frozen=True):
+    """PS-3: a startup retry's backoff after a failed attempt ended; the sweep may retry."""
+
+
 class SweepDue(_S, frozen=True):
     """The scheduled sweep runs (an idle session with queued entries drains them first)."""
 
@@ -582,6 +586,7 @@ Input: TypeAlias = (
     | DisposalDone
     | AdoptOwed
     | AdoptRetry
+    | BackOffOver
     | GiveUp
     | SweepDue
     | Sweep

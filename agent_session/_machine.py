@@ -62,6 +62,7 @@ from agent_session._delegation import (
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
+    BackOff,
     CancelRemoved,
     Commit,
     Dispatch,
@@ -143,6 +144,9 @@ if TYPE_CHECKING:
 
 #: The goal kind of a turn attributed to its session's goal (the cut record's ``goal_kind``).
 GOAL_KIND = "goal"
+#: PS-3: a startup retry that failed before its stream waits 1 s, doubling, up to 30 s.
+RETRY_BACKOFF_S = 1.0
+RETRY_BACKOFF_CAP_S = 30.0
 
 _FLUSH = Next(_in.FlushRecords())
 _QUEUE_WRITTEN = _in.QueueWritten()
@@ -169,6 +173,7 @@ class TurnMachine:
     __slots__ = (
         "_abandon_partial",
         "_active_tools",
+        "_backing_off",
         "_drain_held",
         "_known_models",
         "_preparing_turn",
@@ -247,6 +252,9 @@ class TurnMachine:
         #: ``anchor``: the user row the current turn answers (the marker names it).
         self.abandon_stored = False
         self.anchor: str | None = None
+        #: PS-3: a startup retry failed before its stream and waits out its backoff: the
+        #: sweep does not retry it until ``BackOffOver``.
+        self._backing_off = False
         #: A drain from COMPLETING waits for an enqueue's commit: the phase stays COMPLETING
         #: and the commit's result drains (AS-24: the next entry takes over from COMPLETING).
         self._drain_held = False
@@ -699,6 +707,8 @@ class TurnMachine:
             why = f"{action.failed_attempts} resume attempts failed before a stream started (R21)"
             return [*self._end(EndedHow.FORFEITED, why), _FLUSH]
         if isinstance(action, StartResume):
+            if self._backing_off:
+                return []  # PS-3: the backoff's end sweeps again
             self.continuation = apply_sweep(self.continuation, action)
             armed = Next(_in.ArmResume(action.marker, action.attempt))
             return [*self._move(Phase.PREPARING), armed]  # R7: claimed before any await
@@ -728,11 +738,26 @@ class TurnMachine:
         return self.sweep()
 
     def resume_failed(self, marker: Marker, attempt: int) -> list[Effect]:
-        """ST-10: failed before start; owed still (R4), counted (R21), swept again (R43)."""
+        """ST-10: failed before start; owed still (R4), counted (R21), swept again (R43).
+
+        PS-3: a startup retry (cause ``recovery``: its history unreadable for now, a gate
+        refusing) is swept again only after a backoff on the engine's clock, 1 s doubling per
+        failed attempt up to 30 s; the cap (R21) still forfeits it.
+        """
         self.continuation = resume_failed(self.continuation)
         self._resume_armed = False
         told = ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
-        return [Emit(told), _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
+        effects: list[Effect] = [Emit(told)]
+        failed = self.continuation.failed_attempts
+        if marker.cause is StartCause.RECOVERY and failed < self._resume_cap:
+            self._backing_off = True
+            effects.append(BackOff(min(RETRY_BACKOFF_CAP_S, RETRY_BACKOFF_S * 2 ** (failed - 1))))
+        return [*effects, _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
+
+    def backoff_over(self) -> list[Effect]:
+        """PS-3: the startup retry's backoff ended: the sweep may try it again."""
+        self._backing_off = False
+        return [_SWEEP_WANTED] if self.phase is Phase.IDLE else []
 
     def resume_unreadable(self, marker: Marker, attempt: int) -> list[Effect]:
         """R61: the history the resume needs is damaged; retrying cannot mend it.
@@ -1877,6 +1902,9 @@ class TurnMachine:
         queued = given.queued
         return self.queue_failed(queued)
 
+    def _on_BackOffOver(self, given: _in.BackOffOver) -> list[Effect]:
+        return self.backoff_over()
+
     def _on_GiveUp(self, given: _in.GiveUp) -> list[Effect]:
         reason = given.reason
         return self.give_up(reason)
@@ -2117,6 +2145,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.TakeUpQueue: TurnMachine._on_TakeUpQueue,
     _in.AdoptRetry: TurnMachine._on_AdoptRetry,
     _in.GiveUp: TurnMachine._on_GiveUp,
+    _in.BackOffOver: TurnMachine._on_BackOffOver,
     _in.Enqueue: TurnMachine._on_Enqueue,
     _in.Claim: TurnMachine._on_Claim,
     _in.DirectSend: TurnMachine._on_DirectSend,

@@ -42,6 +42,7 @@ from agent_session._delivery import Delivery, DeliveryState
 from agent_session._effects import (
     AbortPrepared,
     AbortResume,
+    BackOff,
     CancelRemoved,
     Commit,
     Dispatch,
@@ -559,6 +560,8 @@ class AgentSession:
         match effect:
             case ScheduleSweep():
                 self._run(self._sweep, then)
+            case BackOff(delay_s=delay):
+                self._run(self._backing_off(delay))
             case StopStream(reason=why, soft=soft):
                 stop = self._manager.request_stop_nowait
                 self._calling_out(lambda: stop(self.id, soft=soft, reason=why))
@@ -785,6 +788,16 @@ class AgentSession:
         start = self._do(machine.handle(_in.SweepDue()), hold_resume=True)
         if isinstance(start, StartResume):
             await self._armed(start)(then)
+
+    def _backing_off(self, delay_s: float) -> Work:
+        """PS-3: wait ``delay_s`` on the engine's clock, then let the sweep retry."""
+
+        async def wait(then: Successors) -> None:
+            clock = self._manager.clock
+            await clock.sleep_until(clock.now() + delay_s)
+            await self._perform(self._machine.handle(_in.BackOffOver()), then)
+
+        return wait
 
     def _armed(self, start: StartResume) -> Work:
         """The resume ``start`` asks for, under a new abort signal (armed now, run later)."""

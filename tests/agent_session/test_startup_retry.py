@@ -490,3 +490,32 @@ async def test_ps8_a_provider_configuration_change_clears_fixable_markers_only(
         await again.settle()
     [start] = again.of(StreamStarted)
     assert (start.session, start.cause) == ("s1", "recovery")
+
+
+async def test_ps3_a_startup_retry_that_fails_before_its_stream_backs_off_on_the_clock(
+    store: Store,
+) -> None:
+    # the gate refuses the retry twice: attempts at 0 s, 1 s, then 3 s (1 s doubling), never
+    # in a tight loop; the third starts; a fresh cap of failures would still forfeit it (R21)
+    from agent_session import ResumeAttempted
+    from tests.agent_session.support import FailingGate
+
+    await left_behind(store, row(1, RowKind.USER), envelope=envelope("s1/1", 7))
+    config = EngineConfig(max_stream_steps=9, resume_attempt_cap=4)
+    times: list[tuple[str, float]] = []
+    async with session_rig(
+        {"M": [X("answered")]},
+        store=store,
+        sessions=(),
+        config=config,
+        gate=FailingGate(2, purpose="resume"),
+    ) as r:
+        r.on(
+            lambda e: (
+                times.append((e.outcome, r.clock.now())) if isinstance(e, ResumeAttempted) else None
+            )
+        )
+        await r.settle()
+    assert times == [("failed", 0.0), ("failed", 1.0), ("started", 3.0)]
+    [start] = r.of(StreamStarted)
+    assert (start.cause, start.budget) == ("recovery", 7)
