@@ -292,8 +292,12 @@ class Engine:
         assert self._group is not None
         self.manager.operations.close()  # from here on, no late resolution is written
         self._group.cancel_scope.cancel("the engine is shutting down")
-        await stack.__aexit__(exc_type, exc, tb)
-        self._group = None
+        try:
+            await stack.__aexit__(exc_type, exc, tb)
+        finally:
+            self._group = None
+            for session in self._sessions.values():  # a queue write that never ran: not durable
+                session.unsettled_deliveries("the engine closed before the queue write")
 
     async def _write_handle(self, session: str, boundary: Boundary) -> object:
         return await self._writer.write(session, boundary)

@@ -437,8 +437,10 @@ class AgentSession:
             # Cut short (the cleanup bound, or the engine closing): whether it landed is
             # unknown, so it is decided as failed (nothing of it is told), then cancelled on.
             log.warning("session %s: %s cut short before it returned", self.id, effect.what)
+            cut_short = WriteCutShort(f"the {effect.what} write was cut short")
+            if effect.boundary.queue is not None and self._deliveries is not None:
+                self._delivered(effect.boundary.queue.version, cut_short)  # nobody waits forever
             if effect.failed is not None and machine.broken is None:
-                cut_short = WriteCutShort(f"the {effect.what} write was cut short")
                 self._do(machine.handle(msgspec.structs.replace(effect.failed, error=cut_short)))
             raise
         except (TurnkeeperError, OSError) as error:
@@ -456,6 +458,12 @@ class AgentSession:
         if effect.then is None or machine.broken is not None:
             return []
         return machine.handle(effect.then)
+
+    def unsettled_deliveries(self, why: str) -> None:
+        """What is still pending is not durable: ``why`` (the engine closed before the write)."""
+        pending, self._deliveries = self._deliveries, None
+        for _, delivery in pending or ():
+            delivery.settle(DeliveryState.NOT_DURABLE, why)
 
     def _delivered(self, version: int, error: Exception | None) -> None:
         """The queue's ``version`` is durable (``error``: it failed): the messages it holds.

@@ -328,3 +328,31 @@ async def test_ps1_a_damaged_queued_entry_is_kept_and_never_dispatched_half_read
     async with store:
         left = await store.queued("s1")
     assert [rec.entry_id for rec in left.records] == ["bad"]  # kept for a person to see
+
+
+class StuckQueueStore(SpyStore):
+    """A store whose queue-only commits never return (a disk that hangs)."""
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        if boundary.queue is not None and not boundary.rows:
+            await anyio.Event().wait()
+        return await super().commit(session, boundary, owner=owner)
+
+
+async def test_ps1_a_delivery_whose_queue_write_is_cut_short_is_settled_not_durable() -> None:
+    # nobody awaiting a send waits for ever: the engine closing cuts the write short, and the
+    # delivery says the message is not durable
+    store = StuckQueueStore()
+    gate = anyio.Event()
+    async with session_rig({"M": [T_("bash")]}, tools=[held_tool(gate)], store=store) as r:
+        s = r.session()
+        s.send("build it")
+        while not r.tools["bash"].calls:
+            await anyio.lowlevel.checkpoint()
+        delivery = s.send("and lint it", mode="turn-end")
+        for _ in range(5):
+            await anyio.lowlevel.checkpoint()
+        assert not delivery.settled  # its write hangs
+    assert delivery.state is DeliveryState.NOT_DURABLE
+    assert delivery.detail is not None
+    assert "cut short" in delivery.detail
