@@ -446,17 +446,11 @@ class Engine:
             if only not in (None, sid) or sid in self._sessions:
                 continue
             spent = 0
-            completed: list[OperationRecord] = []
             if (tail.envelope is not None and not tail.envelope_ended) or (
                 tail.envelope is not None and tail.rows and tail.rows[-1].kind is RowKind.PARTIAL
             ):
                 found = await self.store.receipts(sid)
                 spent = steps_done(tail.envelope.stream, [r.op_id for r in found.records])
-                completed = [
-                    r
-                    for r in found.records
-                    if r.stream == tail.envelope.stream and r.state is OpState.COMPLETED
-                ]
             plan = plan_retry(
                 tail,
                 spent=spent,
@@ -475,13 +469,42 @@ class Engine:
                 queue_version=tail.queue_version,
             )
             told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))
-            if plan.marker.cut == (tail.envelope.stream if tail.envelope else None):
-                for record in completed:  # OP-9: what the retry would re-run without knowing
-                    self.manager.operations.remember_lost(record)
+            for record in await self._lost_results(tail):  # OP-9: never re-run unknowingly
+                self.manager.operations.remember_lost(record)
             session.knows_abandon(stored=tail.abandon is not None, anchor=plan.anchor)
             session.adopt_retry(plan.marker)
             sessions.append(session)
         return sessions
+
+    async def _lost_results(self, tail: SessionTail) -> list[OperationRecord]:
+        """The completed calls of the retried turn whose results no row holds (OP-9).
+
+        Every stream of the turn (its envelope written at or after the turn's user row) that
+        no history row names died with its results, over as many crashes as it took: a retry
+        would call them again without knowing. Unreadable: none (logged).
+        """
+        anchor = tail.rows[0].seq if tail.rows and tail.rows[0].kind is RowKind.USER else None
+        if anchor is None:
+            return []
+        sid = tail.session.id
+        try:
+            loaded = await self.store.load(sid)
+            found = await self.store.receipts(sid, states=frozenset({OpState.COMPLETED}))
+        except (TurnkeeperError, OSError) as error:
+            log.warning("the lost results of %s were not read: %s", clip(sid), error)
+            return []
+        if loaded is None:
+            return []
+        ended = {row.stream for row in loaded.rows if row.stream is not None}
+        turn = {
+            e.stream
+            for e in loaded.envelopes
+            if e.after_seq is not None and e.after_seq >= anchor and e.stream not in ended
+        }
+        last = tail.envelope
+        if last is not None and last.after_seq is None and last.stream not in ended:
+            turn.add(last.stream)  # an envelope written before after_seq was kept
+        return [record for record in found.records if record.stream in turn]
 
     async def _abandon_retry(
         self, sid: str, plan: NoRetry, told: list[Recovered | RetryAbandoned]

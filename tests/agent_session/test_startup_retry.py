@@ -519,3 +519,33 @@ async def test_ps3_a_startup_retry_that_fails_before_its_stream_backs_off_on_the
     assert times == [("failed", 0.0), ("failed", 1.0), ("started", 3.0)]
     [start] = r.of(StreamStarted)
     assert (start.cause, start.budget) == ("recovery", 7)
+
+
+async def test_op9_ps4_a_lost_result_stays_held_across_a_second_crash(store: Store) -> None:
+    # s1/1 completed the call and died; its retry s1/2 died too before asking again: the
+    # third start still knows the call ran (every unended stream of the turn counts)
+    from stream_manager import ScriptToolCall
+    from stream_manager._op_states import target_digest
+    from tests.agent_session.support import HookTool
+
+    args = {"cmd": "make deploy"}
+    target = target_digest(Capability(ToolKind.CLIENT, "bash"), args, "turnkeeper")
+    done = msgspec.structs.replace(receipt("s1/1/1/0"), target=target)
+    first = msgspec.structs.replace(envelope("s1/1", 7), after_seq=1)
+    await left_behind(store, row(1, RowKind.USER), envelope=first, receipts=(done,))
+    async with store:
+        second = msgspec.structs.replace(envelope("s1/2", 6, cause="recovery"), after_seq=1)
+        await commit(store, "s1", envelope=second)
+    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=args),))
+    bash = HookTool("bash")
+    async with session_rig(
+        {"M": [again, X("checked first")]},
+        store=store,
+        sessions=(),
+        config=CONFIG,
+        tools=[bash],
+    ) as r:
+        await r.settle()
+    [blocked] = r.of(OpBlocked)
+    assert blocked.blocked_by == "s1/1/1/0"
+    assert bash.calls == []
