@@ -445,12 +445,11 @@ class Engine:
             sid = tail.session.id
             if only not in (None, sid) or sid in self._sessions:
                 continue
+            receipts: tuple[OperationRecord, ...] = ()
             spent = 0
-            if (tail.envelope is not None and not tail.envelope_ended) or (
-                tail.envelope is not None and tail.rows and tail.rows[-1].kind is RowKind.PARTIAL
-            ):
-                found = await self.store.receipts(sid)
-                spent = steps_done(tail.envelope.stream, [r.op_id for r in found.records])
+            if tail.envelope is not None:  # what its streams spent, and what they ran
+                receipts = (await self.store.receipts(sid)).records
+                spent = steps_done(tail.envelope.stream, [r.op_id for r in receipts])
             plan = plan_retry(
                 tail,
                 spent=spent,
@@ -469,27 +468,32 @@ class Engine:
                 queue_version=tail.queue_version,
             )
             told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))
-            for record in await self._lost_results(tail):  # OP-9: never re-run unknowingly
+            for record in await self._lost_results(tail, receipts):  # OP-9: never unknowingly
                 self.manager.operations.remember_lost(record)
             session.knows_abandon(stored=tail.abandon is not None, anchor=plan.anchor)
             session.adopt_retry(plan.marker)
             sessions.append(session)
         return sessions
 
-    async def _lost_results(self, tail: SessionTail) -> list[OperationRecord]:
+    async def _lost_results(
+        self, tail: SessionTail, receipts: Sequence[OperationRecord]
+    ) -> list[OperationRecord]:
         """The completed calls of the retried turn whose results no row holds (OP-9).
 
         Every stream of the turn (its envelope written at or after the turn's user row) that
         no history row names died with its results, over as many crashes as it took: a retry
-        would call them again without knowing. Unreadable: none (logged).
+        would call them again without knowing. ``receipts``: the session's, as the plan read
+        them (the history is read only when one completed). Unreadable: none (logged).
         """
         anchor = tail.rows[0].seq if tail.rows and tail.rows[0].kind is RowKind.USER else None
         if anchor is None:
             return []
+        completed = [r for r in receipts if r.state is OpState.COMPLETED]
+        if not completed:
+            return []
         sid = tail.session.id
         try:
             loaded = await self.store.load(sid)
-            found = await self.store.receipts(sid, states=frozenset({OpState.COMPLETED}))
         except (TurnkeeperError, OSError) as error:
             log.warning("the lost results of %s were not read: %s", clip(sid), error)
             return []
@@ -504,7 +508,7 @@ class Engine:
         last = tail.envelope
         if last is not None and last.after_seq is None and last.stream not in ended:
             turn.add(last.stream)  # an envelope written before after_seq was kept
-        return [record for record in found.records if record.stream in turn]
+        return [record for record in completed if record.stream in turn]
 
     async def _abandon_retry(
         self, sid: str, plan: NoRetry, told: list[Recovered | RetryAbandoned]

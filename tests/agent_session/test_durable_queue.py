@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from agent_session import (
+    AgentSession,
     DeliveryState,
     EntryCanceled,
     EntryDequeued,
@@ -35,7 +36,7 @@ from persistence import (
     SessionRecord,
 )
 from stream_manager import Persisted
-from tests.agent_session.support import T_, FailingGate, HookTool, X, session_rig
+from tests.agent_session.support import T_, FailingGate, HookTool, Rig, X, session_rig
 
 
 class SpyStore(MemoryStore):
@@ -68,6 +69,15 @@ async def queued_texts(store: MemoryStore, session: str = "s1") -> list[tuple[st
     return [tuple(m.text for m in decode_entry(r.body, r.entry_id).messages) for r in query.records]
 
 
+async def building(r: Rig) -> AgentSession:
+    """``s1`` sent "build it" and held inside its tool: busy, so what it is sent is queued."""
+    s = r.session()
+    s.send("build it")
+    while not r.tools["bash"].calls:  # the turn's task runs up to the held tool
+        await anyio.lowlevel.checkpoint()
+    return s
+
+
 def held_tool(gate: anyio.Event) -> HookTool:
     """A tool that runs until ``gate`` is set: the session stays busy meanwhile."""
     return HookTool("bash", gate=gate)
@@ -82,10 +92,8 @@ async def test_ps1_a_message_sent_while_busy_is_committed_before_it_is_told_queu
     async with session_rig(
         {"M": [T_("bash"), X("built"), X("linted")]}, tools=[held_tool(gate)], store=store
     ) as r:
-        s = r.session()
-        s.send("build it")
-        while s.phase is not Phase.STREAMING or not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
+        assert s.phase is Phase.STREAMING
         delivery = s.send("and lint it", entry="lint")
         assert delivery.state is DeliveryState.PENDING  # not durable yet: not told either
         assert not r.of(EntryQueued)
@@ -107,10 +115,7 @@ async def test_ps1_acceptance_takes_the_entry_off_the_queue_in_the_row_commit() 
     async with session_rig(
         {"M": [T_("bash"), X("built"), X("linted")]}, tools=[held_tool(gate)], store=store
     ) as r:
-        s = r.session()
-        s.send("build it")
-        while not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
         await s.send("and lint it", entry="lint", mode="turn-end")
         gate.set()
         await r.settle()
@@ -142,10 +147,7 @@ async def test_ps1_an_agent_initiated_entry_writes_nothing_of_its_own() -> None:
     async with session_rig(
         {"M": [T_("bash"), X("built")]}, tools=[held_tool(gate)], store=store
     ) as r:
-        s = r.session()
-        s.send("build it")
-        while not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
         token = s.enqueue("tasks finished", kind=EntryKind.WAKE, entry="w", mode="turn-end")
         assert [e.entry for e in r.of(EntryQueued)] == ["w"]  # told at once
         token.cancel()
@@ -161,10 +163,7 @@ async def test_ps1_a_cleared_queue_is_cleared_durably() -> None:
     async with session_rig(
         {"M": [T_("bash"), X("built")]}, tools=[held_tool(gate)], store=store
     ) as r:
-        s = r.session()
-        s.send("build it")
-        while not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
         await s.send("one", mode="turn-end")
         await s.send("two", mode="turn-end")
         assert await queued_texts(store) == [("one", "two")]  # batched: one entry, two adds
@@ -203,10 +202,7 @@ async def test_ps1_a_queue_write_that_fails_leaves_the_message_queued_in_memory_
     async with session_rig(
         {"M": [T_("bash"), X("built"), X("linted")]}, tools=[held_tool(gate)], store=store
     ) as r:
-        s = r.session()
-        s.send("build it")
-        while not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
         store.fail_queue_writes = 1
         delivery = await s.send("and lint it", mode="turn-end")
         assert delivery.state is DeliveryState.NOT_DURABLE
@@ -232,10 +228,7 @@ async def busy_with_queue(
     """
     gate = anyio.Event()
     async with session_rig({"M": [T_("bash")]}, tools=[held_tool(gate)], store=store) as r:
-        s = r.session()
-        s.send("build it")
-        while not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
         for message in messages:
             s.enqueue_message(message)
         for text in sends:
@@ -282,10 +275,7 @@ async def test_ps1_a_withdrawn_user_entry_is_rebuilt_withdrawn_and_never_runs() 
     user = NewMessage(text="never mind this", kind=EntryKind.USER, id="u1", cancel_token=token)
     gate = anyio.Event()
     async with session_rig({"M": [T_("bash")]}, tools=[held_tool(gate)], store=store) as r:
-        s = r.session()
-        s.send("build it")
-        while not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
         s.enqueue_message(user)
         for _ in range(10):
             await anyio.lowlevel.checkpoint()
@@ -345,10 +335,7 @@ async def test_ps1_a_delivery_whose_queue_write_is_cut_short_is_settled_not_dura
     store = StuckQueueStore()
     gate = anyio.Event()
     async with session_rig({"M": [T_("bash")]}, tools=[held_tool(gate)], store=store) as r:
-        s = r.session()
-        s.send("build it")
-        while not r.tools["bash"].calls:
-            await anyio.lowlevel.checkpoint()
+        s = await building(r)
         delivery = s.send("and lint it", mode="turn-end")
         for _ in range(5):
             await anyio.lowlevel.checkpoint()

@@ -37,8 +37,16 @@ from persistence import (
     TurnEnvelope,
 )
 from persistence.records import Capability, ToolKind
-from stream_manager import FellBack, OpBlocked, Persisted, ScriptStep, StreamStarted
-from tests.agent_session.support import T_, X, active_handles, session_rig
+from stream_manager import (
+    FellBack,
+    OpBlocked,
+    Persisted,
+    ScriptStep,
+    ScriptToolCall,
+    StreamStarted,
+)
+from stream_manager._op_states import target_digest
+from tests.agent_session.support import T_, HookTool, X, active_handles, session_rig
 from tests.store_kit import commit
 
 if TYPE_CHECKING:
@@ -106,6 +114,16 @@ async def left_behind(
             await commit(store, "s1", operations=(record,))
         if abandon is not None:
             await store.commit("s1", Boundary(abandon=abandon), owner=store.owner)
+
+
+#: The arguments of the call a crash cut off after it completed (its result lost with it).
+DEPLOY = {"cmd": "make deploy"}
+
+
+def deployed(op_id: str) -> OperationRecord:
+    """``op_id`` completed ``bash`` with ``DEPLOY``: its receipt names the same target."""
+    target = target_digest(Capability(ToolKind.CLIENT, "bash"), DEPLOY, "turnkeeper")
+    return msgspec.structs.replace(receipt(op_id), target=target)
 
 
 def envelope(stream: str, budget: int, model: str = "M", cause: str = "send") -> TurnEnvelope:
@@ -430,15 +448,9 @@ async def test_op9_ps4_a_retry_refuses_once_a_call_whose_result_died_with_the_st
     # the interrupted stream's bash call completed, but its result lived only in that stream:
     # the retried model, not knowing, asks again: refused once (the model is told why), then
     # the same call, asked knowingly, runs
-    from stream_manager import ScriptToolCall
-    from stream_manager._op_states import target_digest
-    from tests.agent_session.support import HookTool
-
-    args = {"cmd": "make deploy"}
-    target = target_digest(Capability(ToolKind.CLIENT, "bash"), args, "turnkeeper")
-    done = msgspec.structs.replace(receipt("s1/1/1/0"), target=target)
+    done = deployed("s1/1/1/0")
     await left_behind(store, row(1, RowKind.USER), envelope=envelope("s1/1", 7), receipts=(done,))
-    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=args),))
+    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=DEPLOY),))
     bash = HookTool("bash")
     async with session_rig(
         {"M": [again, again, X("deployed once, then again on purpose")]},
@@ -524,19 +536,13 @@ async def test_ps3_a_startup_retry_that_fails_before_its_stream_backs_off_on_the
 async def test_op9_ps4_a_lost_result_stays_held_across_a_second_crash(store: Store) -> None:
     # s1/1 completed the call and died; its retry s1/2 died too before asking again: the
     # third start still knows the call ran (every unended stream of the turn counts)
-    from stream_manager import ScriptToolCall
-    from stream_manager._op_states import target_digest
-    from tests.agent_session.support import HookTool
-
-    args = {"cmd": "make deploy"}
-    target = target_digest(Capability(ToolKind.CLIENT, "bash"), args, "turnkeeper")
-    done = msgspec.structs.replace(receipt("s1/1/1/0"), target=target)
+    done = deployed("s1/1/1/0")
     first = msgspec.structs.replace(envelope("s1/1", 7), after_seq=1)
     await left_behind(store, row(1, RowKind.USER), envelope=first, receipts=(done,))
     async with store:
         second = msgspec.structs.replace(envelope("s1/2", 6, cause="recovery"), after_seq=1)
         await commit(store, "s1", envelope=second)
-    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=args),))
+    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=DEPLOY),))
     bash = HookTool("bash")
     async with session_rig(
         {"M": [again, X("checked first")]},

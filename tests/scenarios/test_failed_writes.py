@@ -3,11 +3,13 @@
 For every library scenario, the sweep runs it once unfaulted, then once per trace event with
 ``fail_next store_write`` armed at that event (the next commit after it fails, whatever it
 carries: a user row, a sentinel, an envelope, a receipt, a partial or final row, a cut
-record's change, a recovery write). Every faulted run must:
+record's change, a recovery write), and once more with ``fail_next queue_write`` (the durable
+queue's own writes: the message stays queued in memory). Every faulted run must:
 
 * end, within a real-time hang guard, without an exception escaping the runner;
 * leave no session busy (the runner's "did not reach quiescence" is the wedge);
-* strand no queued entry: each one queued is dequeued, cancelled or cleared by the end;
+* strand no queued entry: each one queued is dequeued, cancelled or cleared by the end (a
+  user's entry made durable before a ``crash`` by the next engine);
 * resume no cut twice, and run no operation twice;
 * answer the failed write: tell the host, or write it again (``write_checks``);
 * tell nothing before it is durable: each ``owed``, ``continuation-ended``, ``resume``
@@ -48,8 +50,8 @@ SAMPLE_EVERY = 1 if FULL else 7
 PATH_ERRORS = ("no queued entry", "(create))")
 
 
-def _faulted(scenario: Scenario, event: str, nth: int) -> Scenario:
-    return with_action(scenario, event, nth, {"op": "fail_next", "what": "store_write"})
+def _faulted(scenario: Scenario, event: str, nth: int, what: str = "store_write") -> Scenario:
+    return with_action(scenario, event, nth, {"op": "fail_next", "what": what})
 
 
 def _placements(trace: list[dict[str, Any]]) -> list[tuple[str, int]]:
@@ -66,15 +68,19 @@ def _placements(trace: list[dict[str, Any]]) -> list[tuple[str, int]]:
 def _stranded_entries(trace: list[dict[str, Any]]) -> list[str]:
     """Entries queued (not batched into another) never dequeued, cancelled or cleared.
 
-    The queue lives in memory (it is not durable yet): a ``crash`` ends its entries with the
-    process, so only the last engine's entries are checked.
+    A ``crash`` ends with the process the entries that were not durable (agent-initiated ones,
+    and a user's whose queue write failed); a user's entry whose ``persisted queue`` came
+    before the crash survives it and must be taken up by the next engine.
     """
     queued: list[str] = []
+    durable: set[str] = set()
     ended: set[str] = set()
     for line in trace:
         event = line["event"]
         if event == "crash":
-            queued, ended = [], set()
+            queued = [entry for entry in queued if entry in durable and entry not in ended]
+        elif event == "persisted" and line["what"] == "queue":
+            durable.add(line["id"])
         elif event == "queued" and not line["into"]:
             queued.append(line["entry"])
         elif event in ("dequeued", "entry-canceled"):
@@ -136,11 +142,16 @@ def _path_error(result: RunResult) -> bool:
 
 
 async def _problems(
-    scenario: Scenario, baseline: RunResult, writes: list[Write], event: str, nth: int
+    scenario: Scenario,
+    baseline: RunResult,
+    writes: list[Write],
+    event: str,
+    nth: int,
+    what: str = "store_write",
 ) -> list[str]:
-    """What is wrong with the run that fails the next write after ``event`` #``nth``."""
+    """What is wrong with the run that fails the next ``what`` write after ``event`` #``nth``."""
     store = LoggedStore()
-    result = await run_guarded(_faulted(scenario, event, nth), store, (store.observe,))
+    result = await run_guarded(_faulted(scenario, event, nth, what), store, (store.observe,))
     OUTCOMES[_outcome(result)] += 1
     trace = result.trace
     placement = checks.placement(baseline.trace, event, nth)
@@ -154,17 +165,23 @@ async def _problems(
         "told before durable": checks.told_before_durable(trace, store.writes),
         "told ended but still owed in the store": await _told_but_owed(store, trace),
     }
-    unanswered = checks.failed_write_unanswered(
-        baseline.trace, writes, placement, trace, store.writes
-    )
-    if unanswered is not None:
-        found["a failed write unanswered"] = [unanswered]
-    where = f"fail_next store_write at {event} #{nth}"
+    if what == "store_write":  # a failed queue write's answer is the queue in memory
+        unanswered = checks.failed_write_unanswered(
+            baseline.trace, writes, placement, trace, store.writes
+        )
+        if unanswered is not None:
+            found["a failed write unanswered"] = [unanswered]
+    where = f"fail_next {what} at {event} #{nth}"
     return [f"{where}: {what}: {items}" for what, items in found.items() if items]
 
 
+@pytest.mark.parametrize("what", ["store_write", "queue_write"])
 @pytest.mark.parametrize("path", library(), ids=[p.stem for p in library()])
-async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Path) -> None:
+async def test_a_failed_store_write_at_any_event_never_wedges_a_session(
+    path: Path, what: str
+) -> None:
+    """Also for the durable queue's own writes (``queue_write``): a failed one leaves the
+    message queued in memory, and it must still run once, nothing else twice."""
     scenario = load_scenario(path)
     store = LoggedStore()
     baseline = await run_guarded(scenario, store, (store.observe,))
@@ -173,7 +190,7 @@ async def test_a_failed_store_write_at_any_event_never_wedges_a_session(path: Pa
     placements = _placements(baseline.trace)[::SAMPLE_EVERY]
     problems: list[str] = []
     for event, nth in placements:
-        problems += await _problems(scenario, baseline, store.writes, event, nth)
+        problems += await _problems(scenario, baseline, store.writes, event, nth, what)
     assert placements
     assert problems == []
 
