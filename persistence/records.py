@@ -523,14 +523,40 @@ class CutStateChange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     state: CutState
 
 
+class PartialChunk(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """B4: parts of a stream's in-progress assistant message, appended to the session's partial.
+
+    ``parts`` are the stream's parts ``start``, ``start + 1`` ... (the stream manager's own
+    encoding; the store keeps them byte-exact and never decodes them). A part already stored
+    at a position is replaced.
+    """
+
+    stream: str
+    start: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+    parts: tuple[bytes, ...]
+
+
+class StoredPartial(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The parts a stream left in the session's partial, by position from 0 (PS-2).
+
+    ``parts`` stops before the first missing position (a later part without its predecessor
+    says nothing a reader could place); ``gap`` is then the first missing position.
+    """
+
+    stream: str
+    parts: tuple[bytes, ...]
+    gap: int | None = None
+
+
 class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What one durable boundary of one session makes durable, in one transaction.
 
     Every part is optional; every record must belong to the boundary's session. A store
     applies the parts in this order: ``create``, ``delete``, ``rows``, ``cut_states``,
-    ``envelope``, ``operations``, ``handles``, ``queue``, the abandon marker (so a boundary may
-    replace a row by deleting and re-adding its id, may move the cut record of a row it adds,
-    and may accept a queued entry into history and take it off the queue in one transaction).
+    ``envelope``, ``operations``, ``handles``, ``queue``, the abandon marker, ``drop_partials``,
+    ``partial`` (so a boundary may replace a row by deleting and re-adding its id, may move the
+    cut record of a row it adds, may accept a queued entry into history and take it off the
+    queue in one transaction, and may commit a stream's partial as a row and drop it at once).
 
     Attributes:
         create: Create the session (idempotent for an identical record).
@@ -547,6 +573,9 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         abandon: The session's startup-abandon marker to store, replacing any (PS-8).
         clear_abandon: Remove the session's startup-abandon marker (with ``abandon``: the
             marker given is stored).
+        drop_partials: Streams whose partial parts are deleted (B5, B6, PS-2).
+        partial: Parts of a stream's in-progress message to store (B4). Like receipts they
+            need no session record.
     """
 
     create: SessionRecord | None = None
@@ -559,6 +588,8 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     queue: QueueSnapshot | None = None
     abandon: AbandonMarker | None = None
     clear_abandon: bool = False
+    drop_partials: tuple[str, ...] = ()
+    partial: PartialChunk | None = None
 
 
 class Committed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -587,6 +618,8 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         queue_corrupt: ``(entry id, what was wrong, naming the field)`` for each stored queue
             entry that failed validation: left out of ``queue``, kept in the store.
         abandon: Its startup-abandon marker (PS-8), if one is stored.
+        partials: The partial parts its streams left (B4), in the order the streams first
+            wrote them.
     """
 
     record: SessionRecord
@@ -597,6 +630,7 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     queue_version: int = 0
     queue_corrupt: tuple[tuple[str, str], ...] = ()
     abandon: AbandonMarker | None = None
+    partials: tuple[StoredPartial, ...] = ()
 
 
 class SessionList(list[SessionRecord]):
