@@ -16,6 +16,7 @@ import msgspec
 from persistence import _checks
 from persistence._errors import UsageError
 from persistence._open_receipts import OpenReceipts, open_in
+from persistence._partial import assemble, check_chunk
 from persistence.records import (
     AbandonMarker,
     AbandonQuery,
@@ -72,6 +73,8 @@ class MemoryStore:
         self._sessions: dict[str, _SessionData] = {}
         self._operations: dict[str, OperationRecord] = {}
         self._handles: dict[str, HandleRecord] = {}
+        #: Session -> stream -> position -> part (B4); like receipts, no session record needed.
+        self._partials: dict[str, dict[str, dict[int, bytes]]] = {}
         self._open = False
         self._owner: str | None = None
 
@@ -150,12 +153,16 @@ class MemoryStore:
             and boundary.abandon is None
             and not boundary.clear_abandon
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
-        ):  # receipts only, the most frequent boundary: nothing to check against the store
+        ):  # receipts (and partial parts): the most frequent boundary, nothing to check
             _checks.check_receipts(session, boundary.operations)
+            if boundary.partial is not None or boundary.drop_partials:
+                check_chunk(session, boundary.partial, boundary.drop_partials)
+                self._put_partial(session, boundary)
             for record in boundary.operations:
                 self._operations[record.op_id] = record
             return _NOTHING
         _checks.check_boundary(session, boundary)
+        check_chunk(session, boundary.partial, boundary.drop_partials)
         deleted = self._apply(session, boundary)
         return Committed(deleted=deleted) if deleted else _NOTHING
 
@@ -186,7 +193,25 @@ class MemoryStore:
             self._operations[record.op_id] = record
         for handle in boundary.handles:
             self._handles[handle.handle_id] = handle
+        if boundary.partial is not None or boundary.drop_partials:
+            self._put_partial(session, boundary)
         return len(doomed)
+
+    def _put_partial(self, session: str, boundary: Boundary) -> None:
+        """Drop the streams' partials the boundary names, then store its chunk (checked)."""
+        mine = self._partials.get(session)
+        if mine is not None:
+            for stream in boundary.drop_partials:
+                mine.pop(stream, None)
+        chunk = boundary.partial
+        if chunk is not None:
+            if mine is None:
+                mine = self._partials[session] = {}
+            parts = mine.setdefault(chunk.stream, {})
+            for position, body in enumerate(chunk.parts, chunk.start):
+                parts[position] = body
+        if mine is not None and not mine:
+            del self._partials[session]
 
     @staticmethod
     def _check_rows(data: _SessionData, doomed: Set[str], rows: Sequence[HistoryRow]) -> None:
@@ -231,6 +256,10 @@ class MemoryStore:
             queue=tuple(sorted(data.queue, key=_position)),
             queue_version=data.queue_version,
             abandon=data.abandon,
+            partials=tuple(
+                assemble(stream, parts.items())
+                for stream, parts in self._partials.get(session, {}).items()
+            ),
         )
 
     async def sessions(self) -> list[SessionRecord]:
