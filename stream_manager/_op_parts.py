@@ -120,6 +120,7 @@ class Op:
         "effects",
         "exit_flag",
         "given",
+        "given_at",
         "life",
         "overlaps",
         "scope",
@@ -140,6 +141,8 @@ class Op:
         self.exit_flag: Flag | None = None
         #: The model's result, once given.
         self.given: ToolResultPart | None = None
+        #: Where its result stands in the stream's parts, once appended (B4).
+        self.given_at: int | None = None
         self.timers: list[Timer] = []
         #: Its execute was handed to a worker (it may be running).
         self.dispatched = False

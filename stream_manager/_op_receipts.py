@@ -14,6 +14,7 @@ from persistence import Boundary, OperationRecord, OpState, Store, TurnkeeperErr
 from stream_manager._events import OperationStarted, Persisted, ReceiptWritten, StreamEvent
 from stream_manager._op_guard import OverlapGuard
 from stream_manager._op_states import OutcomeCode, advance, requested, target_digest
+from stream_manager._partial import PartialLog
 from stream_manager._parts import ToolCallPart, ToolResultPart
 from stream_manager.errors import WriteFailed
 from stream_manager.ports import Capability, Clock, ToolKind
@@ -33,6 +34,8 @@ class ReceiptWriter:
         #: The owner token every receipt commit carries (read at each write: the engine's).
         self._owner = owner
         self._emit = emit
+        #: Stream id -> its partial (B4): each receipt write of the stream carries its news.
+        self.logs: dict[str, PartialLog] = {}
 
     # ------------------------------------------------------------ writes and events
 
@@ -42,23 +45,31 @@ class ReceiptWriter:
 
     async def _write(self, record: OperationRecord) -> None:
         records = (record,)
+        log = self.logs.get(record.stream) if self.logs else None
+        chunk = log.chunk() if log is not None else None
         try:
             await self.store.commit(
-                record.session, Boundary(operations=records), owner=self._owner()
+                record.session, Boundary(operations=records, partial=chunk), owner=self._owner()
             )
         except (TurnkeeperError, OSError) as error:
             raise _unwritten(records, error) from error
+        if log is not None:
+            log.wrote(chunk)
         if self._emit is not None:
             self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
 
     async def _write_all(self, records: list[OperationRecord]) -> None:
         """Write a step's receipts in one durable write (their events come from the caller)."""
         if records:  # one step's calls: one session's boundary
-            boundary = Boundary(operations=tuple(records))
+            log = self.logs.get(records[0].stream) if self.logs else None
+            chunk = log.chunk() if log is not None else None
+            boundary = Boundary(operations=tuple(records), partial=chunk)
             try:
                 await self.store.commit(records[0].session, boundary, owner=self._owner())
             except (TurnkeeperError, OSError) as error:
                 raise _unwritten(records, error) from error
+            if log is not None:
+                log.wrote(chunk)
 
     #: What the runner and the provider calls write through.
     write = _write

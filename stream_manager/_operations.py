@@ -99,7 +99,8 @@ from stream_manager._op_states import (
     requested,
     target_digest,
 )
-from stream_manager._parts import ToolCallPart, ToolResultPart
+from stream_manager._partial import PartialLog
+from stream_manager._parts import Part, ToolCallPart, ToolResultPart
 from stream_manager.errors import (
     TerminationUnconfirmed,
     ToolTransportLost,
@@ -165,6 +166,8 @@ class OperationRunner:
         self._lingering: dict[str, Op] = {}
         #: Stream id -> the results of its step stopped mid-way (``take_answers``).
         self._answers: dict[str, list[ToolResultPart]] = {}
+        #: Stream id -> the stream's parts, where each given result is appended (B4).
+        self._parts: dict[str, list[Part]] = {}
         #: The effects performed at once (no await), by type: the hot path's dispatch.
         self._now: dict[type, Callable[[Op, Any, Spawn], None]] = {
             Arm: self._arm,
@@ -196,6 +199,11 @@ class OperationRunner:
     def bound(self) -> bool:
         """Whether an engine's task group runs the tool tasks (streams need no group then)."""
         return self._spawn is not None
+
+    def open_partial(self, stream: str, parts: list[Part]) -> PartialLog:
+        """B4: ``stream``'s receipt writes carry its ``parts`` from now on (until it closes)."""
+        log = self._receipts.logs[stream] = PartialLog(stream, parts)
+        return log
 
     def remember_lost(self, record: OperationRecord) -> None:
         """A completed call of a stream a crash cut off: its next identical call is refused once.
@@ -263,11 +271,17 @@ class OperationRunner:
         calls: list[ToolCallPart],
         stop_why: Callable[[], CancelWhy],
         spawn: Spawn | None,
+        parts: list[Part] | None = None,
     ) -> list[ToolResultPart]:
         """Run a step's client calls one at a time, each as an operation; results in order.
 
         ``spawn`` starts the tool tasks when no engine group is bound (the stream's group).
+        ``parts``: the stream's parts; each result is appended there as it is given (a refused
+        call's before the step's receipts are written, a call's with the receipt that ends
+        it), so the stream's partial holds it durably with that receipt (B4).
         """
+        if parts is None:
+            parts = []
         spawn = self._spawn or spawn
         if spawn is None:
             raise RuntimeError("no task group to run tool calls in: bind one or pass spawn")
@@ -281,6 +295,8 @@ class OperationRunner:
         unstarted = first.life.record if first is not None else None
         if first is not None and unstarted is not None:  # it runs at once: one write
             first.life.record = advance(unstarted, OpState.RUNNING, now=unstarted.started_at)
+        parts.extend(item[1] for item in admitted if not isinstance(item, Op))
+        self._parts[stream] = parts
         try:
             await self._receipts.write_all([_record_of(a) for a in admitted])
         except anyio.get_cancelled_exc_class():
@@ -569,6 +585,8 @@ class OperationRunner:
         Lost results its session still holds (``remember_lost``) are let go: they guard the
         startup retry's stream only, never a later turn's identical call.
         """
+        self._parts.pop(stream, None)
+        self._receipts.logs.pop(stream, None)
         worker = self._workers.pop(stream, None)
         if worker is not None:
             worker.retire()
@@ -623,6 +641,10 @@ class OperationRunner:
             if perform is not None:
                 perform(op, effect, spawn)
             elif isinstance(effect, Finish):  # durable, then told, then given
+                parts = self._parts.get(op.record.stream)
+                if parts is not None and op.given_at is None:  # its result rides its receipt
+                    op.given_at = len(parts)
+                    parts.append(effect.result)
                 await self._receipts.write(effect.record)
                 self._receipts.receipt_event(effect.record, op.call.name)
                 op.given = effect.result
@@ -802,13 +824,12 @@ def _record_of(item: Admitted) -> OperationRecord:
 
 
 def _answers(admitted: list[Admitted], results: list[ToolResultPart]) -> list[ToolResultPart]:
-    """Every call of a stopped step answered: the result it was given, or its receipt's."""
-    answers = list(results)
-    for item in admitted[len(results) :]:
-        if not isinstance(item, Op):
-            answers.append(item[1])
-        elif item.given is not None:
-            answers.append(item.given)
-        else:
-            answers.append(receipt_answer(item.call, item.record))
-    return answers
+    """A stopped step's calls that no given result answers yet, answered from their receipts.
+
+    A refused call's result and every given one are in the stream's parts already.
+    """
+    return [
+        receipt_answer(item.call, item.record)
+        for item in admitted[len(results) :]
+        if isinstance(item, Op) and item.given is None and item.given_at is None
+    ]

@@ -170,6 +170,8 @@ class StreamProcessor:
         required = RequiredTools((*self._completion_tools, *request.required_tools))
         outcome: StreamOutcome | _Stopped = _STOPPED
         assert stream.scope is not None
+        if hears_milestones(request.host):  # its host writes the row that takes the partial
+            stream.partial = self._ops.open_partial(stream.id, stream.parts)
         try:
             with stream.scope:
                 outcome = await self._loop(stream, request, list(request.messages), required)
@@ -461,6 +463,7 @@ class StreamProcessor:
                 calls=client_calls,
                 stop_why=lambda: _cancel_why(stream),
                 spawn=self._stream_spawn(stream),
+                parts=stream.parts,  # each result appended as it is given (B4)
             )
         except BaseException:
             # Stopped mid-step: the partial keeps every call answered (docs/operations.md).
@@ -468,7 +471,6 @@ class StreamProcessor:
             raise
         for result in executed:
             results.append(result)
-            stream.parts.append(result)
             self._tool_ended(stream, result, provider=False)
         text = "".join(p.text for p in step.parts if isinstance(p, TextPart))
         messages.append(ChatMessage(role=Role.ASSISTANT, text=text, tool_calls=tuple(all_calls)))
@@ -512,6 +514,7 @@ class StreamProcessor:
         if report is not None:
             host.queued_stop(report)  # synchronously, before stream-end (SM-8, R1)
         stream.move(StreamState.COMPLETED)
+        stream.close_partial()  # the final row takes the parts (B5)
         ended = Ended(
             stream=stream.id,
             model=stream.model,
@@ -551,6 +554,7 @@ class StreamProcessor:
         else:
             kind = ErrorKind.TERMINAL
         stream.move(StreamState.ERROR)
+        stream.close_partial()  # left for the next stream start to commit (PS-2)
         if self._events.observers:
             self._events.emit(
                 StreamFailed(

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from stream_manager._budget import StepBudget
     from stream_manager._events import AbortReason
     from stream_manager._fallback import ModelFallbackProgress
+    from stream_manager._partial import PartialLog
     from stream_manager._parts import Part
 
 
@@ -61,6 +62,7 @@ class ActiveStream:
         "hard_reason",
         "id",
         "model",
+        "partial",
         "parts",
         "progress",
         "required_in_step",
@@ -88,6 +90,8 @@ class ActiveStream:
         self.progress = progress
         self.state = StreamState.STARTING
         self.parts: list[Part] = []
+        #: Its durable partial (B4), when its host writes the row that takes it.
+        self.partial: PartialLog | None = None
         #: A soft stop waits for the next text-end / reasoning-end / finish-step (SM-10).
         self.soft_reason: AbortReason | None = None
         #: A hard stop (or the caller's abort) cancels processing with this reason.
@@ -106,6 +110,11 @@ class ActiveStream:
         if (self.state, to) not in TRANSITIONS:
             raise IllegalStreamTransition(f"stream {self.id}: {self.state} -> {to} is not allowed")
         self.state = to
+
+    def close_partial(self) -> None:
+        """Its outcome is decided: no receipt write carries its parts any more (B4)."""
+        if self.partial is not None:
+            self.partial.close()
 
     @property
     def stopping(self) -> bool:
