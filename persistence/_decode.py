@@ -18,6 +18,7 @@ import msgspec
 
 from persistence import _checks
 from persistence._errors import CorruptRecord
+from persistence._partial import decode_parts
 from persistence._text import NotUtf8, clip
 from persistence.records import (
     MAX_HANDLE_BYTES,
@@ -565,12 +566,14 @@ def decode_load(
     queued: Sequence[Sequence[Any]] = (),
     version: Sequence[Sequence[Any]] = (),
     abandon: Sequence[Sequence[Any]] = (),
+    parts: Sequence[Sequence[Any]] = (),
 ) -> SessionLoad | None:
     """Build a session's load from its raw rows; ``None`` when there is no session row.
 
     A damaged cut record of a row that owes nothing is reported in ``corrupt`` and the row
     comes back without it (:func:`decode_history_row`); a damaged queued entry is reported in
-    ``queue_corrupt`` by its entry id and left out of ``queue``.
+    ``queue_corrupt`` by its entry id and left out of ``queue``; a damaged partial part ends
+    its stream's parts there as a gap, and is logged (:func:`~persistence._partial.decode_parts`).
 
     Raises:
         CorruptRecord: The session, a row's columns, a cut record that may be owed, an
@@ -598,4 +601,5 @@ def decode_load(
         queue_version=decode_queue_version(version[0]) if version else 0,
         queue_corrupt=tuple((entry_id, detail) for _, entry_id, detail in damaged),
         abandon=decode_abandon(abandon[0]) if abandon else None,
+        partials=decode_parts(record.id, parts) if parts else (),
     )

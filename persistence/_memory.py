@@ -204,7 +204,7 @@ class MemoryStore:
             for stream in boundary.drop_partials:
                 mine.pop(stream, None)
         chunk = boundary.partial
-        if chunk is not None:
+        if chunk is not None and chunk.parts:  # a chunk of no parts stores no stream
             if mine is None:
                 mine = self._partials[session] = {}
             parts = mine.setdefault(chunk.stream, {})

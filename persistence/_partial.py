@@ -2,18 +2,23 @@
 
 Both stores keep a stream's in-progress parts by position, byte-exact, and read them back
 through :func:`assemble`, so a position missing in the middle (a store edited by hand) ends
-what is read there instead of closing the gap silently.
+what is read there instead of closing the gap silently. SQLite's rows go through
+:func:`decode_parts` first: a damaged one is a gap too, and is logged.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from typing import TYPE_CHECKING, Any
 
-from persistence._errors import UsageError
+from persistence._errors import CorruptRecord, UsageError
+from persistence._text import clip
 from persistence.records import MAX_SEQ, PartialChunk, StoredPartial
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
+
+log = logging.getLogger("turnkeeper.persistence")
 
 
 def check_chunk(session: str, chunk: PartialChunk | None, drops: tuple[str, ...]) -> None:
@@ -55,3 +60,48 @@ def assemble(stream: str, stored: Iterable[tuple[int, bytes]]) -> StoredPartial:
             return StoredPartial(stream=stream, parts=tuple(parts), gap=len(parts))
         parts.append(body)
     return StoredPartial(stream=stream, parts=tuple(parts))
+
+
+def decode_parts(session: str, rows: Sequence[Sequence[Any]]) -> tuple[StoredPartial, ...]:
+    """A session's stored partials from its ``partial_parts`` rows ``(stream, position, body)``.
+
+    ``rows`` come in the order they were first written: the streams come back in the order
+    each first wrote a part. A damaged row (its position not an integer in 0..``MAX_SEQ``, its
+    body not a blob, as a hand edit leaves them) never fails the load: it is logged as an
+    error naming the table, session, stream and position, and its stream's parts stop at the
+    first position not read intact (``gap``), so a damaged partial is never read as whole. A
+    row whose stream id is not text names no stream a reader could ask for: logged, skipped.
+    Nothing stored is changed.
+    """
+    found: dict[str, list[tuple[int, bytes]]] = {}
+    damaged: dict[str, int] = {}  # stream -> where its parts stop at the latest
+    for stream, position, body in rows:
+        if type(stream) is not str:
+            _damage(session, stream, position, "$.stream: not text; the part is skipped")
+            continue
+        pairs = found.setdefault(stream, [])
+        placed = type(position) is int and 0 <= position <= MAX_SEQ
+        if placed and type(body) is bytes:
+            pairs.append((position, body))
+            continue
+        if placed:
+            why, stop = f"$.body: {type(body).__name__}, not a blob", position
+        else:  # placed nowhere: the stream's intact run ends where it ends, as a gap
+            why = f"$.position: {clip(repr(position))} is not a position in 0..{MAX_SEQ}"
+            stop = MAX_SEQ + 1
+        damaged[stream] = min(damaged.get(stream, stop), stop)
+        _damage(session, stream, position, f"{why}; the stream's parts are read up to a gap")
+    partials = []
+    for stream, pairs in found.items():
+        stop = damaged.get(stream)
+        if stop is None:
+            partials.append(assemble(stream, pairs))
+            continue
+        cut = assemble(stream, [pair for pair in pairs if pair[0] < stop])
+        partials.append(StoredPartial(stream=stream, parts=cut.parts, gap=len(cut.parts)))
+    return tuple(partials)
+
+
+def _damage(session: str, stream: object, position: object, detail: str) -> None:
+    key = f"{clip(session)}/{clip(stream)}/{clip(position)}"
+    log.error("%s", CorruptRecord("partial_parts", key, detail))

@@ -59,6 +59,7 @@ from persistence._errors import (
 from persistence._group import GroupCommit
 from persistence._migrations import Migration, load_migrations
 from persistence._open_receipts import OpenReceipts, decode_open, open_query
+from persistence._partial import check_chunk
 from persistence._text import clip, tolerant
 from persistence.records import (
     AbandonMarker,
@@ -655,11 +656,15 @@ class SqliteStore:
             and boundary.abandon is None
             and not boundary.clear_abandon
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
-        ):  # receipts only, the most frequent boundary (two per tool step): its own short path
+        ):  # receipts (and partial parts), the most frequent boundary: its own short path
             _checks.check_receipts(session, boundary.operations)
-            job = _writes.receipts(session, boundary.operations, self, owner)
+            chunk, drops = boundary.partial, boundary.drop_partials
+            if chunk is not None or drops:
+                check_chunk(session, chunk, drops)
+            job = _writes.receipts(session, boundary.operations, self, owner, chunk, drops)
         else:
             _checks.check_boundary(session, boundary)
+            check_chunk(session, boundary.partial, boundary.drop_partials)
             job = _writes.commit(session, boundary, self._path, self, owner)  # fenced again in it
         if job is None:
             return _NOTHING
@@ -670,9 +675,11 @@ class SqliteStore:
     # -- reads ----------------------------------------------------------------------------------
 
     async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
-        """The session's record, rows by seq, envelopes and queue, read in one snapshot (one call).
+        """The session's record, rows by seq, envelopes, queue, marker, partials: one snapshot.
 
-        A damaged queued entry is reported in ``queue_corrupt`` and left out of ``queue``.
+        A damaged queued entry is reported in ``queue_corrupt`` and left out of ``queue``. A
+        damaged partial part ends its stream's parts there, as a gap, and is logged
+        (``persistence._partial.decode_parts``).
 
         Raises:
             CorruptRecord: A value of the session fails validation (it is reported, never

@@ -30,6 +30,7 @@ from persistence.records import (
     HandleRecord,
     HistoryRow,
     OperationRecord,
+    PartialChunk,
     QueueSnapshot,
     SessionRecord,
 )
@@ -98,6 +99,14 @@ PUT_ABANDON = (
 )
 DROP_ABANDON = "DELETE FROM abandon_markers WHERE session = ?"
 SELECT_SESSION_ID = "SELECT 1 FROM sessions WHERE id = ?"
+#: A part of a stream's partial (B4): a part stored at its position is replaced. An upsert,
+#: not ``INSERT OR REPLACE``: the row keeps its rowid, which orders the streams in ``load``.
+PUT_PART = (
+    "INSERT INTO partial_parts (session, stream, position, body) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (session, stream, position) DO UPDATE SET body = excluded.body"
+)
+#: Every part of one stream's partial (B5, B6, PS-2).
+DROP_PARTS = "DELETE FROM partial_parts WHERE session = ? AND stream = ?"
 #: The end of a receipt's bytes when nobody resolved it: the fields migration 0003 added, all
 #: unset. Left off, so such a receipt keeps the bytes it always had (they decode to the
 #: defaults); the hottest write stays as short as it was.
@@ -174,6 +183,53 @@ def queue_plan(snapshot: QueueSnapshot) -> _Queue:
     return _Queue(version=snapshot.version, spared=_ENCODE(spared).decode(), entries=entries)
 
 
+class _Partial(msgspec.Struct, frozen=True):
+    """A boundary's ``drop_partials`` and ``partial``, as their statements' parameters."""
+
+    #: ``DROP_PARTS`` parameters, one per dropped stream (run first).
+    drops: list[tuple[str, str]]
+    #: ``PUT_PART`` parameters, one per part of the chunk (run after the drops).
+    parts: list[tuple[str, str, int, bytes]]
+
+    @property
+    def statements(self) -> int:
+        """How many statements it runs (each list is one ``executemany``, when it has any)."""
+        return bool(self.drops) + bool(self.parts)
+
+    @property
+    def single(self) -> bool:
+        """Whether it runs one statement once (so it needs no savepoint of its own)."""
+        return len(self.drops) + len(self.parts) == 1
+
+
+def partial_plan(
+    session: str, chunk: PartialChunk | None, drops: tuple[str, ...]
+) -> _Partial | None:
+    """The statements' parameters of a (checked) chunk and drops; ``None`` when it has neither."""
+    if chunk is None and not drops:
+        return None
+    parts: list[tuple[str, str, int, bytes]] = []
+    if chunk is not None:
+        stream = chunk.stream
+        parts = [
+            (session, stream, position, body)
+            for position, body in enumerate(chunk.parts, chunk.start)
+        ]
+    return _Partial(drops=[(session, stream) for stream in drops], parts=parts)
+
+
+def _put_partial(db: sqlite3.Connection, pending: _Partial) -> None:
+    """Drop the named streams' parts, then store the chunk's (the order ``Boundary`` says)."""
+    if len(pending.drops) == 1:
+        db.execute(DROP_PARTS, pending.drops[0])
+    elif pending.drops:
+        db.executemany(DROP_PARTS, pending.drops)
+    if len(pending.parts) == 1:
+        db.execute(PUT_PART, pending.parts[0])
+    elif pending.parts:
+        db.executemany(PUT_PART, pending.parts)
+
+
 class _Plan(msgspec.Struct, frozen=True):
     """A boundary encoded on the event loop, ready to run on the connection's thread."""
 
@@ -192,6 +248,8 @@ class _Plan(msgspec.Struct, frozen=True):
     abandon: tuple[str, str, str | None] | None = None
     #: Remove the session's abandon marker (only when none is stored in its place).
     clear_abandon: bool = False
+    #: The partial's drops and chunk (B4), run last.
+    partial: _Partial | None = None
 
     @property
     def statements(self) -> int:
@@ -206,6 +264,7 @@ class _Plan(msgspec.Struct, frozen=True):
             + min(len(self.handles), 1)
             + (0 if self.queue is None else 3)  # never bare: several statements
             + (self.abandon is not None or self.clear_abandon)
+            + (0 if self.partial is None else self.partial.statements)
         )
 
 
@@ -239,6 +298,8 @@ def commit(
         and boundary.queue is None
         and boundary.abandon is None
         and not boundary.clear_abandon
+        and boundary.partial is None
+        and not boundary.drop_partials
     ):
         # The hottest boundaries are one statement (a row, an envelope, a record's state):
         # their jobs skip the plan and run ``_apply``'s statements (``_insert``, ...) alone.
@@ -263,7 +324,9 @@ def commit(
         or abandon
         or boundary.clear_abandon
     ):
-        return receipts(session, boundary.operations, store, owner)
+        return receipts(
+            session, boundary.operations, store, owner, boundary.partial, boundary.drop_partials
+        )
     plan = _Plan(
         session=session,
         path=path,
@@ -278,11 +341,17 @@ def commit(
         queue=None if queue is None else queue_plan(queue),
         abandon=None if abandon is None else (session, abandon.reason, abandon.user_row),
         clear_abandon=boundary.clear_abandon and abandon is None,
+        partial=partial_plan(session, boundary.partial, boundary.drop_partials),
     )
     statements = plan.statements
     if statements == 0:
         return None
-    bare = statements == 1 and len(plan.operations) <= 1 and len(plan.handles) <= 1
+    bare = (
+        statements == 1
+        and len(plan.operations) <= 1
+        and len(plan.handles) <= 1
+        and (plan.partial is None or plan.partial.single)
+    )
     return partial(_run_plan, store, owner, plan, bare)
 
 
@@ -337,9 +406,24 @@ def _run_plan(
 
 
 def receipts(
-    session: str, records: Sequence[OperationRecord], store: Owned, owner: str | None
+    session: str,
+    records: Sequence[OperationRecord],
+    store: Owned,
+    owner: str | None,
+    chunk: PartialChunk | None = None,
+    drops: tuple[str, ...] = (),
 ) -> Job[int] | None:
-    """A boundary of receipts only (most boundaries: two per tool step): one upsert each."""
+    """A boundary of receipts (most boundaries: two per tool step), and the partial's parts.
+
+    The receipts are one upsert each; a (checked) chunk and drops (B4) run after them in the
+    same job, inside a savepoint unless the whole job is one statement run once.
+    """
+    if chunk is not None or drops:
+        pending = partial_plan(session, chunk, drops)
+        if pending is not None and pending.statements:
+            many = [operation_params(record) for record in records]
+            bare = not many and pending.single
+            return partial(_put_with_partial, store, session, owner, many, pending, bare)
     if not records:
         return None
     if len(records) == 1:
@@ -372,6 +456,34 @@ def _put_many(
     return 0
 
 
+def _put_with_partial(
+    store: Owned,
+    session: str,
+    owner: str | None,
+    many: list[tuple[object, ...]],
+    pending: _Partial,
+    bare: bool,
+    db: sqlite3.Connection,
+) -> int:
+    _checks.fence(session, store.owner, owner)
+    if bare:  # one statement run once: SQLite undoes it whole
+        _put_partial(db, pending)
+        return 0
+    db.execute("SAVEPOINT boundary")
+    try:
+        if len(many) == 1:
+            db.execute(PUT_OPERATION, many[0])
+        elif many:
+            db.executemany(PUT_OPERATION, many)
+        _put_partial(db, pending)
+    except BaseException:
+        db.execute("ROLLBACK TO boundary")
+        db.execute("RELEASE boundary")
+        raise
+    db.execute("RELEASE boundary")
+    return 0
+
+
 def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
     """Run a boundary's statements in order; how many rows it deleted."""
     if plan.create is not None and plan.created is not None:
@@ -395,6 +507,8 @@ def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
         _replace_queue(db, plan.session, plan.queue)
     if plan.abandon is not None or plan.clear_abandon:
         _abandon(db, plan.session, plan.abandon)
+    if plan.partial is not None:
+        _put_partial(db, plan.partial)
     return deleted
 
 
@@ -524,14 +638,18 @@ SELECT_QUEUE_VERSION = "SELECT session, version FROM queue_versions WHERE sessio
 SELECT_QUEUE_VERSIONS = "SELECT session, version FROM queue_versions ORDER BY session"
 SELECT_ABANDON = "SELECT session, reason, user_row FROM abandon_markers WHERE session = ?"
 SELECT_ALL_ABANDON = "SELECT session, reason, user_row FROM abandon_markers ORDER BY session"
+#: A session's partial parts in the order they were first written (an upsert keeps a row's
+#: rowid): ``_decode`` groups them by stream, in the order each stream first wrote.
+SELECT_PARTS = "SELECT stream, position, body FROM partial_parts WHERE session = ? ORDER BY rowid"
 
 #: The raw load: the session row (none or one), its history rows, its envelopes, its queued
-#: entries, its queue version (none or one) and its abandon marker (none or one).
-Load = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]
+#: entries, its queue version (none or one), its abandon marker (none or one) and its partial
+#: parts.
+Load = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]
 
 
 def load(session: str, *, envelopes: bool = True) -> Job[Load]:
-    """A session's record, rows, (when asked for) envelopes, queue and abandon marker, at once."""
+    """A session's record, rows, envelopes (when asked for), queue, marker and parts, at once."""
     return partial(_load, session, envelopes)
 
 
@@ -543,6 +661,7 @@ def _load(session: str, envelopes: bool, db: sqlite3.Connection) -> Load:
         db.execute(SELECT_QUEUED, (session,)).fetchall(),
         db.execute(SELECT_QUEUE_VERSION, (session,)).fetchall(),
         db.execute(SELECT_ABANDON, (session,)).fetchall(),
+        db.execute(SELECT_PARTS, (session,)).fetchall(),
     )
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         HandleRecord,
         HistoryRow,
         OperationRecord,
+        PartialChunk,
         QueueSnapshot,
         SessionRecord,
         Store,
@@ -48,6 +49,8 @@ async def commit(
     queue: QueueSnapshot | None = None,
     abandon: AbandonMarker | None = None,
     clear_abandon: bool = False,
+    drop_partials: Iterable[str] = (),
+    partial: PartialChunk | None = None,
 ) -> Committed:
     """One boundary of ``session``, committed as the store's current owner."""
     boundary = Boundary(
@@ -61,6 +64,8 @@ async def commit(
         queue=queue,
         abandon=abandon,
         clear_abandon=clear_abandon,
+        drop_partials=tuple(drop_partials),
+        partial=partial,
     )
     return await store.commit(session, boundary, owner=owner(store))
 

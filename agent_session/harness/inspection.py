@@ -42,6 +42,7 @@ from persistence import (
     SessionList,
     SessionRecord,
     SqliteStore,
+    StoredPartial,
     StoreError,
     StoreLocked,
     TurnkeeperError,
@@ -299,6 +300,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         await opened.close()
     records: list[OperationRecord] = report.pop("records")
     handles: list[HandleRecord] = report.pop("handle_records")
+    partials: dict[str, tuple[StoredPartial, ...]] = report.pop("partials")
     queued, damaged = report["queued"], report["corrupt_queued"]
     report["corrupt"] = found.json()
     if as_json:
@@ -312,6 +314,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     names = ", ".join(clip(s["id"]) for s in report["sessions"])
     console.print(f"sessions: {names or 'none'}", markup=False)
     _print_markers(console, report["sessions"])
+    _print_partials(console, partials)
     if report["owed"]:
         for item in report["owed"]:
             console.print(
@@ -338,7 +341,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         problems = [str(error)]
     for problem in problems:
         found.add("quick_check", problem)
-    sessions, markers = await _sessions(store, session, found)
+    sessions, markers, partials = await _sessions(store, session, found)
     try:
         scan = await store.scan_recoverable()
     except StoreError as error:
@@ -385,6 +388,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         "corrupt_receipts": [{"op": redact(op), "detail": redact(d)} for op, d in query.corrupt],
         "records": list(query.records),
         "handle_records": handles,
+        "partials": partials,
     }
 
 
@@ -451,13 +455,26 @@ def _print_markers(console: Console, sessions: list[dict[str, Any]]) -> None:
         console.print(f"  {clip(sid)}{row}: {reason}", markup=False, soft_wrap=True)
 
 
+def _print_partials(console: Console, partials: dict[str, tuple[StoredPartial, ...]]) -> None:
+    """One line per stored partial (B4): its stream, how many parts, where a gap stops it."""
+    for sid, stored in partials.items():
+        for partial in stored:
+            gap = "" if partial.gap is None else f", gap at {partial.gap}"
+            count = len(partial.parts)
+            console.print(
+                f"partial: stream {_shown(partial.stream)} of session {_shown(sid)}, "
+                f"{count} part{'' if count == 1 else 's'}{gap}",
+                markup=False,
+            )
+
+
 async def _sessions(
     store: SqliteStore, session: str | None, found: _Findings
-) -> tuple[list[SessionRecord], dict[str, AbandonMarker]]:
+) -> tuple[list[SessionRecord], dict[str, AbandonMarker], dict[str, tuple[StoredPartial, ...]]]:
     """The sessions (every one, or ``session``), each read whole to find its damaged rows.
 
     With each session's abandon marker, by id (a damaged one fails its session's load and is
-    reported so).
+    reported so), and its stored partials (B4).
     """
     try:
         listed = await store.sessions()
@@ -469,6 +486,7 @@ async def _sessions(
             found.add(f"skipped corrupt session {sid}", detail)
     sessions = [s for s in listed if session in (None, s.id)]
     markers: dict[str, AbandonMarker] = {}
+    partials: dict[str, tuple[StoredPartial, ...]] = {}
     for record in sessions:
         try:
             loaded = await store.load(record.id)
@@ -479,9 +497,11 @@ async def _sessions(
             continue
         if loaded.abandon is not None:
             markers[record.id] = loaded.abandon
+        if loaded.partials:
+            partials[record.id] = loaded.partials
         for row_id, detail in loaded.corrupt:
             found.add(f"skipped corrupt cut record of {row_id}", detail)
         damaged = unreadable(loaded.rows)
         if damaged is not None:
             found.add(f"session {record.id} has an unreadable row", damaged)
-    return sessions, markers
+    return sessions, markers, partials

@@ -358,6 +358,7 @@ CASES: dict[str, Case] = {
             "DROP TABLE queued_entries",
             "DROP TABLE queue_versions",
             "DROP TABLE abandon_markers",
+            "DROP TABLE partial_parts",
         ),
         2,
         ("needs migrating",),
