@@ -38,6 +38,7 @@ from message_queue import CancelToken, DispatchMode
 from persistence import (
     AbandonMarker,
     Boundary,
+    CorruptRecord,
     CutState,
     CutStateChange,
     HandleStatus,
@@ -66,6 +67,8 @@ from stream_manager import (
     StreamStarted,
     SystemClock,
     Tool,
+    ToolResultPart,
+    decode_parts,
 )
 
 if TYPE_CHECKING:
@@ -468,47 +471,29 @@ class Engine:
                 queue_version=tail.queue_version,
             )
             told.append(Recovered(session=sid, action="retry", why=plan.why, cut=plan.marker.cut))
-            for record in await self._lost_results(tail, receipts):  # OP-9: never unknowingly
+            loaded = await self._interrupted(tail)
+            if loaded is not None:  # PS-2: the next row the session appends takes them first
+                session.knows_partials(loaded.partials)
+            for record in _lost_results(tail, receipts, loaded):  # OP-9: never unknowingly
                 self.manager.operations.remember_lost(record)
             session.knows_abandon(stored=tail.abandon is not None, anchor=plan.anchor)
             session.adopt_retry(plan.marker)
             sessions.append(session)
         return sessions
 
-    async def _lost_results(
-        self, tail: SessionTail, receipts: Sequence[OperationRecord]
-    ) -> list[OperationRecord]:
-        """The completed calls of the retried turn whose results no row holds (OP-9).
+    async def _interrupted(self, tail: SessionTail) -> SessionLoad | None:
+        """The session of a tail whose last stream a crash cut off, read once (else ``None``).
 
-        Every stream of the turn (its envelope written at or after the turn's user row) that
-        no history row names died with its results, over as many crashes as it took: a retry
-        would call them again without knowing. ``receipts``: the session's, as the plan read
-        them (the history is read only when one completed). Unreadable: none (logged).
+        Unreadable: ``None`` (logged): the launch reads the partials again.
         """
-        anchor = tail.rows[0].seq if tail.rows and tail.rows[0].kind is RowKind.USER else None
-        if anchor is None:
-            return []
-        completed = [r for r in receipts if r.state is OpState.COMPLETED]
-        if not completed:
-            return []
+        if tail.envelope is None or tail.envelope_ended:
+            return None
         sid = tail.session.id
         try:
-            loaded = await self.store.load(sid)
+            return await self.store.load(sid)
         except (TurnkeeperError, OSError) as error:
-            log.warning("the lost results of %s were not read: %s", clip(sid), error)
-            return []
-        if loaded is None:
-            return []
-        ended = {row.stream for row in loaded.rows if row.stream is not None}
-        turn = {
-            e.stream
-            for e in loaded.envelopes
-            if e.after_seq is not None and e.after_seq >= anchor and e.stream not in ended
-        }
-        last = tail.envelope
-        if last is not None and last.after_seq is None and last.stream not in ended:
-            turn.add(last.stream)  # an envelope written before after_seq was kept
-        return [record for record in completed if record.stream in turn]
+            log.warning("the interrupted stream of %s was not read: %s", clip(sid), error)
+            return None
 
     async def _abandon_retry(
         self, sid: str, plan: NoRetry, told: list[Recovered | RetryAbandoned]
@@ -555,6 +540,7 @@ class Engine:
             if session is None:
                 session = self._session_from(loaded.record, loaded)
             elif sid not in self._rebuilt and not session.busy:
+                session.knows_partials(loaded.partials)
                 rebuilt = rebuild(loaded)
                 session.adopt_queue(rebuilt.queue, rebuilt.keeper)
                 self._rebuilt[sid] = rebuilt
@@ -695,6 +681,7 @@ class Engine:
         )
         anchor = next((r.row_id for r in reversed(loaded.rows) if r.kind is RowKind.USER), None)
         session.knows_abandon(stored=loaded.abandon is not None, anchor=anchor)
+        session.knows_partials(loaded.partials)
         return session
 
     async def _take_up_queue(self, session: AgentSession) -> None:
@@ -912,3 +899,45 @@ class _Void(NamedTuple):
 def _stream_number(stream: str) -> int:
     tail = stream.rsplit("/", 1)[-1]
     return int(tail) if tail.isdigit() else 0
+
+
+def _lost_results(
+    tail: SessionTail, receipts: Sequence[OperationRecord], loaded: SessionLoad | None
+) -> list[OperationRecord]:
+    """The completed calls of the retried turn whose results no row or partial holds (OP-9).
+
+    Every stream of the turn (its envelope written at or after the turn's user row) that no
+    history row names died, over as many crashes as it took; a completed call's result rides
+    its receipt into the stream's partial (B4), so only a result the partial does not hold
+    (written before partials were kept) is lost: a retry would call it again without knowing.
+    ``receipts``: the session's, as the plan read them.
+    """
+    anchor = tail.rows[0].seq if tail.rows and tail.rows[0].kind is RowKind.USER else None
+    if anchor is None or loaded is None:
+        return []
+    completed = [r for r in receipts if r.state is OpState.COMPLETED]
+    if not completed:
+        return []
+    ended = {row.stream for row in loaded.rows if row.stream is not None}
+    turn = {
+        e.stream
+        for e in loaded.envelopes
+        if e.after_seq is not None and e.after_seq >= anchor and e.stream not in ended
+    }
+    last = tail.envelope
+    if last is not None and last.after_seq is None and last.stream not in ended:
+        turn.add(last.stream)  # an envelope written before after_seq was kept
+    held = _results_held(loaded)
+    return [r for r in completed if r.stream in turn and (r.stream, r.call_id) not in held]
+
+
+def _results_held(loaded: SessionLoad) -> set[tuple[str, str]]:
+    """(stream, call id) of every tool result the session's stored partials hold."""
+    held: set[tuple[str, str]] = set()
+    for partial in loaded.partials:
+        try:
+            parts = decode_parts(loaded.record.id, partial)
+        except CorruptRecord:
+            continue  # damaged: it holds nothing a retry could read
+        held.update((partial.stream, p.call_id) for p in parts if isinstance(p, ToolResultPart))
+    return held

@@ -32,7 +32,7 @@ from agent_session._events import EntryQueued
 from agent_session._phases import Phase
 from agent_session._turn import StreamContext, TurnInput
 from message_queue import CancelToken, Correlation, EntryCallbacks, EntrySnapshot, NewMessage
-from persistence import HistoryRow
+from persistence import HistoryRow, StoredPartial
 from stream_manager import (
     Aborted,
     AbortReason,
@@ -292,9 +292,13 @@ class SendWentNowhere(_S, frozen=True):
 
 
 class HistoryLoaded(_S, frozen=True):
-    """R34: the launch read history; replies the rows to stream from (with the sentinel)."""
+    """R34, PS-2: the launch read history; replies the rows to stream from.
+
+    ``partials``: what earlier streams left in the partial store (B4), committed first.
+    """
 
     rows: tuple[HistoryRow, ...]
+    partials: tuple[StoredPartial, ...] = ()
 
 
 class SentinelUnwanted(_S, frozen=True):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from agent_session import _inputs as _in
 from agent_session._rows import to_messages
 from message_queue import DispatchMode
+from persistence import RowKind
 from stream_manager import (
     Constructed,
     Refused,
@@ -76,10 +77,11 @@ class StreamLauncher:
         """AS-22: stream from history under ``context``; return the stream's outcome."""
         machine = self._machine
         session = machine.id
-        read = tuple(await self._store.rows())
-        rows = await self._decide(_in.HistoryLoaded(read))  # R34: the sentinel, when needed
+        read, partials = await self._store.history()
+        # PS-2: a partial an earlier stream left goes into history first; R34: the sentinel
+        rows = await self._decide(_in.HistoryLoaded(read, partials))
         assert isinstance(rows, tuple)
-        sentinel = rows[-1] if len(rows) > len(read) else None
+        sentinel = rows[-1] if len(rows) > len(read) and rows[-1].kind is RowKind.SENTINEL else None
         try:
             machine.handle(_in.Launching(context))
             request = StreamRequest(

@@ -87,6 +87,7 @@ from agent_session._events import (
     ResumeAttempted,
     SessionBroken,
 )
+from agent_session._leftover import Leftover, body_of, gather
 from agent_session._phases import BrokenSession, Phase, next_phase
 from agent_session._queue_keeper import QueueKeeper, durable_extra
 from agent_session._rows import (
@@ -116,6 +117,7 @@ from persistence import (
     CutState,
     HistoryRow,
     RowKind,
+    StoredPartial,
     UsageError,
 )
 from stream_manager import (
@@ -196,6 +198,7 @@ class TurnMachine:
         "goal",
         "id",
         "keeper",
+        "leftover",
         "manual_preflight",
         "model",
         "owner_listens",
@@ -203,6 +206,7 @@ class TurnMachine:
         "queue",
         "scratchpad",
         "send_now_pending",
+        "stored_partials",
         "sweep_scheduled",
         "thinking",
         "thinking_level",
@@ -223,6 +227,10 @@ class TurnMachine:
     ) -> None:
         self.id = session_id
         self.model = model
+        #: PS-2: the parts of this session's last stream no row took yet (``_leftover``).
+        self.leftover: Leftover | None = None
+        #: PS-2: the partials the store held when the session was made (committed likewise).
+        self.stored_partials: tuple[StoredPartial, ...] = ()
         #: The goal this session's turns are attributed to (their resumes ask it again, R8).
         self.goal = goal
         self._known_models = known_models
@@ -1164,6 +1172,7 @@ class TurnMachine:
             failed=_in.FinalFailed(ended, row),
             what="final row",
         )
+        commit = _dropping(commit, ended.stream)  # B5: the row takes the partial
         return [self._with_records(self._abandon_cleared(commit))]
 
     # ------------------------------------------------------------ abandon markers (PS-8)
@@ -1202,7 +1211,9 @@ class TurnMachine:
         return self._abandoned(reason)
 
     def _final_failed(self, failed: _in.FinalFailed) -> list[Effect]:
-        """A failed final row ends the stream in a ``store_write`` error."""
+        """A failed final row ends the stream in a ``store_write`` error (its partial stays)."""
+        ended = failed.ended
+        self.leftover = Leftover(ended.stream, ended.parts, ended.model)
         self.final_failed(failed.ended)
         error = WriteFailed(
             f"the final row {failed.row.row_id} could not be written: {failed.error}"
@@ -1264,6 +1275,8 @@ class TurnMachine:
         retryable one clears a stored one (a startup retries the turn).
         """
         moved = self._move(Phase.COMPLETING)
+        if failed.parts:  # PS-2: the next row this session appends commits them first
+            self.leftover = Leftover(failed.stream, failed.parts, failed.model)
         if failed.retryable:
             marker = self._abandon_cleared(Commit(Boundary(), what="abandon marker"))
             marks: list[Effect] = []
@@ -1460,10 +1473,16 @@ class TurnMachine:
                 failed=_in.PartialFailed(aborted),
                 what="partial row",
             )
+            commit = _dropping(commit, aborted.stream)  # B6: the row takes the partial
             if aborted.reason is AbortReason.USER:  # PS-8: a user's Stop is never retried
                 (commit,) = self._abandoned("aborted", commit)  # type: ignore[assignment]
             effects.append(self._with_records(commit))
             return effects
+        if aborted.parts:  # an edit abandons it (AS-6): what the stream wrote goes too
+            drop = Commit(
+                Boundary(drop_partials=(aborted.stream,)), failed=_in.Ignored(), what="partial"
+            )
+            effects.append(drop)
         if aborted.reason is AbortReason.USER:
             effects += self._abandoned("aborted")
         effects.append(Next(_in.AbortWritten(aborted, None, owes)))
@@ -1652,11 +1671,24 @@ class TurnMachine:
     def _user_row_wanted(self, turn: TurnInput) -> list[Effect]:
         """AS-7: the send's user row; the adapter is answered the row once it is durable."""
         body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
+        before = None
+        if self.leftover is not None or self.stored_partials:
+            before = self._with_leftover(None, ())
         row = self.new_row(RowKind.USER, encode_body(body))
         answer = _in.Answer(row)
         commit = _boundaries.appended(
             row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
         )
+        if before is not None:  # PS-2: the leftover partial goes first, in the same commit
+            commit = msgspec.structs.replace(
+                commit,
+                boundary=msgspec.structs.replace(
+                    commit.boundary,
+                    rows=(*before.boundary.rows, row),
+                    drop_partials=before.boundary.drop_partials,
+                ),
+                tell=(*before.tell, *commit.tell),
+            )
         self.anchor = row.row_id  # the turn this row starts answers it (PS-8)
         commit = self._abandon_cleared(commit)
         keeper = self.keeper
@@ -1684,8 +1716,20 @@ class TurnMachine:
             )
         ]
 
-    def _history_loaded(self, rows: tuple[HistoryRow, ...]) -> list[Effect]:
-        """R34: a history ending in tool results gets the ``Continue`` sentinel first."""
+    def _history_loaded(
+        self, rows: tuple[HistoryRow, ...], partials: tuple[StoredPartial, ...] = ()
+    ) -> list[Effect]:
+        """PS-2, R34: a leftover partial is committed first, else the sentinel when needed.
+
+        A history ending in tool results gets the ``Continue`` sentinel (R34); one ending in
+        a leftover partial needs none (it is no complete assistant row).
+        """
+        if partials or self.leftover is not None:
+            commit = self._with_leftover(None, partials)
+            if commit is not None:
+                added = commit.boundary.rows
+                answer = _in.Answer((*rows, *added))
+                return [msgspec.structs.replace(commit, then=answer, failed=_in.AnswerError())]
         if not needs_continue_sentinel(rows):
             return [Reply(rows)]
         sentinel = self.new_row(RowKind.SENTINEL, encode_body(RowBody(text=CONTINUE_TEXT)))
@@ -1695,6 +1739,31 @@ class TurnMachine:
                 sentinel, "sentinel", then=answer, failed=_in.AnswerError(), what="sentinel"
             )
         ]
+
+    def _with_leftover(
+        self, commit: Commit | None, partials: tuple[StoredPartial, ...]
+    ) -> Commit | None:
+        """PS-2: the leftover partials as ``partial`` rows (dropped from the partial store).
+
+        ``None`` when nothing is left to commit or drop.
+        """
+        streams = {partial.stream for partial in partials}
+        stored = (*(p for p in self.stored_partials if p.stream not in streams), *partials)
+        found, drops = gather(self.id, self.leftover, stored, self.model)
+        self.leftover, self.stored_partials = None, ()
+        if not drops:
+            return commit
+        rows = tuple(
+            self.new_row(RowKind.PARTIAL, encode_body(body_of(left)), stream=left.stream)
+            for left in found
+        )
+        tell = tuple(Persisted(session=self.id, what="partial", id=row.row_id) for row in rows)
+        return Commit(
+            Boundary(rows=rows, drop_partials=drops),
+            tell=tell,
+            failed=_in.Ignored(),
+            what="leftover partial",
+        )
 
     def _sentinel_unwanted(self, sentinel: HistoryRow) -> list[Effect]:
         """R34: a launch that failed or never started leaves no orphan sentinel."""
@@ -1821,8 +1890,7 @@ class TurnMachine:
         return self.tool_ended(call, provider=provider)
 
     def _on_HistoryLoaded(self, given: _in.HistoryLoaded) -> list[Effect]:
-        rows = given.rows
-        return self._history_loaded(rows)
+        return self._history_loaded(given.rows, given.partials)
 
     def _on_Launching(self, given: _in.Launching) -> list[Effect]:
         context = given.context
@@ -1946,6 +2014,8 @@ class TurnMachine:
     def _on_PartialFailed(self, given: _in.PartialFailed) -> list[Effect]:
         aborted = given.aborted
         error = given.error
+        meta = aborted.metadata  # PS-2: its parts stay for the next row to take
+        self.leftover = Leftover(aborted.stream, aborted.parts, meta.model)
         return self._abort_unwritten(aborted, str(error))
 
     def _on_AbortWritten(self, given: _in.AbortWritten) -> list[Effect]:
@@ -2197,3 +2267,9 @@ def _continues(turn: TurnInput, marker: Marker) -> bool:
     if turn.kind is EntryKind.WAKE:
         return True
     return marker.correlation is not None and turn.correlation == marker.correlation
+
+
+def _dropping(commit: Commit, stream: str) -> Commit:
+    """``commit`` with ``stream``'s partial dropped in the same transaction (B5, B6)."""
+    boundary = msgspec.structs.replace(commit.boundary, drop_partials=(stream,))
+    return msgspec.structs.replace(commit, boundary=boundary)

@@ -88,6 +88,7 @@ from message_queue import (
 from persistence import (
     CorruptRecord,
     Store,
+    StoredPartial,
     TurnkeeperError,
     UsageError,
 )
@@ -845,6 +846,10 @@ class AgentSession:
         """PS-8: what the store holds of the abandon marker, and the turn's user row."""
         self._machine.abandon_stored = stored
         self._machine.anchor = anchor
+
+    def knows_partials(self, partials: tuple[StoredPartial, ...]) -> None:
+        """PS-2: the partials the store holds (B4): the next row this session appends takes them."""
+        self._machine.stored_partials = partials
 
     def adopt_retry(self, marker: Marker) -> None:
         """PS-4: owe the startup retry ``marker`` (no durable record); the sweep resumes it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from persistence import HistoryRow, Store
+    from persistence import HistoryRow, Store, StoredPartial
 
 
 class SessionStore:
@@ -21,3 +21,8 @@ class SessionStore:
         """The session's history rows, by seq (empty for a session the store does not hold)."""
         loaded = await self._store.load(self._session, envelopes=False)
         return [] if loaded is None else list(loaded.rows)
+
+    async def history(self) -> tuple[tuple[HistoryRow, ...], tuple[StoredPartial, ...]]:
+        """The history rows, by seq, and the partials streams left (B4), read at once."""
+        loaded = await self._store.load(self._session, envelopes=False)
+        return ((), ()) if loaded is None else (loaded.rows, loaded.partials)

@@ -45,10 +45,12 @@ from stream_manager._events import (
 )
 from stream_manager._fallback import Hop, ModelFallbackProgress, NoHop, plan_hop, start_progress
 from stream_manager._loop import StreamManager
+from stream_manager._op_answers import answer_open_calls
 from stream_manager._op_guard import OverlapPolicy
 from stream_manager._op_parts import operation_id
 from stream_manager._op_states import CancelWhy, OutcomeCode
 from stream_manager._operations import OperationRunner
+from stream_manager._partial import decode_parts, encode_part
 from stream_manager._parts import (
     ChatMessage,
     Finish,
@@ -210,9 +212,12 @@ __all__ = [
     "VirtualClock",
     "Withdrawn",
     "WriteFailed",
+    "answer_open_calls",
     "bounded_cleanup",
     "decide_stop",
+    "decode_parts",
     "definition_of",
+    "encode_part",
     "initial_budget",
     "is_success",
     "operation_id",

@@ -171,11 +171,16 @@ async def test_st3_a_soft_stop_cut_whose_partial_failed_to_write_owes_nothing() 
         assert [e.type for e in r.of(StreamFailed)] == ["store_write"]
         assert [e.entry for e in r.of(EntryDequeued)] == ["w"]
         assert r.of(ResumeAttempted) == []
-        assert [row.kind for row in await r.history()] == [
+        rows = await r.history()
+        # PS-2: the parts whose row failed are committed by the next row, before it, and
+        # without the cut record (nothing is owed)
+        assert [row.kind for row in rows] == [
             RowKind.USER,
+            RowKind.PARTIAL,
             RowKind.USER,
             RowKind.ASSISTANT,
         ]
+        assert rows[1].cut is None
 
 
 async def test_st3_r65_a_soft_stop_cut_with_no_steps_left_writes_no_record() -> None:
