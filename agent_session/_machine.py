@@ -1687,7 +1687,7 @@ class TurnMachine:
                     rows=(*before.boundary.rows, row),
                     drop_partials=before.boundary.drop_partials,
                 ),
-                tell=(*before.tell, *commit.tell),
+                tell=(*commit.tell, *before.tell),  # the user row's commit: told first
             )
         self.anchor = row.row_id  # the turn this row starts answers it (PS-8)
         commit = self._abandon_cleared(commit)
