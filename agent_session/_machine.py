@@ -1724,21 +1724,31 @@ class TurnMachine:
         A history ending in tool results gets the ``Continue`` sentinel (R34); one ending in
         a leftover partial needs none (it is no complete assistant row).
         """
-        if partials or self.leftover is not None:
+        drops: tuple[str, ...] = ()
+        if partials or self.leftover is not None or self.stored_partials:
             commit = self._with_leftover(None, partials)
-            if commit is not None:
+            if commit is not None and commit.boundary.rows:
                 added = commit.boundary.rows
                 answer = _in.Answer((*rows, *added))
                 return [msgspec.structs.replace(commit, then=answer, failed=_in.AnswerError())]
+            if commit is not None:  # only empty partials: dropped with what follows
+                drops = commit.boundary.drop_partials
         if not needs_continue_sentinel(rows):
+            if drops:
+                dropped = Commit(
+                    Boundary(drop_partials=drops), failed=_in.Ignored(), what="partial"
+                )
+                return [dropped, Reply(rows)]
             return [Reply(rows)]
         sentinel = self.new_row(RowKind.SENTINEL, encode_body(RowBody(text=CONTINUE_TEXT)))
         answer = _in.Answer((*rows, sentinel))
-        return [
-            _boundaries.appended(
-                sentinel, "sentinel", then=answer, failed=_in.AnswerError(), what="sentinel"
-            )
-        ]
+        commit = _boundaries.appended(
+            sentinel, "sentinel", then=answer, failed=_in.AnswerError(), what="sentinel"
+        )
+        if drops:
+            boundary = msgspec.structs.replace(commit.boundary, drop_partials=drops)
+            commit = msgspec.structs.replace(commit, boundary=boundary)
+        return [commit]
 
     def _with_leftover(
         self, commit: Commit | None, partials: tuple[StoredPartial, ...]
@@ -1773,7 +1783,17 @@ class TurnMachine:
     def _delete_rows(self, row_ids: tuple[str, ...], what: str, *, answer: bool) -> list[Effect]:
         """AS-6, R27: history rows go (an edit's truncation; a discard of everything)."""
         failed = _in.AnswerError() if answer else _in.Ignored()
-        return [_boundaries.removed(row_ids, what, failed=failed)]
+        commit = _boundaries.removed(row_ids, what, failed=failed)
+        # the parts a failed stream left belong to the history being cut: they go too
+        gone = (
+            *((self.leftover.stream,) if self.leftover is not None else ()),
+            *(partial.stream for partial in self.stored_partials),
+        )
+        if gone:
+            self.leftover, self.stored_partials = None, ()
+            boundary = msgspec.structs.replace(commit.boundary, drop_partials=gone)
+            commit = msgspec.structs.replace(commit, boundary=boundary)
+        return [commit]
 
     # ------------------------------------------------------------ the one entry point
 

@@ -225,3 +225,25 @@ async def test_ps2_a_damaged_partial_is_kept_and_not_committed(tmp_path: Path) -
     assert kinds == [RowKind.USER, RowKind.ASSISTANT]
     assert loaded is not None
     assert [p.stream for p in loaded.partials] == ["s1/9"]
+
+
+async def test_ps2_as6_an_edit_that_cuts_the_turn_drops_the_parts_its_failed_stream_left(
+    store: Store,
+) -> None:
+    lint = HookTool("lint", output="lint clean")
+    async with session_rig(
+        {"M": [T_("lint"), ScriptStep(error="terminal"), X("answered anew")]},
+        store=store,
+        tools=[lint],
+    ) as r:
+        r.session().send("lint it")
+        await r.settle()
+        [first] = await r.history()
+        await r.session().edit(first.row_id, "format it instead")
+        await r.settle()
+        rows = await r.history()
+        loaded = await r.store.load("s1")
+    assert [x.kind for x in rows] == [RowKind.USER, RowKind.ASSISTANT]
+    assert decode_body(rows[0]).text == "format it instead"
+    assert loaded is not None
+    assert loaded.partials == ()
