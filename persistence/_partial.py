@@ -39,6 +39,11 @@ def check_chunk(session: str, chunk: PartialChunk | None, drops: tuple[str, ...]
         raise UsageError(
             f"Boundary.partial of session {session!r} names no stream; nothing was written"
         )
+    if type(chunk.start) is not int:
+        raise UsageError(
+            f"Boundary.partial.start of stream {chunk.stream!r} is "
+            f"{type(chunk.start).__name__}, not an int; nothing was written"
+        )
     if chunk.start < 0 or chunk.start + len(chunk.parts) > MAX_SEQ:
         raise UsageError(
             f"Boundary.partial of stream {chunk.stream!r}: positions {chunk.start}.."

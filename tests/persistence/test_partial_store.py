@@ -15,6 +15,7 @@ import pytest
 
 from persistence import (
     Boundary,
+    MemoryStore,
     OperationRecord,
     OpState,
     PartialChunk,
@@ -207,3 +208,12 @@ async def test_b4_a_refused_boundary_leaves_no_chunk_behind(store: Store) -> Non
         )
     assert await partials(store) == ()
     assert await receipt(store, "lead/op2") is None
+
+
+async def test_b4_a_chunk_whose_start_is_no_int_is_refused_naming_it() -> None:
+    store = MemoryStore()
+    async with store:
+        bad = PartialChunk(stream="s1/4", start=True, parts=(b"{}",))
+        with pytest.raises(UsageError, match=r"partial\.start .* bool, not an int"):
+            await store.commit("s1", Boundary(partial=bad), owner=store.owner)
+        assert await store.load("s1") is None
