@@ -1673,7 +1673,7 @@ class TurnMachine:
         body = RowBody(text=turn.text, entry_kind=turn.kind.value, correlation=turn.correlation)
         before = None
         if self.leftover is not None or self.stored_partials:
-            before = self._with_leftover(None, ())
+            before = self._leftover_commit(())
         row = self.new_row(RowKind.USER, encode_body(body))
         answer = _in.Answer(row)
         commit = _boundaries.appended(
@@ -1726,7 +1726,7 @@ class TurnMachine:
         """
         drops: tuple[str, ...] = ()
         if partials or self.leftover is not None or self.stored_partials:
-            commit = self._with_leftover(None, partials)
+            commit = self._leftover_commit(partials)
             if commit is not None and commit.boundary.rows:
                 added = commit.boundary.rows
                 answer = _in.Answer((*rows, *added))
@@ -1750,19 +1750,18 @@ class TurnMachine:
             commit = msgspec.structs.replace(commit, boundary=boundary)
         return [commit]
 
-    def _with_leftover(
-        self, commit: Commit | None, partials: tuple[StoredPartial, ...]
-    ) -> Commit | None:
+    def _leftover_commit(self, partials: tuple[StoredPartial, ...]) -> Commit | None:
         """PS-2: the leftover partials as ``partial`` rows (dropped from the partial store).
 
-        ``None`` when nothing is left to commit or drop.
+        ``partials``: the store's, as just read (they win over those known at the session's
+        making). ``None`` when nothing is left to commit or drop.
         """
         streams = {partial.stream for partial in partials}
         stored = (*(p for p in self.stored_partials if p.stream not in streams), *partials)
         found, drops = gather(self.id, self.leftover, stored, self.model)
         self.leftover, self.stored_partials = None, ()
         if not drops:
-            return commit
+            return None
         rows = tuple(
             self.new_row(RowKind.PARTIAL, encode_body(body_of(left)), stream=left.stream)
             for left in found

@@ -19,8 +19,7 @@ class SessionStore:
 
     async def rows(self) -> list[HistoryRow]:
         """The session's history rows, by seq (empty for a session the store does not hold)."""
-        loaded = await self._store.load(self._session, envelopes=False)
-        return [] if loaded is None else list(loaded.rows)
+        return list((await self.history())[0])
 
     async def history(self) -> tuple[tuple[HistoryRow, ...], tuple[StoredPartial, ...]]:
         """The history rows, by seq, and the partials streams left (B4), read at once."""

@@ -32,7 +32,6 @@ from stream_manager import (
     OpBlocked,
     Persisted,
     ScriptStep,
-    ScriptToolCall,
     ToolCallPart,
     ToolResultPart,
     decode_parts,
@@ -40,11 +39,13 @@ from stream_manager import (
 )
 from tests.agent_session.support import T_, HookTool, X, session_rig
 from tests.agent_session.test_startup_retry import (
+    AGAIN,
     CONFIG,
     DEPLOY,
     deployed,
     envelope,
     left_behind,
+    retried,
     row,
 )
 from tests.store_kit import commit
@@ -154,16 +155,7 @@ async def test_ps2_a_partial_a_crash_left_is_committed_before_the_retry(store: S
     async with store:
         chunk = PartialChunk(stream="s1/1", start=0, parts=tuple(encode_part(p) for p in parts))
         await commit(store, "s1", partial=chunk)
-    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=DEPLOY),))
-    bash = HookTool("bash")
-    async with session_rig(
-        {"M": [again, X("deployed twice, knowingly")]},
-        store=store,
-        sessions=(),
-        config=CONFIG,
-        tools=[bash],
-    ) as r:
-        await r.settle()
+    async with retried(store, AGAIN, X("deployed twice, knowingly")) as (r, bash):
         rows = await r.history()
         loaded = await r.store.load("s1")
     assert [x.kind for x in rows] == [RowKind.USER, RowKind.PARTIAL, RowKind.ASSISTANT]

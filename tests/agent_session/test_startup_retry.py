@@ -8,6 +8,7 @@ never a fresh ceiling when the remainder is known, or left with a reason.
 from __future__ import annotations
 
 import sqlite3
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -46,10 +47,11 @@ from stream_manager import (
     StreamStarted,
 )
 from stream_manager._op_states import target_digest
-from tests.agent_session.support import T_, HookTool, X, active_handles, session_rig
+from tests.agent_session.support import T_, HookTool, Rig, X, active_handles, session_rig
 from tests.store_kit import commit
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
 HANDLE = Correlation(handle_id="h4", owner_session="lead", turn_id="lead:r1")
@@ -118,6 +120,21 @@ async def left_behind(
 
 #: The arguments of the call a crash cut off after it completed (its result lost with it).
 DEPLOY = {"cmd": "make deploy"}
+
+
+#: The model asks for the same ``bash`` call again.
+AGAIN = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=DEPLOY),))
+
+
+@asynccontextmanager
+async def retried(store: Store, *steps: ScriptStep) -> AsyncIterator[tuple[Rig, HookTool]]:
+    """An engine started on what a dead process left, run until quiescent, and its ``bash``."""
+    bash = HookTool("bash")
+    async with session_rig(
+        {"M": list(steps)}, store=store, sessions=(), config=CONFIG, tools=[bash]
+    ) as r:
+        await r.settle()
+        yield r, bash
 
 
 def deployed(op_id: str) -> OperationRecord:
@@ -450,16 +467,8 @@ async def test_op9_ps4_a_retry_refuses_once_a_call_whose_result_died_with_the_st
     # the same call, asked knowingly, runs
     done = deployed("s1/1/1/0")
     await left_behind(store, row(1, RowKind.USER), envelope=envelope("s1/1", 7), receipts=(done,))
-    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=DEPLOY),))
-    bash = HookTool("bash")
-    async with session_rig(
-        {"M": [again, again, X("deployed once, then again on purpose")]},
-        store=store,
-        sessions=(),
-        config=CONFIG,
-        tools=[bash],
-    ) as r:
-        await r.settle()
+    async with retried(store, AGAIN, AGAIN, X("deployed once, then again on purpose")) as (r, bash):
+        pass
     [blocked] = r.of(OpBlocked)
     assert (blocked.op, blocked.blocked_by) == ("s1/2/1/0", "s1/1/1/0")
     assert len(bash.calls) == 1  # the knowing second call ran; the unknowing first did not
@@ -542,16 +551,8 @@ async def test_op9_ps4_a_lost_result_stays_held_across_a_second_crash(store: Sto
     async with store:
         second = msgspec.structs.replace(envelope("s1/2", 6, cause="recovery"), after_seq=1)
         await commit(store, "s1", envelope=second)
-    again = ScriptStep(tool_calls=(ScriptToolCall(tool="bash", args=DEPLOY),))
-    bash = HookTool("bash")
-    async with session_rig(
-        {"M": [again, X("checked first")]},
-        store=store,
-        sessions=(),
-        config=CONFIG,
-        tools=[bash],
-    ) as r:
-        await r.settle()
+    async with retried(store, AGAIN, X("checked first")) as (r, bash):
+        pass
     [blocked] = r.of(OpBlocked)
     assert blocked.blocked_by == "s1/1/1/0"
     assert bash.calls == []
