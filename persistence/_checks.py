@@ -78,6 +78,20 @@ def check_boundary(session: str, boundary: Boundary) -> None:
     if boundary.queue is not None:
         check_queue(session, boundary.queue)
     check_abandon(boundary.abandon)
+    check_auto_retry(session, boundary.auto_retry)
+
+
+def check_auto_retry(session: str, value: object) -> None:
+    """Refuse an auto-retry preference that is neither ``None`` nor a ``bool`` (AS-32).
+
+    Raises:
+        UsageError: Naming the field and the type given; nothing is written.
+    """
+    if value is not None and type(value) is not bool:
+        raise UsageError(
+            f"Boundary.auto_retry of session {session!r} is {type(value).__name__}, not a "
+            "bool; nothing was written"
+        )
 
 
 def check_abandon(marker: AbandonMarker | None) -> None:

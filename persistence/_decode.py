@@ -10,6 +10,7 @@ long value cut (``clip``).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
@@ -25,6 +26,7 @@ from persistence.records import (
     MAX_RECEIPT_BYTES,
     MAX_RECORD_BYTES,
     MAX_SEQ,
+    RETRY_SETTINGS,
     AbandonMarker,
     Capability,
     CutRecord,
@@ -71,6 +73,7 @@ _SESSION = msgspec.json.Decoder(SessionRecord)
 _ENVELOPE = msgspec.json.Decoder(TurnEnvelope)
 _OPERATION = msgspec.json.Decoder(_stored_operation())
 _HANDLE = msgspec.json.Decoder(HandleRecord)
+log = logging.getLogger("turnkeeper.persistence")
 _MSGSPEC_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 T = TypeVar("T")
 
@@ -408,6 +411,35 @@ def decode_abandon(values: Sequence[Any]) -> AbandonMarker:
     raise CorruptRecord(ABANDON_TABLE, clip(_name(session)), problem)
 
 
+def decode_retry(values: Sequence[Any]) -> bool:
+    """A session's auto-retry preference from its ``(session, auto_retry)`` columns (AS-32).
+
+    Raises:
+        CorruptRecord: The value is not the integer 0 or 1, naming ``$.auto_retry``; its
+            detail says it reads as off (the readers do: :func:`_retry_or_off`).
+    """
+    session, value = values
+    if type(value) is int and value in (0, 1):
+        return value == 1
+    raise CorruptRecord(
+        RETRY_SETTINGS,
+        clip(_name(session)),
+        f"$.auto_retry: {clip(repr(value))} is not 0 or 1 (read as off)",
+    )
+
+
+def _retry_or_off(values: Sequence[Any]) -> tuple[bool, CorruptRecord | None]:
+    """The stored preference; off, with the problem, when it is damaged.
+
+    Fail safe: a damaged preference never retries a turn the user may have switched retries
+    off for. The stored row is left as it is.
+    """
+    try:
+        return decode_retry(values), None
+    except CorruptRecord as error:
+        return False, error
+
+
 def _queue(
     rows: Sequence[Sequence[Any]],
 ) -> tuple[list[QueuedEntryRecord], list[tuple[str, str, str]]]:
@@ -448,7 +480,7 @@ class Scan(msgspec.Struct, frozen=True, kw_only=True):
     their records and envelope stream ids. Every session holding a queued entry. For the
     tails (sessions owing nothing whose history ends unanswered): their rows from the last
     user row on, records, envelope stream ids, last envelopes (with whether a row names its
-    stream) and abandon markers. The queue versions of both.
+    stream), abandon markers and auto-retry preferences. The queue versions of both.
     """
 
     owed: list[Any]
@@ -462,6 +494,7 @@ class Scan(msgspec.Struct, frozen=True, kw_only=True):
     tail_streams: list[Any]
     last_envelopes: list[Any]
     abandon: list[Any]
+    retry: list[Any]
 
 
 def _by_session(
@@ -494,7 +527,8 @@ def recovery_scan(raw: Scan) -> RecoveryScan:
     its record, its queue version, its last envelope, its abandon marker) is reported in
     ``corrupt`` (the first problem found) and left out of ``cuts`` and ``tails``: nothing of
     it is read as absent. ``queued`` names the sessions holding a queued entry (valid or
-    damaged: recovery loads each, and ``load`` reports the damage).
+    damaged: recovery loads each, and ``load`` reports the damage). A tail's damaged
+    auto-retry preference is logged at ERROR and read as off; the tail is kept.
     """
     corrupt: dict[str, str] = {}
     owed = _by_session(raw.owed, decode_row, corrupt)
@@ -533,6 +567,13 @@ def recovery_scan(raw: Scan) -> RecoveryScan:
         if name not in corrupt
     ]
     tail_streams = _stream_ids(raw.tail_streams)
+    retry_off: set[str] = set()
+    for values in raw.retry:
+        on, problem = _retry_or_off(values)
+        if problem is not None:
+            log.error("%s", problem)
+        if not on:
+            retry_off.add(str(values[0]))
     tails = []
     for name, rows in tail_rows.items():
         if name in corrupt:
@@ -549,6 +590,7 @@ def recovery_scan(raw: Scan) -> RecoveryScan:
                 envelope_ended=ended,
                 queue_version=version(name),
                 abandon=marker[0] if marker else None,
+                auto_retry=name not in retry_off,
             )
         )
     return RecoveryScan(
@@ -567,13 +609,16 @@ def decode_load(
     version: Sequence[Sequence[Any]] = (),
     abandon: Sequence[Sequence[Any]] = (),
     parts: Sequence[Sequence[Any]] = (),
+    retry: Sequence[Sequence[Any]] = (),
 ) -> SessionLoad | None:
     """Build a session's load from its raw rows; ``None`` when there is no session row.
 
     A damaged cut record of a row that owes nothing is reported in ``corrupt`` and the row
     comes back without it (:func:`decode_history_row`); a damaged queued entry is reported in
     ``queue_corrupt`` by its entry id and left out of ``queue``; a damaged partial part ends
-    its stream's parts there as a gap, and is logged (:func:`~persistence._partial.decode_parts`).
+    its stream's parts there as a gap, and is logged (:func:`~persistence._partial.decode_parts`);
+    a damaged auto-retry preference reads as off and is reported in ``corrupt`` under
+    ``RETRY_SETTINGS``.
 
     Raises:
         CorruptRecord: The session, a row's columns, a cut record that may be owed, an
@@ -592,6 +637,11 @@ def decode_load(
         if problem is not None:
             corrupt.append((row.row_id, str(problem)))
     entries, damaged = _queue(queued) if queued else ([], [])
+    auto_retry = True
+    if retry:
+        auto_retry, problem = _retry_or_off(retry[0])
+        if problem is not None:
+            corrupt.append((RETRY_SETTINGS, str(problem)))
     return SessionLoad(
         record=record,
         rows=tuple(history),
@@ -602,4 +652,5 @@ def decode_load(
         queue_corrupt=tuple((entry_id, detail) for _, entry_id, detail in damaged),
         abandon=decode_abandon(abandon[0]) if abandon else None,
         partials=decode_parts(record.id, parts) if parts else (),
+        auto_retry=auto_retry,
     )

@@ -49,7 +49,16 @@ if TYPE_CHECKING:
 class _SessionData:
     """One session's rows, indexed both ways."""
 
-    __slots__ = ("abandon", "by_id", "by_seq", "envelopes", "queue", "queue_version", "record")
+    __slots__ = (
+        "abandon",
+        "auto_retry",
+        "by_id",
+        "by_seq",
+        "envelopes",
+        "queue",
+        "queue_version",
+        "record",
+    )
 
     def __init__(self, record: SessionRecord) -> None:
         self.record = record
@@ -59,6 +68,8 @@ class _SessionData:
         self.queue: tuple[QueuedEntryRecord, ...] = ()
         self.queue_version = 0
         self.abandon: AbandonMarker | None = None
+        #: The auto-retry preference (AS-32): on unless a boundary switched it off.
+        self.auto_retry = True
 
 
 _EMPTY = _SessionData(SessionRecord(id="", model=""))
@@ -152,6 +163,7 @@ class MemoryStore:
             and boundary.queue is None
             and boundary.abandon is None
             and not boundary.clear_abandon
+            and boundary.auto_retry is None
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts (and partial parts): the most frequent boundary, nothing to check
             _checks.check_receipts(session, boundary.operations)
@@ -179,6 +191,7 @@ class MemoryStore:
             or boundary.queue is not None
             or boundary.abandon is not None
             or boundary.clear_abandon
+            or boundary.auto_retry is not None
         ):
             if data is None and create is None:
                 raise _checks.unknown_session(session)
@@ -256,6 +269,7 @@ class MemoryStore:
             queue=tuple(sorted(data.queue, key=_position)),
             queue_version=data.queue_version,
             abandon=data.abandon,
+            auto_retry=data.auto_retry,
             partials=tuple(
                 assemble(stream, parts.items())
                 for stream, parts in self._partials.get(session, {}).items()
@@ -376,6 +390,8 @@ def _write_session(
         data.abandon = None
     if boundary.abandon is not None:
         data.abandon = boundary.abandon
+    if boundary.auto_retry is not None:
+        data.auto_retry = boundary.auto_retry
 
 
 def _tail(data: _SessionData, rows: Sequence[HistoryRow]) -> SessionTail | None:
@@ -394,6 +410,7 @@ def _tail(data: _SessionData, rows: Sequence[HistoryRow]) -> SessionTail | None:
         envelope_ended=envelope is not None and any(r.stream == envelope.stream for r in rows),
         queue_version=data.queue_version,
         abandon=data.abandon,
+        auto_retry=data.auto_retry,
     )
 
 

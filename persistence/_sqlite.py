@@ -655,6 +655,7 @@ class SqliteStore:
             and boundary.queue is None
             and boundary.abandon is None
             and not boundary.clear_abandon
+            and boundary.auto_retry is None
             and not (boundary.rows or boundary.delete or boundary.cut_states or boundary.handles)
         ):  # receipts (and partial parts), the most frequent boundary: its own short path
             _checks.check_receipts(session, boundary.operations)

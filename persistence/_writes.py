@@ -98,6 +98,14 @@ PUT_ABANDON = (
     "ON CONFLICT (session) DO UPDATE SET reason = excluded.reason, user_row = excluded.user_row"
 )
 DROP_ABANDON = "DELETE FROM abandon_markers WHERE session = ?"
+#: A session's auto-retry preference switched off (AS-32): only "off" is stored, replacing
+#: any row (a damaged one too; the foreign key refuses an unknown session).
+PUT_RETRY_OFF = (
+    "INSERT INTO retry_settings (session, auto_retry) VALUES (?, 0) "
+    "ON CONFLICT (session) DO UPDATE SET auto_retry = excluded.auto_retry"
+)
+#: Back to the default (on): the stored "off" goes.
+DROP_RETRY = "DELETE FROM retry_settings WHERE session = ?"
 SELECT_SESSION_ID = "SELECT 1 FROM sessions WHERE id = ?"
 #: A part of a stream's partial (B4): a part stored at its position is replaced. An upsert,
 #: not ``INSERT OR REPLACE``: the row keeps its rowid, which orders the streams in ``load``.
@@ -248,6 +256,8 @@ class _Plan(msgspec.Struct, frozen=True):
     abandon: tuple[str, str, str | None] | None = None
     #: Remove the session's abandon marker (only when none is stored in its place).
     clear_abandon: bool = False
+    #: The session's auto-retry preference to store (``None``: left as it is).
+    auto_retry: bool | None = None
     #: The partial's drops and chunk (B4), run last.
     partial: _Partial | None = None
 
@@ -264,6 +274,7 @@ class _Plan(msgspec.Struct, frozen=True):
             + min(len(self.handles), 1)
             + (0 if self.queue is None else 3)  # never bare: several statements
             + (self.abandon is not None or self.clear_abandon)
+            + (self.auto_retry is not None)
             + (0 if self.partial is None else self.partial.statements)
         )
 
@@ -298,6 +309,7 @@ def commit(
         and boundary.queue is None
         and boundary.abandon is None
         and not boundary.clear_abandon
+        and boundary.auto_retry is None
         and boundary.partial is None
         and not boundary.drop_partials
     ):
@@ -323,6 +335,7 @@ def commit(
         or queue
         or abandon
         or boundary.clear_abandon
+        or boundary.auto_retry is not None
     ):
         return receipts(
             session, boundary.operations, store, owner, boundary.partial, boundary.drop_partials
@@ -341,6 +354,7 @@ def commit(
         queue=None if queue is None else queue_plan(queue),
         abandon=None if abandon is None else (session, abandon.reason, abandon.user_row),
         clear_abandon=boundary.clear_abandon and abandon is None,
+        auto_retry=boundary.auto_retry,
         partial=partial_plan(session, boundary.partial, boundary.drop_partials),
     )
     statements = plan.statements
@@ -505,8 +519,8 @@ def _apply(db: sqlite3.Connection, plan: _Plan) -> int:
         db.executemany(PUT_HANDLE, plan.handles)
     if plan.queue is not None:
         _replace_queue(db, plan.session, plan.queue)
-    if plan.abandon is not None or plan.clear_abandon:
-        _abandon(db, plan.session, plan.abandon)
+    if plan.abandon is not None or plan.clear_abandon or plan.auto_retry is not None:
+        _settings(db, plan)
     if plan.partial is not None:
         _put_partial(db, plan.partial)
     return deleted
@@ -527,6 +541,33 @@ def _abandon(
             raise _checks.unknown_session(session) from None
         return
     cleared = db.execute(DROP_ABANDON, (session,)).rowcount
+    if not cleared and db.execute(SELECT_SESSION_ID, (session,)).fetchone() is None:
+        raise _checks.unknown_session(session)
+
+
+def _settings(db: sqlite3.Connection, plan: _Plan) -> None:
+    """The session's abandon marker, then its auto-retry preference (each when the plan has it)."""
+    if plan.abandon is not None or plan.clear_abandon:
+        _abandon(db, plan.session, plan.abandon)
+    if plan.auto_retry is not None:
+        _auto_retry(db, plan.session, plan.auto_retry)
+
+
+def _auto_retry(db: sqlite3.Connection, session: str, on: bool) -> None:
+    """Store the session's auto-retry preference: "off" as its row, on as no row (AS-32).
+
+    Raises:
+        UsageError: The session does not exist (nothing of the boundary is written).
+    """
+    if not on:
+        try:
+            db.execute(PUT_RETRY_OFF, (session,))
+        except sqlite3.IntegrityError as exc:
+            if "FOREIGN KEY" not in str(exc):
+                raise
+            raise _checks.unknown_session(session) from None
+        return
+    cleared = db.execute(DROP_RETRY, (session,)).rowcount
     if not cleared and db.execute(SELECT_SESSION_ID, (session,)).fetchone() is None:
         raise _checks.unknown_session(session)
 
@@ -638,18 +679,19 @@ SELECT_QUEUE_VERSION = "SELECT session, version FROM queue_versions WHERE sessio
 SELECT_QUEUE_VERSIONS = "SELECT session, version FROM queue_versions ORDER BY session"
 SELECT_ABANDON = "SELECT session, reason, user_row FROM abandon_markers WHERE session = ?"
 SELECT_ALL_ABANDON = "SELECT session, reason, user_row FROM abandon_markers ORDER BY session"
+SELECT_RETRY = "SELECT session, auto_retry FROM retry_settings WHERE session = ?"
 #: A session's partial parts in the order they were first written (an upsert keeps a row's
 #: rowid): ``_decode`` groups them by stream, in the order each stream first wrote.
 SELECT_PARTS = "SELECT stream, position, body FROM partial_parts WHERE session = ? ORDER BY rowid"
 
 #: The raw load: the session row (none or one), its history rows, its envelopes, its queued
-#: entries, its queue version (none or one), its abandon marker (none or one) and its partial
-#: parts.
-Load = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]
+#: entries, its queue version (none or one), its abandon marker (none or one), its partial
+#: parts and its auto-retry preference (none or one).
+Load = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]
 
 
 def load(session: str, *, envelopes: bool = True) -> Job[Load]:
-    """A session's record, rows, envelopes (when asked for), queue, marker and parts, at once."""
+    """A session's record, rows, envelopes (when asked for), queue, marker, parts, preference."""
     return partial(_load, session, envelopes)
 
 
@@ -662,6 +704,7 @@ def _load(session: str, envelopes: bool, db: sqlite3.Connection) -> Load:
         db.execute(SELECT_QUEUE_VERSION, (session,)).fetchall(),
         db.execute(SELECT_ABANDON, (session,)).fetchall(),
         db.execute(SELECT_PARTS, (session,)).fetchall(),
+        db.execute(SELECT_RETRY, (session,)).fetchall(),
     )
 
 
@@ -760,6 +803,7 @@ SCAN_LAST_ENVELOPES = (
 )
 SCAN_VERSIONS = f"SELECT session, version FROM queue_versions WHERE session IN {_NAMED}"
 SCAN_ABANDON = f"SELECT session, reason, user_row FROM abandon_markers WHERE session IN {_NAMED}"
+SCAN_RETRY = f"SELECT session, auto_retry FROM retry_settings WHERE session IN {_NAMED}"
 
 
 def _named(*parts: list[Any]) -> str:
@@ -788,4 +832,5 @@ def scan_recoverable(db: sqlite3.Connection) -> Scan:
         tail_streams=db.execute(SCAN_TAIL_STREAMS, (tails,)).fetchall(),
         last_envelopes=db.execute(SCAN_LAST_ENVELOPES, (tails,)).fetchall(),
         abandon=db.execute(SCAN_ABANDON, (tails,)).fetchall(),
+        retry=db.execute(SCAN_RETRY, (tails,)).fetchall(),
     )

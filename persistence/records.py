@@ -220,6 +220,9 @@ class SessionTail(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             row: it was not running when the process died).
         queue_version: Its stored queue version.
         abandon: Its startup-abandon marker, if one is stored.
+        auto_retry: Its auto-retry preference (AS-32): ``False`` when "off" is stored, or
+            when the stored preference is damaged (read as off, and logged); ``True`` when
+            nothing is stored.
     """
 
     session: SessionRecord
@@ -230,6 +233,7 @@ class SessionTail(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     envelope_ended: bool = False
     queue_version: int = 0
     abandon: AbandonMarker | None = None
+    auto_retry: bool = True
 
 
 class RecoveryScan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -553,10 +557,11 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     Every part is optional; every record must belong to the boundary's session. A store
     applies the parts in this order: ``create``, ``delete``, ``rows``, ``cut_states``,
-    ``envelope``, ``operations``, ``handles``, ``queue``, the abandon marker, ``drop_partials``,
-    ``partial`` (so a boundary may replace a row by deleting and re-adding its id, may move the
-    cut record of a row it adds, may accept a queued entry into history and take it off the
-    queue in one transaction, and may commit a stream's partial as a row and drop it at once).
+    ``envelope``, ``operations``, ``handles``, ``queue``, the abandon marker, ``auto_retry``,
+    ``drop_partials``, ``partial`` (so a boundary may replace a row by deleting and re-adding
+    its id, may move the cut record of a row it adds, may accept a queued entry into history
+    and take it off the queue in one transaction, and may commit a stream's partial as a row
+    and drop it at once).
 
     Attributes:
         create: Create the session (idempotent for an identical record).
@@ -573,6 +578,10 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         abandon: The session's startup-abandon marker to store, replacing any (PS-8).
         clear_abandon: Remove the session's startup-abandon marker (with ``abandon``: the
             marker given is stored).
+        auto_retry: The session's auto-retry preference (AS-32): ``None`` leaves the stored
+            one as it is, ``False`` stores "off", ``True`` removes a stored "off" (back to the
+            default, on). Like the abandon marker it needs the session; a boundary of nothing
+            else is a write.
         drop_partials: Streams whose partial parts are deleted (B5, B6, PS-2).
         partial: Parts of a stream's in-progress message to store (B4). Like receipts they
             need no session record.
@@ -588,6 +597,7 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     queue: QueueSnapshot | None = None
     abandon: AbandonMarker | None = None
     clear_abandon: bool = False
+    auto_retry: bool | None = None
     drop_partials: tuple[str, ...] = ()
     partial: PartialChunk | None = None
 
@@ -603,6 +613,11 @@ class Committed(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     deleted: int = 0
 
 
+#: Where a session's auto-retry preference is kept (AS-32), and the key ``SessionLoad.corrupt``
+#: reports a damaged one under.
+RETRY_SETTINGS = "retry_settings"
+
+
 class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One session as the store holds it, read at once (one call in SQLite).
 
@@ -612,7 +627,9 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         envelopes: Its turn envelopes, in the order they were first written.
         corrupt: ``(row id, what was wrong)`` for each row whose cut record failed validation
             while its ``cut_state`` column says it owes nothing: such a row is in ``rows``
-            without its record (``cut`` is ``None``), and the stored record stays as it is.
+            without its record (``cut`` is ``None``), and the stored record stays as it is;
+            and ``(RETRY_SETTINGS, what was wrong)`` for a damaged auto-retry preference
+            (read as off, kept as it is).
         queue: Its durable queue entries, by position.
         queue_version: Its queue version (0 when no queue was ever written).
         queue_corrupt: ``(entry id, what was wrong, naming the field)`` for each stored queue
@@ -620,6 +637,9 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         abandon: Its startup-abandon marker (PS-8), if one is stored.
         partials: The partial parts its streams left (B4), in the order the streams first
             wrote them.
+        auto_retry: Its auto-retry preference (AS-32): ``False`` when "off" is stored, or when
+            the stored preference is damaged (read as off: fail safe); ``True`` when nothing
+            is stored.
     """
 
     record: SessionRecord
@@ -631,6 +651,7 @@ class SessionLoad(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     queue_corrupt: tuple[tuple[str, str], ...] = ()
     abandon: AbandonMarker | None = None
     partials: tuple[StoredPartial, ...] = ()
+    auto_retry: bool = True
 
 
 class SessionList(list[SessionRecord]):

@@ -26,6 +26,7 @@ from agent_session.harness.console import PipeConsole
 from agent_session.harness.queued_view import print_queue, read_queue
 from agent_session.harness.redaction import redact
 from persistence import (
+    RETRY_SETTINGS,
     AbandonMarker,
     CorruptRecord,
     DamagedStore,
@@ -40,6 +41,7 @@ from persistence import (
     ReceiptQuery,
     RecoveryScan,
     SessionList,
+    SessionLoad,
     SessionRecord,
     SqliteStore,
     StoredPartial,
@@ -314,6 +316,7 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     names = ", ".join(clip(s["id"]) for s in report["sessions"])
     console.print(f"sessions: {names or 'none'}", markup=False)
     _print_markers(console, report["sessions"])
+    _print_retry_off(console, report["sessions"])
     _print_partials(console, partials)
     if report["owed"]:
         for item in report["owed"]:
@@ -341,7 +344,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         problems = [str(error)]
     for problem in problems:
         found.add("quick_check", problem)
-    sessions, markers, partials = await _sessions(store, session, found)
+    sessions, markers, partials, retry_off = await _sessions(store, session, found)
     try:
         scan = await store.scan_recoverable()
     except StoreError as error:
@@ -366,10 +369,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
     owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
     return {
         "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
-        "sessions": [
-            {"id": redact(s.id), "model": redact(s.model), "abandon": _marker(markers.get(s.id))}
-            for s in sessions
-        ],
+        "sessions": [_session_row(s, markers.get(s.id), s.id in retry_off) for s in sessions],
         "owed": [
             {
                 "session": redact(row.session),
@@ -434,6 +434,20 @@ def _print_handles(console: Console, handles: list[HandleRecord]) -> None:
             console.print(report, markup=False, soft_wrap=True)
 
 
+def _session_row(
+    record: SessionRecord, marker: AbandonMarker | None, retry_off: bool
+) -> dict[str, Any]:
+    """A session as ``inspect --json`` shows it; ``auto_retry`` only when it is off (AS-32)."""
+    row: dict[str, Any] = {
+        "id": redact(record.id),
+        "model": redact(record.model),
+        "abandon": _marker(marker),
+    }
+    if retry_off:
+        row["auto_retry"] = False
+    return row
+
+
 def _marker(marker: AbandonMarker | None) -> dict[str, str | None] | None:
     """An abandon marker as ``inspect --json`` shows it (redacted), or ``None``."""
     if marker is None:
@@ -455,6 +469,13 @@ def _print_markers(console: Console, sessions: list[dict[str, Any]]) -> None:
         console.print(f"  {clip(sid)}{row}: {reason}", markup=False, soft_wrap=True)
 
 
+def _print_retry_off(console: Console, sessions: list[dict[str, Any]]) -> None:
+    """One line per session whose auto-retry preference is off (AS-32); none when it is on."""
+    for entry in sessions:
+        if entry.get("auto_retry") is False:
+            console.print(f"auto-retry: off for session {clip(entry['id'])}", markup=False)
+
+
 def _print_partials(console: Console, partials: dict[str, tuple[StoredPartial, ...]]) -> None:
     """One line per stored partial (B4): its stream, how many parts, where a gap stops it."""
     for sid, stored in partials.items():
@@ -470,11 +491,17 @@ def _print_partials(console: Console, partials: dict[str, tuple[StoredPartial, .
 
 async def _sessions(
     store: SqliteStore, session: str | None, found: _Findings
-) -> tuple[list[SessionRecord], dict[str, AbandonMarker], dict[str, tuple[StoredPartial, ...]]]:
+) -> tuple[
+    list[SessionRecord],
+    dict[str, AbandonMarker],
+    dict[str, tuple[StoredPartial, ...]],
+    set[str],
+]:
     """The sessions (every one, or ``session``), each read whole to find its damaged rows.
 
     With each session's abandon marker, by id (a damaged one fails its session's load and is
-    reported so), and its stored partials (B4).
+    reported so), its stored partials (B4), and the sessions whose auto-retry preference is
+    off (AS-32: a damaged one reads as off and is reported).
     """
     try:
         listed = await store.sessions()
@@ -487,6 +514,7 @@ async def _sessions(
     sessions = [s for s in listed if session in (None, s.id)]
     markers: dict[str, AbandonMarker] = {}
     partials: dict[str, tuple[StoredPartial, ...]] = {}
+    retry_off: set[str] = set()
     for record in sessions:
         try:
             loaded = await store.load(record.id)
@@ -499,9 +527,23 @@ async def _sessions(
             markers[record.id] = loaded.abandon
         if loaded.partials:
             partials[record.id] = loaded.partials
-        for row_id, detail in loaded.corrupt:
-            found.add(f"skipped corrupt cut record of {row_id}", detail)
-        damaged = unreadable(loaded.rows)
-        if damaged is not None:
-            found.add(f"session {record.id} has an unreadable row", damaged)
-    return sessions, markers, partials
+        if not loaded.auto_retry:
+            retry_off.add(record.id)
+        _report_load(record.id, loaded, found)
+    return sessions, markers, partials, retry_off
+
+
+def _report_load(sid: str, loaded: SessionLoad, found: _Findings) -> None:
+    """Report what a session's load read past, each as damage.
+
+    A settled cut's damaged record, a damaged auto-retry preference (read as off, AS-32), a
+    row the session cannot read.
+    """
+    for key, detail in loaded.corrupt:
+        if key == RETRY_SETTINGS and detail.startswith(f"{RETRY_SETTINGS}["):
+            found.add(f"damaged auto-retry preference of session {sid}", detail)
+        else:
+            found.add(f"skipped corrupt cut record of {key}", detail)
+    damaged = unreadable(loaded.rows)
+    if damaged is not None:
+        found.add(f"session {sid} has an unreadable row", damaged)

@@ -359,6 +359,7 @@ CASES: dict[str, Case] = {
             "DROP TABLE queue_versions",
             "DROP TABLE abandon_markers",
             "DROP TABLE partial_parts",
+            "DROP TABLE retry_settings",
         ),
         2,
         ("needs migrating",),
@@ -414,6 +415,18 @@ CASES: dict[str, Case] = {
     ),
     "abandon-tail-user-row-blob": Case(
         _tail_abandon("'aborted'", "x'6964'"), 4, ("abandon_markers[idle]: $.user_row",)
+    ),
+    # The auto-retry preference (AS-32): a damaged one reads as off and is reported by session
+    # and field; dev owes a cut (its load reports it), idle is a startup-retry tail.
+    "retry-pref-integer": Case(
+        sql("INSERT INTO retry_settings VALUES ('dev', 7)"),
+        4,
+        ("damaged auto-retry preference of session dev", "retry_settings[dev]: $.auto_retry"),
+    ),
+    "retry-pref-tail-text": Case(
+        sql(*_IDLE_TAIL, "INSERT INTO retry_settings VALUES ('idle', 'x')"),
+        4,
+        ("retry_settings[idle]: $.auto_retry: 'x' is not 0 or 1 (read as off)",),
     ),
     "page-2-zeroed": Case(zero_page(2), 4, ("damaged",)),
     "last-page-zeroed": Case(zero_page(None), 4, ("damaged",)),
