@@ -58,6 +58,7 @@ from agent_session._events import (
     Recovered,
     ResumeAttempted,
     RetryAbandoned,
+    RetryScheduled,
     SessionBroken,
     SessionEvent,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "Recovered",
     "ResumeAttempted",
     "RetryAbandoned",
+    "RetryScheduled",
     "SessionBroken",
     "SessionDisposed",
     "SessionEvent",

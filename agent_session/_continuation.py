@@ -93,8 +93,9 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     thinking_level: str | None = None
     #: The live scratchpad snapshot at the cut (R26).
     extra_system_context: str | None = None
-    #: What its stream's ``stream-start`` says: ``resume``, or ``recovery`` for a startup
-    #: retry of a turn a crash interrupted (PS-4).
+    #: What its stream's ``stream-start`` says: ``resume``, ``recovery`` for a startup
+    #: retry of a turn a crash interrupted (PS-4), ``retry`` for an auto-retry of a failed
+    #: stream (AS-32: its endings are told ``retry-abandoned``, its start nothing more).
     cause: StartCause = StartCause.RESUME
     #: A durable cut record follows it (``False``: a startup retry's marker, rebuilt from the
     #: tail of the history and the envelope; its endings are told at once).

@@ -74,9 +74,13 @@ class ScheduleSweep(msgspec.Struct, frozen=True):
 
 
 class BackOff(msgspec.Struct, frozen=True):
-    """PS-3: wait ``delay_s`` on the engine's clock, then let the sweep retry (``BackOffOver``)."""
+    """PS-3, AS-32: wait ``delay_s`` on the engine's clock, then ``BackOffOver(generation)``.
+
+    The machine ignores the end of a backoff that is no longer its latest (``generation``).
+    """
 
     delay_s: float
+    generation: int = 0
 
 
 class StopStream(msgspec.Struct, frozen=True):

@@ -36,6 +36,7 @@ from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
 from message_queue import CancelToken, DispatchMode
 from persistence import (
+    RETRY_SETTINGS,
     AbandonMarker,
     Boundary,
     CorruptRecord,
@@ -453,6 +454,10 @@ class Engine:
             if tail.envelope is not None:  # what its streams spent, and what they ran
                 receipts = (await self.store.receipts(sid)).records
                 spent = steps_done(tail.envelope.stream, [r.op_id for r in receipts])
+            if not tail.auto_retry:  # AS-32: the session's user turned it off (persisted)
+                off = NoRetry("auto-retry is turned off for this session", _anchor_of(tail))
+                await self._abandon_retry(sid, off, told)
+                continue
             plan = plan_retry(
                 tail,
                 spent=spent,
@@ -477,6 +482,7 @@ class Engine:
             for record in _lost_results(tail, receipts, loaded):  # OP-9: never unknowingly
                 self.manager.operations.remember_lost(record)
             session.knows_abandon(stored=tail.abandon is not None, anchor=plan.anchor)
+            session.knows_auto_retry(on=tail.auto_retry)
             session.adopt_retry(plan.marker)
             sessions.append(session)
         return sessions
@@ -682,6 +688,10 @@ class Engine:
         anchor = next((r.row_id for r in reversed(loaded.rows) if r.kind is RowKind.USER), None)
         session.knows_abandon(stored=loaded.abandon is not None, anchor=anchor)
         session.knows_partials(loaded.partials)
+        session.knows_auto_retry(on=loaded.auto_retry)
+        for table, why in loaded.corrupt:
+            if table == RETRY_SETTINGS:  # read as off: never retries what may be turned off
+                log.error("session %s: %s", clip(record.id), why)
         return session
 
     async def _take_up_queue(self, session: AgentSession) -> None:
@@ -894,6 +904,11 @@ class _Void(NamedTuple):
     state: CutState
     cut: str | None = None
     why: str = ""
+
+
+def _anchor_of(tail: SessionTail) -> str | None:
+    """The user row the tail's turn answers (its abandon marker names it), if any."""
+    return next((r.row_id for r in reversed(tail.rows) if r.kind is RowKind.USER), None)
 
 
 def _stream_number(stream: str) -> int:

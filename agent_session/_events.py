@@ -99,8 +99,19 @@ class Recovered(_Event, frozen=True, kw_only=True, tag="recovered"):
         msgspec.structs.force_setattr(self, "why", redact(self.why))
 
 
+class RetryScheduled(_Event, frozen=True, kw_only=True, tag="retry-scheduled"):
+    """AS-32: a failed stream's turn is retried after a backoff on the engine's clock."""
+
+    #: The stream that failed (the attempt this retry follows).
+    stream: str
+    #: Which retry of the turn this is (1 first; a stream end or a new user row resets it).
+    attempt: int
+    #: The retry's step ceiling: what the failed attempt left (R36).
+    budget: int
+
+
 class RetryAbandoned(_Event, frozen=True, kw_only=True, tag="retry-abandoned"):
-    """A turn that would have been retried is not (PS-5, R61: no steps left, unreadable)."""
+    """A turn that would have been retried is not, and why (AS-32, PS-5, R36, R44, R61)."""
 
     why: str
 
@@ -157,6 +168,7 @@ SessionEvent = (
     | ContinuationEnded
     | ResumeAttempted
     | Recovered
+    | RetryScheduled
     | RetryAbandoned
     | SessionBroken
     | HandleClaimed
@@ -181,6 +193,7 @@ __all__ = [
     "Recovered",
     "ResumeAttempted",
     "RetryAbandoned",
+    "RetryScheduled",
     "SessionBroken",
     "SessionEvent",
 ]

@@ -223,7 +223,9 @@ class GiveUp(_S, frozen=True):
 
 
 class BackOffOver(_S, frozen=True):
-    """PS-3: a startup retry's backoff after a failed attempt ended; the sweep may retry."""
+    """PS-3, AS-32: a retry's backoff ended; the sweep may retry (a stale one does nothing)."""
+
+    generation: int = 0
 
 
 class SweepDue(_S, frozen=True):
@@ -487,8 +489,29 @@ class AfterTelling(_S, frozen=True):
     context: StreamContext
 
 
+class KnowsAutoRetry(_S, frozen=True):
+    """AS-32: the session's persisted auto-retry preference, read when it was made."""
+
+    on: bool
+
+
+class SetAutoRetry(_S, frozen=True):
+    """AS-32: the user turns auto-retry on or off for the session (persisted)."""
+
+    on: bool
+
+
 class FailedTurnSettles(_S, frozen=True):
-    """AS-25, R25: a stream error withdraws the continuation; the error path owns it."""
+    """AS-25, R25: a stream error withdraws the continuation; the error path owns it.
+
+    ``retry``: the auto-retry that owns the turn now, its attempt and backoff (AS-32); else
+    ``abandoned``: why no retry follows, when one is told (``retry-abandoned``).
+    """
+
+    retry: Marker | None = None
+    attempt: int = 0
+    delay_s: float = 0.0
+    abandoned: str | None = None
 
 
 class Forfeit(_S, frozen=True):
@@ -589,6 +612,8 @@ Input: TypeAlias = (
     | DisposedNow
     | DisposalDone
     | AdoptOwed
+    | KnowsAutoRetry
+    | SetAutoRetry
     | AdoptRetry
     | BackOffOver
     | GiveUp

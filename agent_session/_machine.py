@@ -85,11 +85,14 @@ from agent_session._events import (
     PhaseChanged,
     QueueCleared,
     ResumeAttempted,
+    RetryAbandoned,
+    RetryScheduled,
     SessionBroken,
 )
 from agent_session._leftover import Leftover, body_of, gather
 from agent_session._phases import BrokenSession, Phase, next_phase
 from agent_session._queue_keeper import QueueKeeper, durable_extra
+from agent_session._retry import GiveUp, RetryBook, RetryPolicy, Schedule, again, decide
 from agent_session._rows import (
     CONTINUE_TEXT,
     RowBody,
@@ -182,6 +185,8 @@ class TurnMachine:
         "_records",
         "_resume_armed",
         "_resume_cap",
+        "_retry",
+        "_retry_policy",
         "_seq",
         "_soft_stop",
         "_stamp",
@@ -224,8 +229,14 @@ class TurnMachine:
         next_stream: int = 1,
         goal: str | None = None,
         keeper: QueueKeeper | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.id = session_id
+        #: AS-32: how failed streams are retried (off unless given: the engine gives its own).
+        self._retry_policy = retry if retry is not None else RetryPolicy(enabled=False)
+        #: AS-32: the turn's consecutive failed attempts, the pending backoff's generation,
+        #: the session's persisted opt-out.
+        self._retry = RetryBook()
         self.model = model
         #: PS-2: the parts of this session's last stream no row took yet (``_leftover``).
         self.leftover: Leftover | None = None
@@ -400,10 +411,16 @@ class TurnMachine:
         if self._resume_armed:
             effects.append(_ABORT_RESUME if reason is AbortReason.SYSTEM else AbortResume(reason))
         if marker is not None:
-            told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
-            if marker.durable:
+            if marker.cause is StartCause.RETRY:  # AS-32: a live retry ends as a retry
+                self._backing_off = False  # its timer is stale now (its generation moves on)
+                self._retry.next_generation()
+                abandoned = RetryAbandoned(session=self.id, why=f"retry of {marker.cut}: {why}")
+                effects.append(Emit(abandoned))
+            elif marker.durable:
+                told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
                 self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after it
             else:  # a startup retry's: no record to write
+                told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
                 effects.append(Emit(told))
             if how is EndedHow.FORFEITED and marker.correlation is not None:  # ST-6, TD-11
                 forfeited = ChildForfeited(target=self.id, correlation=marker.correlation, why=why)
@@ -754,18 +771,57 @@ class TurnMachine:
         """
         self.continuation = resume_failed(self.continuation)
         self._resume_armed = False
+        if marker.cause is StartCause.RETRY:  # AS-32: the failure path again
+            return [*self._retry_again(marker), _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
         told = ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
         effects: list[Effect] = [Emit(told)]
         failed = self.continuation.failed_attempts
         if marker.cause is StartCause.RECOVERY and failed < self._resume_cap:
-            self._backing_off = True
-            effects.append(BackOff(min(RETRY_BACKOFF_CAP_S, RETRY_BACKOFF_S * 2 ** (failed - 1))))
+            delay = min(RETRY_BACKOFF_CAP_S, RETRY_BACKOFF_S * 2 ** (failed - 1))
+            effects.append(self._back_off(delay))
         return [*effects, _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
 
-    def backoff_over(self) -> list[Effect]:
-        """PS-3: the startup retry's backoff ended: the sweep may try it again."""
+    def _back_off(self, delay_s: float) -> BackOff:
+        """The sweep leaves the owed retry alone for ``delay_s``; earlier timers go stale."""
+        self._backing_off = True
+        return BackOff(delay_s, self._retry.next_generation())
+
+    def _retry_again(self, marker: Marker) -> list[Effect]:
+        """AS-32: the retry did not start (a gate, busy): count it; schedule again or give up."""
+        plan = again(self._retry_policy, self._retry)
+        if isinstance(plan, GiveUp):
+            return [*self._end(EndedHow.FORFEITED, plan.why), _FLUSH]
+        return self._scheduled(marker, plan)
+
+    def _scheduled(self, marker: Marker, plan: Schedule) -> list[Effect]:
+        """AS-32: told ``retry-scheduled``, then the backoff on the engine's clock."""
+        told = RetryScheduled(
+            session=self.id, stream=marker.cut, attempt=plan.attempt, budget=marker.step_budget
+        )
+        return [Emit(told), self._back_off(plan.delay_s)]
+
+    def backoff_over(self, generation: int) -> list[Effect]:
+        """PS-3, AS-32: a backoff ended: the sweep may try the retry again.
+
+        A stale one (its retry ended, another was scheduled) does nothing. A live retry that
+        finds the session busy (a turn preparing or streaming, entries queued) goes through
+        the failure path again: one more attempt, scheduled anew or given up (AS-32).
+        """
+        if generation != self._retry.generation:
+            return []
         self._backing_off = False
+        marker = self.continuation.marker
+        if marker is not None and marker.cause is StartCause.RETRY and self._retry_busy():
+            return self._retry_again(marker)
         return [_SWEEP_WANTED] if self.phase is Phase.IDLE else []
+
+    def _retry_busy(self) -> bool:
+        return (
+            self.phase is not Phase.IDLE
+            or not self.queue.is_empty
+            or self.manual_preflight > 0
+            or self.continuation.resume_in_flight
+        )
 
     def resume_unreadable(self, marker: Marker, attempt: int) -> list[Effect]:
         """R61: the history the resume needs is damaged; retrying cannot mend it.
@@ -947,10 +1003,15 @@ class TurnMachine:
             if marker.durable:
                 self.records.consumed_from = before
                 self.records.change(marker.cut, CutState.CONSUMED, told)
+            elif marker.cause is StartCause.RETRY:  # a live retry's: no continuation to tell
+                self._retry.next_generation()
+                self._backing_off = False
             else:  # a startup retry's: nothing to write, told now
                 told_now.append(Emit(told))
         resume = self.context.resume_of
-        if resume is not None and (cause is StartCause.RESUME or cause is StartCause.RECOVERY):
+        if resume is not None and cause is StartCause.RETRY:
+            self._resume_armed = False
+        elif resume is not None and (cause is StartCause.RESUME or cause is StartCause.RECOVERY):
             # its continuation ended while the stream started (a Stop inside ``stream-start``):
             # the stream runs nothing and the attempt was withdrawn, not started (ST-10)
             outcome = "started" if marker is not None else "withdrawn"
@@ -1266,6 +1327,7 @@ class TurnMachine:
         A delegated turn's owner hears of it first (TD-2: its claim sees the queue as it is).
         """
         moved = self._move(Phase.COMPLETING)
+        self._retry.reset()  # AS-24: a successful end resets the retry's attempts
         return [*moved, *self._owner_hears(ended, context), _DRAIN, _IDLE_FROM_COMPLETING]
 
     def _failed(self, failed: Failed, context: StreamContext) -> list[Effect]:
@@ -1277,6 +1339,7 @@ class TurnMachine:
         moved = self._move(Phase.COMPLETING)
         if failed.parts:  # PS-2: the next row this session appends commits them first
             self.leftover = Leftover(failed.stream, failed.parts, failed.model)
+        settles = self._retry_decision(failed, context)
         if failed.retryable:
             marker = self._abandon_cleared(Commit(Boundary(), what="abandon marker"))
             marks: list[Effect] = []
@@ -1285,12 +1348,40 @@ class TurnMachine:
                 marks = [msgspec.structs.replace(marker, tell=(persisted,), failed=_in.Ignored())]
         else:
             marks = self._abandoned(failed.type.value)
-        return [
-            *moved,
-            *marks,
-            *self._owner_hears(failed, context),
-            Next(_in.FailedTurnSettles()),
-        ]
+        # TD-6: a delegated turn's owner hears of the failure only when nothing retries it
+        heard = [] if settles.retry is not None else self._owner_hears(failed, context)
+        return [*moved, *marks, *heard, Next(settles)]
+
+    def _retry_decision(self, failed: Failed, context: StreamContext) -> _in.FailedTurnSettles:
+        """AS-32, AS-33: the retry that owns the failed turn now, or why none does.
+
+        The retry runs under what the attempt left (R36), on the model it reached with its
+        fallback progress (R38), for its correlation (R49) and goal, asked again at launch
+        (R44). Nothing is told when the engine runs without auto-retry.
+        """
+        policy = self._retry_policy
+        if not policy.enabled:
+            return _in.FailedTurnSettles()
+        plan = decide(policy, self._retry, failed)
+        if isinstance(plan, GiveUp):
+            return _in.FailedTurnSettles(abandoned=plan.why)
+        thinking = self.thinking.at_cut() if self.thinking is not None else context.thinking_level
+        marker = Marker(
+            cut=failed.stream,
+            model=failed.model,
+            step_budget=failed.remaining,
+            progress=failed.progress,
+            options=msgspec.structs.replace(retry_safe(context.options), model=failed.model),
+            correlation=context.correlation,
+            goal_kind=GOAL_KIND if self.goal is not None else None,
+            goal_id=self.goal,
+            agent_initiated=context.agent_initiated,
+            thinking_level=thinking,
+            extra_system_context=self.scratchpad,
+            cause=StartCause.RETRY,
+            durable=False,
+        )
+        return _in.FailedTurnSettles(marker, plan.attempt, plan.delay_s)
 
     def _owner_hears(
         self, outcome: Ended | Aborted | Failed, context: StreamContext
@@ -1407,15 +1498,19 @@ class TurnMachine:
             return None  # nothing engaged, or it will cancel before acceptance
         return turn.correlation == correlation or turn.kind is EntryKind.WAKE
 
-    def _failed_turn_settles(self) -> list[Effect]:
+    def _failed_turn_settles(self, settles: _in.FailedTurnSettles) -> list[Effect]:
+        """R25, ST-10: the owed continuation is withdrawn; a retry owns the turn, or nothing."""
         self.continuation = resume_settled(self.continuation)
         why = "the stream failed; the error path owns it (R25)"
-        return [
-            *self._end(EndedHow.WITHDRAWN, why),
-            _FLUSH,
-            _IDLE_FROM_COMPLETING,
-            _DRAIN_IF_IDLE,  # nothing queued waits on a failed turn
-        ]
+        effects = [*self._end(EndedHow.WITHDRAWN, why), _FLUSH]
+        retry = settles.retry
+        if retry is not None:
+            self.continuation, _ = owe(self.continuation, retry)
+            effects += self._scheduled(retry, Schedule(settles.attempt, settles.delay_s))
+        elif settles.abandoned is not None:
+            self._retry.reset()
+            effects.append(Emit(RetryAbandoned(session=self.id, why=settles.abandoned)))
+        return [*effects, _IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]  # nothing queued waits on it
 
     def not_started(self, outcome: Refused | Withdrawn, context: StreamContext) -> list[Effect]:
         """The launch never reached stream-start (AS-10, ST-10)."""
@@ -1575,6 +1670,8 @@ class TurnMachine:
         """
         marker = self.continuation.marker
         effects = self._end(EndedHow.WITHDRAWN, "user stop", reason=AbortReason.USER)
+        if marker is not None and not marker.durable and self.phase is Phase.IDLE:
+            effects += self._abandoned("aborted")  # PS-8: a retry the user stopped stays stopped
         if marker is not None and marker.correlation is not None and self.owner_listens:
             aborted = ChildAborted(
                 target=self.id,
@@ -1631,6 +1728,25 @@ class TurnMachine:
     def edit_done(self) -> None:
         """AS-6: the edit restored the queue and truncated history; the drain may run again."""
         self.defer_drain = False
+
+    def set_auto_retry(self, *, on: bool) -> list[Effect]:
+        """AS-32: the user's preference for this session, committed; off abandons a waiting retry.
+
+        Its reply is ``None`` once durable, else the write's error (the preference holds in
+        memory all the same).
+        """
+        self._retry.off = not on
+        effects: list[Effect] = []
+        marker = self.continuation.marker
+        if not on and marker is not None and marker.cause is StartCause.RETRY:
+            effects += self._end(EndedHow.WITHDRAWN, "auto-retry turned off for this session")
+        commit = Commit(
+            Boundary(auto_retry=on),
+            then=_in.Answer(None),
+            failed=_in.AnswerError(),
+            what="auto-retry",
+        )
+        return [*effects, commit]
 
     def discard(self) -> list[Effect]:
         """R27: a context-discarding history mutation forfeits the owed continuation."""
@@ -1690,6 +1806,11 @@ class TurnMachine:
                 tell=(*commit.tell, *before.tell),  # the user row's commit: told first
             )
         self.anchor = row.row_id  # the turn this row starts answers it (PS-8)
+        self._retry.reset()  # a new turn: its retries count from 1 (AS-32)
+        if self._retry.off and turn.kind is EntryKind.USER:  # AS-32: a user send re-enables
+            self._retry.off = False
+            boundary = msgspec.structs.replace(commit.boundary, auto_retry=True)
+            commit = msgspec.structs.replace(commit, boundary=boundary)
         commit = self._abandon_cleared(commit)
         keeper = self.keeper
         stored = turn.dispatched and keeper.dispatch_stored
@@ -1990,7 +2111,7 @@ class TurnMachine:
         return self.queue_failed(queued)
 
     def _on_BackOffOver(self, given: _in.BackOffOver) -> list[Effect]:
-        return self.backoff_over()
+        return self.backoff_over(given.generation)
 
     def _on_GiveUp(self, given: _in.GiveUp) -> list[Effect]:
         reason = given.reason
@@ -2051,7 +2172,7 @@ class TurnMachine:
         return self._classify_cutter()
 
     def _on_FailedTurnSettles(self, given: _in.FailedTurnSettles) -> list[Effect]:
-        return self._failed_turn_settles()
+        return self._failed_turn_settles(given)
 
     def _on_Forfeit(self, given: _in.Forfeit) -> list[Effect]:
         why = given.why
@@ -2182,6 +2303,13 @@ class TurnMachine:
     def _on_DisposalDone(self, given: _in.DisposalDone) -> list[Effect]:
         return self.disposal_done()
 
+    def _on_KnowsAutoRetry(self, given: _in.KnowsAutoRetry) -> list[Effect]:
+        self._retry.off = not given.on
+        return []
+
+    def _on_SetAutoRetry(self, given: _in.SetAutoRetry) -> list[Effect]:
+        return self.set_auto_retry(on=given.on)
+
     def _on_AdoptOwed(self, given: _in.AdoptOwed) -> list[Effect]:
         marker = given.marker
         row_id = given.row_id
@@ -2278,6 +2406,8 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.DisposedNow: TurnMachine._on_DisposedNow,
     _in.DisposalDone: TurnMachine._on_DisposalDone,
     _in.AdoptOwed: TurnMachine._on_AdoptOwed,
+    _in.KnowsAutoRetry: TurnMachine._on_KnowsAutoRetry,
+    _in.SetAutoRetry: TurnMachine._on_SetAutoRetry,
 }
 
 

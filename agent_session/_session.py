@@ -66,6 +66,7 @@ from agent_session._launcher import StreamLauncher
 from agent_session._machine import TurnMachine
 from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
+from agent_session._retry import RetryPolicy
 from agent_session._session_store import SessionStore
 from agent_session._statistics import SessionStatistics, nothing_running
 from agent_session._turn import Accepted, CanceledBeforeAcceptance, SendRefused, TurnInput
@@ -96,6 +97,7 @@ from stream_manager import (
     AbortReason,
     AbortSignal,
     Refused,
+    StartCause,
     StreamAborted,
     StreamEvent,
     StreamManager,
@@ -196,6 +198,12 @@ class AgentSession:
             goal=goal,
             queue=queue,
             keeper=keeper,
+            retry=RetryPolicy(
+                enabled=config.auto_retry,
+                backoff_s=config.retry_backoff_s,
+                cap_s=config.retry_backoff_cap_s,
+                max_attempts=config.retry_max_attempts,
+            ),
         )
         #: Queued user messages not yet durable, by the queue version that holds them.
         self._deliveries: list[tuple[int, Delivery]] | None = None
@@ -569,8 +577,8 @@ class AgentSession:
         match effect:
             case ScheduleSweep():
                 self._run(self._sweep, then)
-            case BackOff(delay_s=delay):
-                self._run(self._backing_off(delay))
+            case BackOff(delay_s=delay, generation=generation):
+                self._run(self._backing_off(delay, generation))
             case StopStream(reason=why, soft=soft):
                 stop = self._manager.request_stop_nowait
                 self._calling_out(lambda: stop(self.id, soft=soft, reason=why))
@@ -798,13 +806,13 @@ class AgentSession:
         if isinstance(start, StartResume):
             await self._armed(start)(then)
 
-    def _backing_off(self, delay_s: float) -> Work:
-        """PS-3: wait ``delay_s`` on the engine's clock, then let the sweep retry."""
+    def _backing_off(self, delay_s: float, generation: int) -> Work:
+        """PS-3, AS-32: wait ``delay_s`` on the engine's clock, then let the sweep retry."""
 
         async def wait(then: Successors) -> None:
             clock = self._manager.clock
             await clock.sleep_until(clock.now() + delay_s)
-            await self._perform(self._machine.handle(_in.BackOffOver()), then)
+            await self._perform(self._machine.handle(_in.BackOffOver(generation)), then)
 
         return wait
 
@@ -851,6 +859,25 @@ class AgentSession:
         """PS-2: the partials the store holds (B4): the next row this session appends takes them."""
         self._machine.stored_partials = partials
 
+    def knows_auto_retry(self, *, on: bool) -> None:
+        """AS-32: the session's persisted auto-retry preference, as the store holds it."""
+        self._machine.handle(_in.KnowsAutoRetry(on))
+
+    async def set_auto_retry(self, on: bool) -> None:
+        """AS-32: turn auto-retry on or off for this session; durable before it returns.
+
+        Turning it off abandons a retry now waiting (``retry-abandoned``); the next message the
+        user sends turns it on again. The preference holds in memory even when its write
+        fails (the error is raised: a restart would read the stored one).
+
+        Raises:
+            WriteFailed: the preference could not be written.
+        """
+        self._alive()
+        failed = await self._perform(self._machine.handle(_in.SetAutoRetry(on)))
+        if isinstance(failed, Exception):
+            raise failed
+
     def adopt_retry(self, marker: Marker) -> None:
         """PS-4: owe the startup retry ``marker`` (no durable record); the sweep resumes it."""
         self._machine.handle(_in.AdoptRetry(marker))
@@ -860,8 +887,10 @@ class AgentSession:
     ) -> None:
         """ST-8 to ST-10: gates, then the history path under the marker's budget and chain."""
         log.info(
-            "Resuming turn stranded by a withdrawn queued message: cut=%s model=%s budget=%d "
-            "correlation=%s attempt=%d",
+            "Retrying failed stream: cut=%s model=%s budget=%d correlation=%s attempt=%d"
+            if marker.cause is StartCause.RETRY
+            else "Resuming turn stranded by a withdrawn queued message: cut=%s model=%s "
+            "budget=%d correlation=%s attempt=%d",
             marker.cut,
             marker.model,
             marker.step_budget,

@@ -47,9 +47,17 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     overlap_policy: str = "block"
     #: Resume, when the engine starts, every turn a previous process left owed (PS-6).
     recover_at_start: bool = True
-    #: Retry, when the engine starts, a turn a crash interrupted (PS-4: its history ends on
-    #: the user's row, a ``[CONTINUE]`` sentinel or a partial row), under what it had left.
+    #: Retry a stream that failed with a retryable error, after a backoff, under what the
+    #: failed attempt left (AS-32, AS-33); and, when the engine starts, a turn a crash
+    #: interrupted (PS-4: its history ends on the user's row, a ``[CONTINUE]`` sentinel or a
+    #: partial row). A session's user may turn it off for that session (persisted).
     auto_retry: bool = True
+    #: The first retry's delay in seconds on the engine's clock; it doubles per attempt, up
+    #: to ``retry_backoff_cap_s``. A provider's longer ``Retry-After`` wins.
+    retry_backoff_s: float = 1.0
+    retry_backoff_cap_s: float = 60.0
+    #: Retries of one turn before it is abandoned (``retry-abandoned``); 0 retries nothing.
+    retry_max_attempts: int = 3
     #: Recovered resumes starting at once, at most (each holds its slot until its stream
     #: started or its attempt failed): no thundering herd of stream starts at the provider,
     #: and a bounded set of starts in flight (a cheaper heap for the garbage collector).
@@ -69,3 +77,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise UsageError("EngineConfig.recovery_concurrency must be at least 1")
         if not self.cleanup_s > 0:  # NaN too
             raise UsageError("EngineConfig.cleanup_s must be a positive number of seconds")
+        if not 0 <= self.retry_backoff_s <= self.retry_backoff_cap_s:  # NaN too
+            raise UsageError(
+                "EngineConfig.retry_backoff_s must be 0 or more, and at most retry_backoff_cap_s"
+            )
+        if self.retry_max_attempts < 0:
+            raise UsageError("EngineConfig.retry_max_attempts must be 0 or more")

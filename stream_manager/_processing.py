@@ -249,7 +249,7 @@ class StreamProcessor:
                     previous_response_retries += 1
                     loop_ceiling = stream.budget.remaining  # SM-18: never a fresh ceiling
                     continue
-                return self.fail(stream, error.type, error.message)
+                return self.fail(stream, error.type, error.message, retry_after=error.retry_after)
             if step.finish is None:
                 if step.parts:
                     return self.fail(
@@ -543,8 +543,18 @@ class StreamProcessor:
             )
         return ended
 
-    def fail(self, stream: ActiveStream, error_type: ErrorType, message: str) -> Failed:
-        """SM-19, SM-20: a stream error that reports what the attempt left."""
+    def fail(
+        self,
+        stream: ActiveStream,
+        error_type: ErrorType,
+        message: str,
+        *,
+        retry_after: float | None = None,
+    ) -> Failed:
+        """SM-19, SM-20: a stream error that reports what the attempt left.
+
+        ``retry_after``: the provider's requested wait (the auto-retry honours it, AS-32).
+        """
         message = redact(message)  # a provider's text may quote a credential
         stream.step_open = False
         if error_type is ErrorType.CONTEXT_EXCEEDED:
@@ -575,6 +585,7 @@ class StreamProcessor:
             model=stream.model,
             progress=stream.progress,
             parts=tuple(stream.parts),
+            retry_after=retry_after,
         )
 
     def _abort(self, stream: ActiveStream) -> Aborted:

@@ -249,6 +249,8 @@ class Failed:
     model: str
     progress: ModelFallbackProgress
     parts: tuple[Part, ...]
+    #: The provider's requested wait before a retry, in seconds, when it sent one (AS-32).
+    retry_after: float | None = None
 
     @property
     def retryable(self) -> bool:

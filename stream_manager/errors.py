@@ -64,10 +64,28 @@ def is_retryable(error_type: ErrorType) -> bool:
 class ModelError(TurnkeeperError):
     """A model call failed; ``type`` says how (SM-19)."""
 
-    def __init__(self, error_type: ErrorType, message: str) -> None:
+    def __init__(
+        self, error_type: ErrorType, message: str, *, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.type = error_type
         self.message = message
+        #: How long the provider asked to wait before a retry, in seconds (``Retry-After``,
+        #: ``retry-after-ms``), when it said; an auto-retry waits at least this long (AS-32).
+        self.retry_after = _wait(retry_after)
+
+
+#: The longest provider wait honoured (an hour): a larger or unreadable one is not trusted.
+MAX_RETRY_AFTER_S = 3600.0
+
+
+def _wait(seconds: object) -> float | None:
+    """A provider's requested wait in seconds, or ``None`` when it is absent or not sane."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return None
+    if not 0 <= seconds <= MAX_RETRY_AFTER_S:  # NaN fails both
+        return None
+    return float(seconds)
 
 
 class ScriptExhausted(ModelError):

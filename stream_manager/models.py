@@ -477,16 +477,18 @@ def map_error(error: BaseException, model: str, *, started: bool) -> ModelError 
     from pydantic_ai import exceptions as x
 
     where = f"model {model!r}"
+    wait = getattr(error, "retry_after", None)  # pydantic-ai reads Retry-After (AS-32)
     if isinstance(error, x.ContentFilterError):
         return None
     for kind, error_type in _by_class(x):
         if isinstance(error, kind):
             if error_type is ErrorType.PROVIDER_ERROR and started:
                 error_type = ErrorType.STREAM_TRUNCATED
-            return ModelError(error_type, f"{where}: {_line(error)}")
+            return ModelError(error_type, f"{where}: {_line(error)}", retry_after=wait)
     status = getattr(error, "status_code", None)
     if isinstance(status, int):
-        return ModelError(_by_status(status), f"{where}: HTTP {status}: {_line(error)}")
+        message = f"{where}: HTTP {status}: {_line(error)}"
+        return ModelError(_by_status(status), message, retry_after=wait)
     if _is_transport(error):
         error_type = ErrorType.STREAM_TRUNCATED if started else ErrorType.PROVIDER_ERROR
         return ModelError(error_type, f"{where}: the connection failed: {_line(error)}")

@@ -65,8 +65,6 @@ LINE_FIELDS: Final = frozenset({"seq", "t", "event", "session"})
 _UNBUILT_EVENTS: Final = {
     "claim": ("handle", "cut", "answer"),
     "settled": ("handle", "status"),
-    "retry-scheduled": ("stream", "attempt", "budget"),
-    "retry-abandoned": ("why",),
 }
 
 

@@ -28,6 +28,7 @@ import anyio.abc
 from agent_session._admission import GoalBoard, WorkspaceBoard
 from agent_session._engine import Engine
 from agent_session._events import EngineEvent
+from agent_session._retry import RETRY_BACKOFF_CAP_S
 from agent_session.harness.expect import check_expectations
 from agent_session.harness.fakes import Faults, FaultyStore, ProcessCrashed, ScenarioTool
 from agent_session.harness.loader import script_steps, shorten
@@ -336,6 +337,9 @@ def engine_config(scenario: Scenario) -> EngineConfig:
         tool_deadline_s=scenario.engine.tool_deadline_ms / 1000,
         cancel_grace_s=scenario.engine.cancel_grace_ms / 1000,
         auto_retry=scenario.engine.auto_retry,
+        retry_backoff_s=scenario.engine.retry_backoff_ms / 1000,
+        retry_backoff_cap_s=max(RETRY_BACKOFF_CAP_S, scenario.engine.retry_backoff_ms / 1000),
+        retry_max_attempts=scenario.engine.retry_max_attempts,
     )
 
 

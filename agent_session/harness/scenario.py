@@ -119,8 +119,13 @@ class EngineConfig(_Model):
     resume_attempt_cap: int = Field(3, ge=1)
     tool_deadline_ms: int = Field(60_000, gt=0)
     cancel_grace_ms: int = Field(5_000, ge=0)
-    #: PS-4: a turn a crash interrupted is retried when the next engine starts.
+    #: AS-32: a stream that failed with a retryable error is retried after a backoff; PS-4:
+    #: a turn a crash interrupted is retried when the next engine starts.
     auto_retry: bool = True
+    #: The first retry's delay on the engine clock; it doubles per attempt.
+    retry_backoff_ms: int = Field(1_000, ge=0, le=3_600_000)
+    #: Retries of one turn before it is abandoned.
+    retry_max_attempts: int = Field(3, ge=0, le=1_000)
 
 
 class ModelSpec(_Model):

@@ -1045,15 +1045,15 @@ async def test_as25_a_stream_error_goes_completing_then_idle_and_is_reported() -
         assert causes(r) == ["send", "send"]
 
 
-async def test_as25_a_failed_continuation_is_not_resumed_too() -> None:
-    async with session_rig(
-        {"M": [T_("task_await"), ScriptStep(error="retryable")]}, tools=[wake_tool(lambda: r)]
-    ) as r:
+async def test_as25_st10_a_failed_continuation_is_retried_never_resumed_too() -> None:
+    script = [T_("task_await"), ScriptStep(error="retryable"), X("done")]
+    async with session_rig({"M": script}, tools=[wake_tool(lambda: r)]) as r:
         r.session().send("start")
         await r.settle()
         assert [e.how for e in r.of(ContinuationEnded)] == ["consumed"]
-        assert len(r.of(StreamFailed)) == 1
-        assert causes(r) == ["send", "queue"]
+        (failed,) = r.of(StreamFailed)
+        assert causes(r) == ["send", "queue", "retry"]  # the retry owns it: no resume as well
+        assert r.of(StreamStarted)[-1].budget == failed.remaining
         assert not r.session().owes()
         assert r.session().phase is Phase.IDLE
 

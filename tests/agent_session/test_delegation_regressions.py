@@ -90,7 +90,9 @@ def test_td4_r35_a_superseding_stream_that_fails_settles_the_deferred_owner(kind
     # superseding stream's end to settle, TD-4); that stream fails instead of ending
     actions = (("claim", "fail-store-1"), ("claim", "send"), ("start-2", "fail-store-1"))
     trace = settles_once(actions, kind, HandleStatus.INTERRUPTED)
-    assert [trace[i]["handle"] for i in lines_of(trace, "stream-start")] == [HANDLE, None]
+    # the failed superseding stream is retried (AS-32), uncorrelated as it was
+    assert [trace[i]["handle"] for i in lines_of(trace, "stream-start")] == [HANDLE, None, None]
+    assert [trace[i]["cause"] for i in lines_of(trace, "stream-start")][-1] == "retry"
     assert [trace[i]["type"] for i in lines_of(trace, "stream-error")] == ["store_write"]
 
 

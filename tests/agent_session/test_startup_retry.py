@@ -358,7 +358,9 @@ async def test_ps8_a_terminal_failure_stores_the_marker_and_the_next_start_leave
 
 async def test_ps8_a_retryable_failure_stores_no_marker_and_the_next_start_retries() -> None:
     store = MemoryStore()
-    async with session_rig({"M": [ScriptStep(error="retryable")]}, store=store) as r:
+    no_live_retry = EngineConfig(max_stream_steps=8, retry_max_attempts=0)  # ended before it
+    script = [ScriptStep(error="retryable")]
+    async with session_rig({"M": script}, store=store, config=no_live_retry) as r:
         r.session().send("deploy it")
         await r.settle()
     assert await marker_of(store) is None

@@ -106,6 +106,8 @@ def test_a_minimal_scenario_gets_the_defaults(here: Path) -> None:
         "tool_deadline_ms": 60_000,
         "cancel_grace_ms": 5_000,
         "auto_retry": True,
+        "retry_backoff_ms": 1000,
+        "retry_max_attempts": 3,
     }
     assert s.limits.max_virtual_ms == 3_600_000
     assert (s.models, s.actions, s.expect) == ([], [], None)

@@ -21,7 +21,7 @@ from pydantic_ai import exceptions as x
 from pydantic_ai import messages as pm
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
-from agent_session import Engine, EngineEvent
+from agent_session import Engine, EngineConfig, EngineEvent
 from agent_session.harness.openai_fixture import (
     DropReply,
     ErrorReply,
@@ -137,6 +137,7 @@ async def run_case(main: PydanticAIModel, backup: PydanticAIModel) -> list[Engin
             models={"main": main, "backup": backup},
             fallbacks={"main": ["backup"]},
             tools={"shell": FunctionTool(shell)},
+            config=EngineConfig(auto_retry=False),  # one attempt: the row's own outcome
         ) as engine,
     ):
         engine.add_observer(events.append)
