@@ -153,6 +153,9 @@ GOAL_KIND = "goal"
 RETRY_BACKOFF_S = 1.0
 RETRY_BACKOFF_CAP_S = 30.0
 
+#: The causes of streams launched by the sweep for a marker (their ``resume`` event is told).
+_RESUMED = frozenset({StartCause.RESUME, StartCause.RECOVERY, StartCause.RETRY})
+
 _FLUSH = Next(_in.FlushRecords())
 _QUEUE_WRITTEN = _in.QueueWritten()
 _QUEUE_UNWRITTEN = _in.QueueFailed(None)
@@ -771,10 +774,10 @@ class TurnMachine:
         """
         self.continuation = resume_failed(self.continuation)
         self._resume_armed = False
-        if marker.cause is StartCause.RETRY:  # AS-32: the failure path again
-            return [*self._retry_again(marker), _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
         told = ResumeAttempted(session=self.id, cut=marker.cut, attempt=attempt, outcome="failed")
         effects: list[Effect] = [Emit(told)]
+        if marker.cause is StartCause.RETRY:  # AS-32: the failure path again
+            return [*effects, *self._retry_again(marker), _IDLE_FROM_PREPARING, _DRAIN_IF_IDLE]
         failed = self.continuation.failed_attempts
         if marker.cause is StartCause.RECOVERY and failed < self._resume_cap:
             delay = min(RETRY_BACKOFF_CAP_S, RETRY_BACKOFF_S * 2 ** (failed - 1))
@@ -1009,9 +1012,7 @@ class TurnMachine:
             else:  # a startup retry's: nothing to write, told now
                 told_now.append(Emit(told))
         resume = self.context.resume_of
-        if resume is not None and cause is StartCause.RETRY:
-            self._resume_armed = False
-        elif resume is not None and (cause is StartCause.RESUME or cause is StartCause.RECOVERY):
+        if resume is not None and cause in _RESUMED:
             # its continuation ended while the stream started (a Stop inside ``stream-start``):
             # the stream runs nothing and the attempt was withdrawn, not started (ST-10)
             outcome = "started" if marker is not None else "withdrawn"

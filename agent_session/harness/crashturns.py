@@ -85,17 +85,25 @@ def in_flight_at_kill(trace: Sequence[EventData]) -> dict[str, list[str]]:
     """
     streams: dict[str, str] = {}
     owed: dict[str, list[str]] = {}
+    retries: dict[str, str] = {}  # a failed stream's retry waits out its backoff (AS-32)
     for event in trace:
         name, session = event.get("event"), str(event.get("session"))
         if name in ("recovered", "retry-abandoned"):
             streams.pop(session, None)
             owed.pop(session, None)
+            retries.pop(session, None)
+        elif name == "retry-scheduled":
+            retries[session] = str(event.get("stream"))
         else:
+            if name == "stream-start":
+                retries.pop(session, None)
             _follow_stream(event, session, streams)
             _follow_cut(event, session, owed)
     found: dict[str, list[str]] = {}
     for session, stream in streams.items():
         found.setdefault(session, []).append(f"stream {stream} was running")
+    for session, failed in retries.items():
+        found.setdefault(session, []).append(f"the retry of {failed} was scheduled")
     for session, cuts in owed.items():
         found.setdefault(session, []).extend(f"cut {cut} was owed" for cut in cuts)
     return found

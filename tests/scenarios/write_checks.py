@@ -284,6 +284,15 @@ class _Durable:
         ]
 
 
+def _retried(line: Any) -> str | None:
+    """The cut a startup retry (``recovered retry``) or an auto-retry (AS-32) takes up."""
+    if line["event"] == "recovered" and line["action"] == "retry":
+        return str(line["cut"])
+    if line["event"] == "retry-scheduled":  # the failed stream its retry continues
+        return str(line["stream"])
+    return None
+
+
 def told_before_durable(trace: Trace, writes: list[Write]) -> list[str]:
     """Events told with no durable write behind them (R60, B3, OP-3, PS-6).
 
@@ -295,12 +304,13 @@ def told_before_durable(trace: Trace, writes: list[Write]) -> list[str]:
     durable = _Durable(writes)
     told_ops: Counter[str] = Counter()
     wrong: list[str] = []
-    retried: set[str] = set()  # startup retries' cuts: no record stands for them
+    retried: set[str] = set()  # startup and auto-retries' cuts: no record stands for them
     for at, line in positions(trace):
         event = line["event"]
         need: Fact | None = None
-        if event == "recovered" and line["action"] == "retry":
-            retried.add(line["cut"])
+        retry = _retried(line)
+        if retry is not None:
+            retried.add(retry)
         if line.get("cut") in retried:
             continue
         if event == "owed":
