@@ -83,6 +83,17 @@ class BackOff(msgspec.Struct, frozen=True):
     generation: int = 0
 
 
+class RunCompaction(msgspec.Struct, frozen=True):
+    """AS-36: one compaction request on ``model``: the history and ``prompt``, its text back.
+
+    The shell answers ``Summarized`` (the text) or ``CompactionFailed``.
+    """
+
+    stream: str
+    model: str
+    prompt: str
+
+
 class StopStream(msgspec.Struct, frozen=True):
     """Ask the session's stream (or its launch) to stop."""
 
@@ -143,6 +154,7 @@ Effect = (
     | Reply
     | ScheduleSweep
     | BackOff
+    | RunCompaction
     | StopStream
     | AbortPrepared
     | AbortResume

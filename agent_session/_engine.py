@@ -29,7 +29,16 @@ from agent_session._events import (
 )
 from agent_session._owners import Owners, TurnOwner
 from agent_session._queue_keeper import QueueKeeper, RebuiltQueue, rebuild
-from agent_session._recovery import Abandon, NoRetry, plan_recovery, plan_retry, steps_done
+from agent_session._recovery import (
+    Abandon,
+    DropFollowUp,
+    NoRetry,
+    plan_follow_up,
+    plan_recovery,
+    plan_retry,
+    steps_done,
+)
+from agent_session._rows import decode_body, encode_body
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
@@ -454,6 +463,12 @@ class Engine:
             if tail.envelope is not None:  # what its streams spent, and what they ran
                 receipts = (await self.store.receipts(sid)).records
                 spent = steps_done(tail.envelope.stream, [r.op_id for r in receipts])
+            summary = _summary_tail(tail)
+            if summary is not None:  # PS-7: a crash between the summary and its follow-up
+                found = await self._plan_follow_up(tail, summary, told)
+                if found is not None:
+                    sessions.append(found)
+                continue
             if not tail.auto_retry:  # AS-32: the session's user turned it off (persisted)
                 off = NoRetry("auto-retry is turned off for this session", _anchor_of(tail))
                 await self._abandon_retry(sid, off, told)
@@ -486,6 +501,44 @@ class Engine:
             session.adopt_retry(plan.marker)
             sessions.append(session)
         return sessions
+
+    async def _plan_follow_up(
+        self, tail: SessionTail, summary: HistoryRow, told: list[Recovered | RetryAbandoned]
+    ) -> AgentSession | None:
+        """PS-7: the follow-up pending on ``summary`` is owed again, or dropped (R48)."""
+        sid = tail.session.id
+        plan = plan_follow_up(
+            tail, summary, models=self._known_models, ceiling=self.config.max_stream_steps
+        )
+        if isinstance(plan, NoRetry):
+            if not plan.quiet:
+                log.warning("follow-up of session %s left: %s", clip(sid), clip(plan.why, 2000))
+                told.append(RetryAbandoned(session=sid, why=plan.why))
+                told.append(Recovered(session=sid, action="abandon", why=plan.why))
+            return None
+        if isinstance(plan, DropFollowUp):  # cleared, then told; a failed write: next start
+            log.warning("follow-up of session %s dropped: %s", clip(sid), clip(plan.why, 2000))
+            cleared = _cleared_summary(plan.row)
+            try:
+                await self._writer.write(sid, Boundary(delete=(plan.row.row_id,), rows=(cleared,)))
+            except (TurnkeeperError, OSError) as error:
+                log.error("the follow-up of %s was not dropped: %s", clip(sid), error)
+                return None
+            self._emit(Persisted(session=sid, what="summary", id=plan.row.row_id))
+            told.append(RetryAbandoned(session=sid, why=plan.why))
+            told.append(Recovered(session=sid, action="abandon", why=plan.why))
+            return None
+        session = self._make_session(
+            tail.session,
+            next_seq=tail.last_seq + 1,
+            next_stream=1 + max(map(_stream_number, tail.streams), default=0),
+            queue_version=tail.queue_version,
+        )
+        told.append(Recovered(session=sid, action="follow-up", why=plan.why, cut=plan.marker.cut))
+        session.knows_abandon(stored=tail.abandon is not None, anchor=_anchor_of(tail))
+        session.knows_auto_retry(on=tail.auto_retry)
+        session.adopt_follow_up(plan.marker, plan.row)
+        return session
 
     async def _interrupted(self, tail: SessionTail) -> SessionLoad | None:
         """The session of a tail whose last stream a crash cut off, read once (else ``None``).
@@ -904,6 +957,20 @@ class _Void(NamedTuple):
     state: CutState
     cut: str | None = None
     why: str = ""
+
+
+def _summary_tail(tail: SessionTail) -> HistoryRow | None:
+    """The summary row a tail ends on (only system rows after it), if it does (PS-7)."""
+    last = next((r for r in reversed(tail.rows) if r.kind is not RowKind.SYSTEM), None)
+    return last if last is not None and last.kind is RowKind.SUMMARY else None
+
+
+def _cleared_summary(row: HistoryRow) -> HistoryRow:
+    """``row`` with its pending follow-up cleared (R48), or as it is when it is unreadable."""
+    body = decode_body(row)
+    return msgspec.structs.replace(
+        row, body=encode_body(msgspec.structs.replace(body, follow_up=None))
+    )
 
 
 def _anchor_of(tail: SessionTail) -> str | None:

@@ -99,6 +99,17 @@ class Recovered(_Event, frozen=True, kw_only=True, tag="recovered"):
         msgspec.structs.force_setattr(self, "why", redact(self.why))
 
 
+class Compacted(_Event, frozen=True, kw_only=True, tag="compaction"):
+    """AS-36: a compaction ran for the stream stopped for it, and how it went."""
+
+    #: The stream stopped for the compaction.
+    stream: str
+    #: The input usage that crossed the threshold.
+    tokens: int
+    #: ``summarized`` (its summary row is durable) or ``failed``.
+    outcome: str
+
+
 class RetryScheduled(_Event, frozen=True, kw_only=True, tag="retry-scheduled"):
     """AS-32: a failed stream's turn is retried after a backoff on the engine's clock."""
 
@@ -170,6 +181,7 @@ SessionEvent = (
     | Recovered
     | RetryScheduled
     | RetryAbandoned
+    | Compacted
     | SessionBroken
     | HandleClaimed
     | HandleSettled
@@ -178,6 +190,7 @@ SessionEvent = (
 EngineEvent = SessionEvent | StreamEvent
 
 __all__ = [
+    "Compacted",
     "ContinuationEnded",
     "ContinuationOwed",
     "EngineEvent",

@@ -489,6 +489,65 @@ class AfterTelling(_S, frozen=True):
     context: StreamContext
 
 
+class UsageReported(_S, frozen=True):
+    """A step of ``stream`` on ``model`` reported ``tokens`` of input (AS-36)."""
+
+    stream: str
+    model: str
+    tokens: int
+
+
+class CompactNow(_S, frozen=True):
+    """AS-36: the stream stopped for compaction aborted, its partial row settled."""
+
+    aborted: Aborted
+
+
+class Summarized(_S, frozen=True):
+    """AS-36: the compaction request answered ``text``."""
+
+    text: str
+
+
+class CompactionFailed(_S, frozen=True):
+    """AS-36: the compaction request failed (``why``)."""
+
+    why: str
+
+
+class SummaryWritten(_S, frozen=True):
+    """B7: the summary row is durable (with its pending follow-up, when ``follow_up``)."""
+
+    row: HistoryRow
+    tokens: int
+
+
+class SummaryFailed(_S, frozen=True):
+    """B7: the summary row could not be written."""
+
+    tokens: int
+    error: Exception | None = None
+
+
+class FollowUpWritten(_S, frozen=True):
+    """B8: the follow-up row is durable and the pending follow-up cleared: reply ``rows``."""
+
+    rows: tuple[HistoryRow, ...]
+
+
+class FollowUpFailed(_S, frozen=True):
+    """B8: the follow-up row could not be written: the pending follow-up stays."""
+
+    error: Exception | None = None
+
+
+class AdoptFollowUp(_S, frozen=True):
+    """PS-7: owe the follow-up ``marker`` a crash left pending on summary row ``row``."""
+
+    marker: Marker
+    row: HistoryRow
+
+
 class KnowsAutoRetry(_S, frozen=True):
     """AS-32: the session's persisted auto-retry preference, read when it was made."""
 
@@ -614,6 +673,15 @@ Input: TypeAlias = (
     | AdoptOwed
     | KnowsAutoRetry
     | SetAutoRetry
+    | UsageReported
+    | CompactNow
+    | Summarized
+    | CompactionFailed
+    | SummaryWritten
+    | SummaryFailed
+    | FollowUpWritten
+    | FollowUpFailed
+    | AdoptFollowUp
     | AdoptRetry
     | BackOffOver
     | GiveUp
@@ -680,5 +748,7 @@ WriteFailure: TypeAlias = (
     | RecordsFailed
     | PartialFailed
     | QueueFailed
+    | SummaryFailed
+    | FollowUpFailed
     | Ignored
 )

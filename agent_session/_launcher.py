@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     )
 
 log = logging.getLogger("turnkeeper.session")
+#: The rows a launch appends for itself: a failed or refused launch takes them back.
+_OWN_ROWS = frozenset({RowKind.SENTINEL, RowKind.USER})
 
 
 class StreamLauncher:
@@ -81,7 +83,9 @@ class StreamLauncher:
         # PS-2: a partial an earlier stream left goes into history first; R34: the sentinel
         rows = await self._decide(_in.HistoryLoaded(read, partials))
         assert isinstance(rows, tuple)
-        sentinel = rows[-1] if len(rows) > len(read) and rows[-1].kind is RowKind.SENTINEL else None
+        # the row the launch appended for itself (a sentinel, a follow-up's row): R34, R51
+        added = len(rows) > len(read) and rows[-1].kind in _OWN_ROWS
+        sentinel = rows[-1] if added else None
         try:
             machine.handle(_in.Launching(context))
             request = StreamRequest(

@@ -32,6 +32,13 @@ import msgspec
 
 from agent_session import _boundaries
 from agent_session import _inputs as _in
+from agent_session._compaction import (
+    FOLLOW_UP_TEXT,
+    CompactionPolicy,
+    FollowUp,
+    encode_follow_up,
+    follow_up_of,
+)
 from agent_session._continuation import (
     Continuation,
     EndedHow,
@@ -70,12 +77,14 @@ from agent_session._effects import (
     Emit,
     Next,
     Reply,
+    RunCompaction,
     ScheduleSweep,
     StopStream,
     TellOwner,
 )
 from agent_session._effects import StartResume as StartResumeEffect
 from agent_session._events import (
+    Compacted,
     ContinuationEnded,
     ContinuationOwed,
     EntryCanceled,
@@ -98,6 +107,7 @@ from agent_session._rows import (
     RowBody,
     body_from_parts,
     cut_record,
+    decode_body,
     encode_body,
     needs_continue_sentinel,
 )
@@ -154,7 +164,11 @@ RETRY_BACKOFF_S = 1.0
 RETRY_BACKOFF_CAP_S = 30.0
 
 #: The causes of streams launched by the sweep for a marker (their ``resume`` event is told).
-_RESUMED = frozenset({StartCause.RESUME, StartCause.RECOVERY, StartCause.RETRY})
+_RESUMED = frozenset(
+    {StartCause.RESUME, StartCause.RECOVERY, StartCause.RETRY, StartCause.FOLLOW_UP}
+)
+#: Markers with no durable record of their own whose endings are not continuation events.
+_SYNTHETIC = frozenset({StartCause.RETRY, StartCause.FOLLOW_UP})
 
 _FLUSH = Next(_in.FlushRecords())
 _QUEUE_WRITTEN = _in.QueueWritten()
@@ -182,7 +196,10 @@ class TurnMachine:
         "_abandon_partial",
         "_active_tools",
         "_backing_off",
+        "_compact",
+        "_compaction",
         "_drain_held",
+        "_follow_up_row",
         "_known_models",
         "_preparing_turn",
         "_records",
@@ -233,8 +250,15 @@ class TurnMachine:
         goal: str | None = None,
         keeper: QueueKeeper | None = None,
         retry: RetryPolicy | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         self.id = session_id
+        #: AS-36: when a stream is stopped for compaction (never, unless given).
+        self._compaction = compaction if compaction is not None else CompactionPolicy(at=0.0)
+        #: AS-36: the stream stopped for compaction, the tokens that crossed, then its abort.
+        self._compact: _Compacting | None = None
+        #: B7: the summary row carrying the pending follow-up the machine owes, if any.
+        self._follow_up_row: HistoryRow | None = None
         #: AS-32: how failed streams are retried (off unless given: the engine gives its own).
         self._retry_policy = retry if retry is not None else RetryPolicy(enabled=False)
         #: AS-32: the turn's consecutive failed attempts, the pending backoff's generation,
@@ -419,6 +443,9 @@ class TurnMachine:
                 self._retry.next_generation()
                 abandoned = RetryAbandoned(session=self.id, why=f"retry of {marker.cut}: {why}")
                 effects.append(Emit(abandoned))
+            elif marker.cause is StartCause.FOLLOW_UP:  # AS-37: dropped through one path
+                dropped = f"follow-up of {marker.cut}: {why}"
+                effects.append(Emit(RetryAbandoned(session=self.id, why=dropped)))
             elif marker.durable:
                 told = ContinuationEnded(session=self.id, cut=marker.cut, how=how, why=why)
                 self.records.change(marker.cut, _STATE_OF[how], told)  # PS-6: told after it
@@ -428,7 +455,18 @@ class TurnMachine:
             if how is EndedHow.FORFEITED and marker.correlation is not None:  # ST-6, TD-11
                 forfeited = ChildForfeited(target=self.id, correlation=marker.correlation, why=why)
                 effects.append(TellOwner(forfeited))
+            if marker.cause is StartCause.FOLLOW_UP:  # R48: settled first, then cleared
+                effects += self._follow_up_cleared()
         return effects
+
+    def _follow_up_cleared(self) -> list[Effect]:
+        """R48: the summary row's pending follow-up is cleared (its row rewritten without it)."""
+        row, self._follow_up_row = self._follow_up_row, None
+        if row is None:
+            return []
+        persisted = Persisted(session=self.id, what="summary", id=row.row_id)
+        boundary = Boundary(delete=(row.row_id,), rows=(_without_follow_up(row),))
+        return [Commit(boundary, tell=(persisted,), failed=_in.Ignored(), what="follow-up drop")]
 
     @property
     def records(self) -> CutRecords:
@@ -1006,9 +1044,10 @@ class TurnMachine:
             if marker.durable:
                 self.records.consumed_from = before
                 self.records.change(marker.cut, CutState.CONSUMED, told)
-            elif marker.cause is StartCause.RETRY:  # a live retry's: no continuation to tell
+            elif marker.cause in _SYNTHETIC:  # a live retry's, a follow-up's: nothing to tell
                 self._retry.next_generation()
                 self._backing_off = False
+                told_now += self._follow_up_cleared()  # a follow-up's stream (or a wake's) ran
             else:  # a startup retry's: nothing to write, told now
                 told_now.append(Emit(told))
         resume = self.context.resume_of
@@ -1328,6 +1367,7 @@ class TurnMachine:
         A delegated turn's owner hears of it first (TD-2: its claim sees the queue as it is).
         """
         moved = self._move(Phase.COMPLETING)
+        self._compact = None  # it ended before its compaction stop landed
         self._retry.reset()  # AS-24: a successful end resets the retry's attempts
         return [*moved, *self._owner_hears(ended, context), _DRAIN, _IDLE_FROM_COMPLETING]
 
@@ -1338,6 +1378,7 @@ class TurnMachine:
         retryable one clears a stored one (a startup retries the turn).
         """
         moved = self._move(Phase.COMPLETING)
+        self._compact = None
         if failed.parts:  # PS-2: the next row this session appends commits them first
             self.leftover = Leftover(failed.stream, failed.parts, failed.model)
         settles = self._retry_decision(failed, context)
@@ -1627,8 +1668,161 @@ class TurnMachine:
         if soft_stop:
             effects.append(Next(_in.ClassifyCutter()))
         effects.append(_FLUSH)
+        compact, self._compact = self._compact, None
+        if (
+            compact is not None
+            and compact.stream == aborted.stream
+            and aborted.reason is AbortReason.SYSTEM
+            and not soft_stop
+            and not self.disposed
+        ):
+            self._compact = _Compacting(compact.stream, compact.tokens, aborted)
+            effects.append(Next(_in.CompactNow(aborted)))  # AS-36: its abort was for this
+            return effects
         effects.append(Next(_in.AbortSettled(soft_stop)))
         return effects
+
+    # ------------------------------------------------------------ compaction (AS-36, AS-37)
+
+    def usage_reported(self, stream: str, model: str, tokens: int) -> list[Effect]:
+        """AS-36: a step's input reached ``compact_at`` of its window: stop at its end (system)."""
+        if self._compact is not None or self._streaming != stream:
+            return []
+        limit = self._compaction.threshold(model)
+        if limit is None or tokens < limit:
+            return []
+        self._compact = _Compacting(stream, tokens)
+        return [StopStream(AbortReason.SYSTEM, soft=True)]
+
+    def compact_now(self, aborted: Aborted) -> list[Effect]:
+        """AS-36: the stopped stream's partial is settled: one compaction request runs now.
+
+        The phase stays COMPLETING (a send meanwhile queues); its answer is ``Summarized``.
+        """
+        prompt = self._compaction.prompt
+        return [RunCompaction(stream=aborted.stream, model=self.model, prompt=prompt)]
+
+    def summarized(self, text: str) -> list[Effect]:
+        """B7: the summary row, carrying the pending follow-up the stopped turn owes (R40)."""
+        compact = self._compact
+        if compact is None or compact.aborted is None:
+            return []  # stopped or disposed meanwhile: the compaction is dropped
+        meta = compact.aborted.metadata
+        follow: FollowUp | None = None
+        if meta.steps_remaining > 0:
+            follow = follow_up_of(
+                meta.steps_remaining,
+                meta.model,
+                meta.fallback_progress,
+                self.context.correlation,
+                (GOAL_KIND if self.goal is not None else None, self.goal),
+            )
+        pending = encode_follow_up(follow) if follow is not None else None
+        body = RowBody(text=text, follow_up=pending)
+        row = self.new_row(RowKind.SUMMARY, encode_body(body), stream=compact.stream)
+        done = Compacted(
+            session=self.id, stream=compact.stream, tokens=compact.tokens, outcome="summarized"
+        )
+        commit = _boundaries.appended(
+            row,
+            "summary",
+            then=_in.SummaryWritten(row, compact.tokens),
+            failed=_in.SummaryFailed(compact.tokens),
+            what="summary row",
+        )
+        commit = msgspec.structs.replace(commit, tell=(*commit.tell, done))
+        return [self._with_records(commit)]
+
+    def summary_written(self, row: HistoryRow) -> list[Effect]:
+        """B7 is durable: the follow-up is owed, and the sweep launches it once idle (AS-37)."""
+        compact, self._compact = self._compact, None
+        effects: list[Effect] = []
+        body = decode_body(row)
+        if body.follow_up is not None and compact is not None and compact.aborted is not None:
+            follow = msgspec.convert(body.follow_up, FollowUp)
+            marker = self._follow_up_marker(follow, compact.stream)
+            self.continuation, _ = owe(self.continuation, marker)
+            self._follow_up_row = row
+        elif compact is not None:
+            why = f"follow-up of {compact.stream}: no steps left (R48)"
+            effects.append(Emit(RetryAbandoned(session=self.id, why=why)))
+        return [*effects, _IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]
+
+    def _follow_up_marker(self, follow: FollowUp, cut: str) -> Marker:
+        """What the sweep launches for ``follow`` (AS-37): its remainder, model and chain."""
+        context = self.context
+        return Marker(
+            cut=cut,
+            model=follow.model,
+            step_budget=follow.step_budget,
+            progress=follow.progress,
+            options=msgspec.structs.replace(retry_safe(context.options), model=follow.model),
+            correlation=follow.correlation,
+            goal_kind=follow.goal_kind,
+            goal_id=follow.goal_id,
+            agent_initiated=context.agent_initiated,
+            thinking_level=context.thinking_level,
+            extra_system_context=self.scratchpad,
+            cause=StartCause.FOLLOW_UP,
+            durable=False,
+        )
+
+    def compaction_failed(self, why: str) -> list[Effect]:
+        """AS-36: no summary: told ``compaction failed``; the stopped turn ends there."""
+        compact, self._compact = self._compact, None
+        if compact is None:
+            return []
+        failed = Compacted(
+            session=self.id, stream=compact.stream, tokens=compact.tokens, outcome="failed"
+        )
+        abandoned = RetryAbandoned(
+            session=self.id, why=f"compaction of {compact.stream} failed: {why}"
+        )
+        return [Emit(failed), Emit(abandoned), _IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]
+
+    def _follow_up_rows(self, rows: tuple[HistoryRow, ...], marker: Marker) -> list[Effect]:
+        """B8: the follow-up row, and the pending follow-up cleared, in one commit (PS-7).
+
+        The row carries the follow-up's retry options, so a crash after it is retried under
+        them; its launch refused at the boundary takes it back (R51, the launcher).
+        """
+        summary = self._follow_up_row
+        follow = follow_up_of(
+            marker.step_budget,
+            marker.model,
+            marker.progress,
+            marker.correlation,
+            (marker.goal_kind, marker.goal_id),
+        )
+        body = RowBody(
+            text=FOLLOW_UP_TEXT,
+            entry_kind="follow-up",
+            correlation=marker.correlation,
+            follow_up=encode_follow_up(follow),
+        )
+        row = self.new_row(RowKind.USER, encode_body(body))
+        persisted = Persisted(session=self.id, what="follow-up", id=row.row_id)
+        if summary is None:
+            boundary = Boundary(rows=(row,))
+            read = (*rows, row)
+        else:
+            cleared = _without_follow_up(summary)
+            boundary = Boundary(delete=(summary.row_id,), rows=(cleared, row))
+            read = (*(cleared if r.row_id == summary.row_id else r for r in rows), row)
+        return [
+            Commit(
+                boundary,
+                tell=(persisted,),
+                then=_in.FollowUpWritten(read),
+                failed=_in.FollowUpFailed(),
+                what="follow-up row",
+            )
+        ]
+
+    def adopt_follow_up(self, marker: Marker, row: HistoryRow) -> None:
+        """PS-7: owe the follow-up a crash left pending on summary ``row``; the sweep runs it."""
+        self.continuation, _ = owe(self.continuation, marker)
+        self._follow_up_row = row
 
     def _abort_settled(self, *, soft_stop: bool) -> list[Effect]:
         effects: list[Effect] = []
@@ -1670,6 +1864,7 @@ class TurnMachine:
         user abort of the cut, since no stream of the turn runs to be aborted.
         """
         marker = self.continuation.marker
+        self._compact = None  # a compaction under way writes no summary
         effects = self._end(EndedHow.WITHDRAWN, "user stop", reason=AbortReason.USER)
         if marker is not None and not marker.durable and self.phase is Phase.IDLE:
             effects += self._abandoned("aborted")  # PS-8: a retry the user stopped stays stopped
@@ -1690,6 +1885,7 @@ class TurnMachine:
     def hard_stop(self) -> list[Effect]:
         """TD-7: a hard stop interrupts the delegated turns here, clears (hard stop), stops."""
         effects: list[Effect] = []
+        self._compact = None  # its system abort is no compaction's
         if self.owner_listens:
             effects.append(TellOwner(ChildHardStopped(target=self.id)))
         effects += self.clear("hard stop", hard_stop=True)
@@ -1760,6 +1956,7 @@ class TurnMachine:
         its stream running) would hear of no stream event any more: the disposal's system
         abort settles nothing (TD-5), so its owner is told the session is gone (R27).
         """
+        self._compact = None
         effects = self._end(EndedHow.FORFEITED, "session disposed")
         if self.owner_listens:
             effects.append(TellOwner(ChildDisposed(target=self.id)))
@@ -1847,6 +2044,14 @@ class TurnMachine:
         a leftover partial needs none (it is no complete assistant row).
         """
         drops: tuple[str, ...] = ()
+        marker = self.continuation.marker
+        if (
+            marker is not None
+            and marker.cause is StartCause.FOLLOW_UP
+            and self._resume_armed
+            and not (partials or self.leftover is not None or self.stored_partials)
+        ):
+            return self._follow_up_rows(rows, marker)  # B8 (a leftover goes first, else)
         if partials or self.leftover is not None or self.stored_partials:
             commit = self._leftover_commit(partials)
             if commit is not None and commit.boundary.rows:
@@ -2304,6 +2509,35 @@ class TurnMachine:
     def _on_DisposalDone(self, given: _in.DisposalDone) -> list[Effect]:
         return self.disposal_done()
 
+    def _on_UsageReported(self, given: _in.UsageReported) -> list[Effect]:
+        return self.usage_reported(given.stream, given.model, given.tokens)
+
+    def _on_CompactNow(self, given: _in.CompactNow) -> list[Effect]:
+        return self.compact_now(given.aborted)
+
+    def _on_Summarized(self, given: _in.Summarized) -> list[Effect]:
+        return self.summarized(given.text)
+
+    def _on_CompactionFailed(self, given: _in.CompactionFailed) -> list[Effect]:
+        return self.compaction_failed(given.why)
+
+    def _on_SummaryWritten(self, given: _in.SummaryWritten) -> list[Effect]:
+        return self.summary_written(given.row)
+
+    def _on_SummaryFailed(self, given: _in.SummaryFailed) -> list[Effect]:
+        return self.compaction_failed(f"the summary could not be written: {given.error}")
+
+    def _on_FollowUpWritten(self, given: _in.FollowUpWritten) -> list[Effect]:
+        self._follow_up_row = None  # cleared in the follow-up row's commit (B8)
+        return [Reply(given.rows)]
+
+    def _on_FollowUpFailed(self, given: _in.FollowUpFailed) -> list[Effect]:
+        return [Reply(given.error)]  # the launch fails before its stream: the pending stays
+
+    def _on_AdoptFollowUp(self, given: _in.AdoptFollowUp) -> list[Effect]:
+        self.adopt_follow_up(given.marker, given.row)
+        return []
+
     def _on_KnowsAutoRetry(self, given: _in.KnowsAutoRetry) -> list[Effect]:
         self._retry.off = not given.on
         return []
@@ -2408,6 +2642,15 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.DisposalDone: TurnMachine._on_DisposalDone,
     _in.AdoptOwed: TurnMachine._on_AdoptOwed,
     _in.KnowsAutoRetry: TurnMachine._on_KnowsAutoRetry,
+    _in.UsageReported: TurnMachine._on_UsageReported,
+    _in.CompactNow: TurnMachine._on_CompactNow,
+    _in.Summarized: TurnMachine._on_Summarized,
+    _in.CompactionFailed: TurnMachine._on_CompactionFailed,
+    _in.SummaryWritten: TurnMachine._on_SummaryWritten,
+    _in.SummaryFailed: TurnMachine._on_SummaryFailed,
+    _in.FollowUpWritten: TurnMachine._on_FollowUpWritten,
+    _in.FollowUpFailed: TurnMachine._on_FollowUpFailed,
+    _in.AdoptFollowUp: TurnMachine._on_AdoptFollowUp,
     _in.SetAutoRetry: TurnMachine._on_SetAutoRetry,
 }
 
@@ -2417,6 +2660,23 @@ def _continues(turn: TurnInput, marker: Marker) -> bool:
     if turn.kind is EntryKind.WAKE:
         return True
     return marker.correlation is not None and turn.correlation == marker.correlation
+
+
+class _Compacting:
+    """AS-36: the stream stopped for compaction, the tokens that crossed, then its abort."""
+
+    __slots__ = ("aborted", "stream", "tokens")
+
+    def __init__(self, stream: str, tokens: int, aborted: Aborted | None = None) -> None:
+        self.stream = stream
+        self.tokens = tokens
+        self.aborted = aborted
+
+
+def _without_follow_up(row: HistoryRow) -> HistoryRow:
+    """A summary row with its pending follow-up cleared (B8, R48)."""
+    body = msgspec.structs.replace(decode_body(row), follow_up=None)
+    return msgspec.structs.replace(row, body=encode_body(body))
 
 
 def _dropping(commit: Commit, stream: str) -> Commit:

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from agent_session._compaction import FollowUp, read_follow_up
 from agent_session._continuation import Marker
 from agent_session._rows import decode_body
 from message_queue import Correlation, EntryKind, SendOptions
@@ -240,7 +241,70 @@ class NoRetry:
     quiet: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class FollowUpRecovery:
+    """PS-7: owe the follow-up a crash left pending on summary ``row``; the sweep runs it."""
+
+    marker: Marker
+    row: HistoryRow
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class DropFollowUp:
+    """PS-7, R48: the pending follow-up on ``row`` cannot run: clear it, saying why."""
+
+    row: HistoryRow
+    why: str
+
+
 RetryPlan = Retry | NoRetry
+
+
+def plan_follow_up(
+    tail: SessionTail, summary: HistoryRow, *, models: frozenset[str], ceiling: int
+) -> FollowUpRecovery | DropFollowUp | NoRetry:
+    """PS-7: a history that ends on a summary row with a pending follow-up (B7, then a crash).
+
+    The follow-up runs under what it persisted (R40, R48): a budget that is not a
+    non-negative integer, or 0, drops it (never a fresh ceiling); a model this engine does
+    not run leaves it pending for one that does.
+    """
+    name = clip(summary.row_id)
+    try:
+        pending = decode_body(summary).follow_up
+    except CorruptRecord as error:  # R61: reported, left as it is
+        return NoRetry(f"the summary {name} is unreadable: {error}", summary.row_id)
+    if pending is None:
+        return NoRetry(f"the summary {name} owes no follow-up", quiet=True)
+    follow = read_follow_up(pending)
+    if isinstance(follow, str):
+        return DropFollowUp(summary, f"the follow-up on {name} is dropped: {follow}")
+    if follow.model not in models:
+        why = f"the follow-up on {name} runs model {clip(repr(follow.model))}, not run here"
+        return NoRetry(why, summary.row_id)
+    if follow.step_budget > ceiling:
+        why = f"the follow-up on {name} says {follow.step_budget} steps remain, more than {ceiling}"
+        return NoRetry(why, summary.row_id)
+    cut = summary.stream or f"{tail.session.id}/0"
+    marker = _follow_up_marker(follow, cut)
+    why = f"the follow-up on {name} is pending with {follow.step_budget} steps left"
+    return FollowUpRecovery(marker, summary, why)
+
+
+def _follow_up_marker(follow: FollowUp, cut: str) -> Marker:
+    return Marker(
+        cut=cut,
+        model=follow.model,
+        step_budget=follow.step_budget,
+        progress=follow.progress,
+        options=SendOptions(model=follow.model),
+        correlation=follow.correlation,
+        goal_kind=follow.goal_kind,
+        goal_id=follow.goal_id,
+        cause=StartCause.FOLLOW_UP,
+        durable=False,
+    )
 
 
 def steps_done(stream: str, op_ids: Sequence[str]) -> int:
@@ -297,7 +361,10 @@ def plan_retry(
         correlation = _correlation_of(user, cut_row)
     except CorruptRecord as error:  # R55: never read as "no correlation"
         return NoRetry(f"the turn of {name} names an unreadable correlation: {error}", anchor)
-    cut, remaining, model, why = _left(tail, last, cut_row, ceiling, name, spent)
+    follow = _follow_up_row(user)
+    if isinstance(follow, str):  # R48: never a fresh ceiling
+        return NoRetry(f"the follow-up {name} is dropped: {follow}", anchor)
+    cut, remaining, model, why = _left(tail, last, cut_row, ceiling, name, spent, follow)
     if remaining <= 0:
         return NoRetry(f"the turn of {name} has no steps left (R65)", anchor)
     if remaining > ceiling:
@@ -311,6 +378,8 @@ def plan_retry(
         refused_models=record.refused_models if record else (),
         chain=record.chain if record else chain(model),
     )
+    if follow is not None and record is None:  # R40: the follow-up's own progress
+        progress = follow.progress
     goal_kind = record.goal_kind if record else None
     goal_id = record.goal_id if record else None
     if record is None and tail.session.goal is not None:
@@ -350,6 +419,7 @@ def _left(
     ceiling: int,
     name: str,
     spent: int,
+    follow: FollowUp | None = None,
 ) -> tuple[str, int, str, str]:
     """The retry's cut id, remaining steps, model and why: what the turn has left."""
     envelope = tail.envelope
@@ -370,7 +440,23 @@ def _left(
         why = f"the resume of {cut} was interrupted with {cut_row.cut.remaining} steps left"
         return cut, cut_row.cut.remaining, cut_row.cut.model, why
     cut = f"{tail.session.id}/{1 + len(tail.streams)}"
+    if follow is not None:  # PS-7: a follow-up row whose stream never started (B8)
+        why = f"the follow-up {name} never started its stream: {follow.step_budget} steps left"
+        return cut, follow.step_budget, follow.model, why
     return cut, ceiling, tail.session.model, f"the turn of {name} never started a stream"
+
+
+def _follow_up_row(user: HistoryRow | None) -> FollowUp | str | None:
+    """The retry options a follow-up row carries (PS-7), why they are unusable, or ``None``."""
+    if user is None:
+        return None
+    try:
+        body = decode_body(user)
+    except CorruptRecord:
+        return None  # reported where the correlation is read
+    if body.entry_kind != "follow-up" or body.follow_up is None:
+        return None
+    return read_follow_up(body.follow_up)
 
 
 def _consumed_cut(rows: Sequence[HistoryRow], last: HistoryRow) -> HistoryRow | None:

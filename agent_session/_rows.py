@@ -47,10 +47,16 @@ class RowBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: For an assistant row that ends on a tool boundary: how many results its last step got
     #: that no model step has seen yet (``None`` in rows written before it was recorded).
     open_results: int | None = None
+    #: For a summary row: its pending follow-up while one is owed (B7); for a follow-up row:
+    #: the retry options it runs under (PS-7). Plain JSON, read by ``_compaction.read_follow_up``
+    #: (a damaged one drops the follow-up; it never makes the row unreadable).
+    follow_up: dict[str, object] | None = None
 
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(RowBody)
+#: How a summary row introduces itself in a request (AS-36).
+SUMMARY_HEADING = "Summary of the conversation so far:"
 
 
 def encode_body(body: RowBody) -> bytes:
@@ -126,11 +132,15 @@ def cut_record(
 
 
 def to_messages(rows: Sequence[HistoryRow]) -> tuple[ChatMessage, ...]:
-    """The model request messages a history says (AS-22)."""
+    """The model request messages a history says (AS-22), from its last summary on (AS-36)."""
     messages: list[ChatMessage] = []
-    for row in rows:
+    start = max((i for i, row in enumerate(rows) if row.kind is RowKind.SUMMARY), default=0)
+    for row in rows[start:]:
         body = decode_body(row)
-        if row.kind in (RowKind.USER, RowKind.SENTINEL):
+        if row.kind is RowKind.SUMMARY:
+            text = f"{SUMMARY_HEADING}\n{body.text}"
+            messages.append(ChatMessage(role=Role.SYSTEM, text=text))
+        elif row.kind in (RowKind.USER, RowKind.SENTINEL):
             messages.append(ChatMessage(role=Role.USER, text=body.text))
         elif row.kind is RowKind.SYSTEM:
             messages.append(ChatMessage(role=Role.SYSTEM, text=body.text))

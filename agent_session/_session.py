@@ -50,6 +50,7 @@ from agent_session._effects import (
     Emit,
     Next,
     Reply,
+    RunCompaction,
     ScheduleSweep,
     StartResume,
     StopStream,
@@ -67,6 +68,7 @@ from agent_session._machine import TurnMachine
 from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
 from agent_session._retry import RetryPolicy
+from agent_session._rows import to_messages
 from agent_session._session_store import SessionStore
 from agent_session._statistics import SessionStatistics, nothing_running
 from agent_session._turn import Accepted, CanceledBeforeAcceptance, SendRefused, TurnInput
@@ -88,6 +90,7 @@ from message_queue import (
 )
 from persistence import (
     CorruptRecord,
+    HistoryRow,
     Store,
     StoredPartial,
     TurnkeeperError,
@@ -96,8 +99,11 @@ from persistence import (
 from stream_manager import (
     AbortReason,
     AbortSignal,
+    ChatMessage,
     Refused,
+    Role,
     StartCause,
+    StepUsage,
     StreamAborted,
     StreamEvent,
     StreamManager,
@@ -204,6 +210,7 @@ class AgentSession:
                 cap_s=config.retry_backoff_cap_s,
                 max_attempts=config.retry_max_attempts,
             ),
+            compaction=config.compaction(),
         )
         #: Queued user messages not yet durable, by the queue version that holds them.
         self._deliveries: list[tuple[int, Delivery]] | None = None
@@ -588,8 +595,8 @@ class AgentSession:
                 self._fire(self._resume_abort, why)
             case Dispatch(turn, token):
                 self._dispatch(turn, token, then)
-            case StartResume():
-                self._run(self._armed(effect), then)
+            case StartResume() | RunCompaction():  # a resume, or a compaction request
+                self._run(self._background(effect), then)
             case CancelRemoved(removed, reason):
                 self._calling_out(lambda: self._notify_canceled(list(removed), reason))
             case TellOwner():  # from a host call: the owner's write runs in a task
@@ -759,6 +766,10 @@ class AgentSession:
     def _tool_ended(self, event: ToolCallEnded) -> None:
         self._host(self._machine.handle(_in.ToolEnded(event.call, event.provider)))
 
+    def _step_usage(self, event: StepUsage) -> None:
+        used = _in.UsageReported(event.stream, event.model, event.input_tokens)
+        self._host(self._machine.handle(used))  # AS-36: a crossing stops the stream
+
     def _stream_aborted(self, event: StreamAborted) -> None:
         if not event.stream:  # a synthetic abort: no stream of this session ran
             self._host(self._machine.handle(_in.SyntheticAbort(event.reason)))
@@ -815,6 +826,33 @@ class AgentSession:
             await self._perform(self._machine.handle(_in.BackOffOver(generation)), then)
 
         return wait
+
+    def _background(self, effect: StartResume | RunCompaction) -> Work:
+        """The work a resume (armed now) or a compaction request runs in a task."""
+        if isinstance(effect, StartResume):
+            return self._armed(effect)
+        return self._compacting(effect)
+
+    def _compacting(self, effect: RunCompaction) -> Work:
+        """AS-36: the compaction request: the history and the prompt, one call, its text."""
+
+        async def compact(then: Successors) -> None:
+            machine = self._machine
+            try:
+                rows, _ = await self._history().history()
+                prompt = ChatMessage(role=Role.USER, text=effect.prompt)
+                messages = (*to_messages(rows), prompt)
+                purpose = f"{effect.stream}:compaction"
+                text = await self._manager.complete_text(effect.model, messages, purpose=purpose)
+            except (TurnkeeperError, OSError) as error:  # ModelError and CorruptRecord too
+                log.warning(
+                    "session %s: compaction of %s failed: %s", self.id, effect.stream, error
+                )
+                await self._perform(machine.handle(_in.CompactionFailed(str(error))), then)
+                return
+            await self._perform(machine.handle(_in.Summarized(text)), then)
+
+        return compact
 
     def _armed(self, start: StartResume) -> Work:
         """The resume ``start`` asks for, under a new abort signal (armed now, run later)."""
@@ -877,6 +915,10 @@ class AgentSession:
         failed = await self._perform(self._machine.handle(_in.SetAutoRetry(on)))
         if isinstance(failed, Exception):
             raise failed
+
+    def adopt_follow_up(self, marker: Marker, row: HistoryRow) -> None:
+        """PS-7: owe the follow-up pending on summary ``row`` (the sweep launches it)."""
+        self._machine.handle(_in.AdoptFollowUp(marker, row))
 
     def adopt_retry(self, marker: Marker) -> None:
         """PS-4: owe the startup retry ``marker`` (no durable record); the sweep resumes it."""
@@ -1357,6 +1399,7 @@ _REACTIONS: dict[type, Callable[[AgentSession, Any], None]] = {
     ToolCallStarted: AgentSession._tool_started,
     ToolCallEnded: AgentSession._tool_ended,
     StreamAborted: AgentSession._stream_aborted,
+    StepUsage: AgentSession._step_usage,
 }
 
 

@@ -6,6 +6,7 @@ from typing import Protocol
 
 import msgspec
 
+from agent_session._compaction import DEFAULT_PROMPT, CompactionPolicy
 from persistence import MAX_STEPS, TurnkeeperError, UsageError
 from stream_manager import CLEANUP_S
 
@@ -58,6 +59,23 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     retry_backoff_cap_s: float = 60.0
     #: Retries of one turn before it is abandoned (``retry-abandoned``); 0 retries nothing.
     retry_max_attempts: int = 3
+    #: AS-36: the tokens of input a model takes (``context_windows`` names a model's own);
+    #: a step whose input reaches ``compact_at`` of it stops its stream for a compaction
+    #: (0 never compacts), whose request asks ``compaction_prompt``.
+    context_window: int = 200_000
+    context_windows: dict[str, int] = msgspec.field(default_factory=dict)
+    compact_at: float = 0.8
+    compaction_prompt: str = DEFAULT_PROMPT
+
+    def compaction(self) -> CompactionPolicy:
+        """The compaction policy these settings make (validated)."""
+        return CompactionPolicy(
+            window=self.context_window,
+            windows=self.context_windows,
+            at=self.compact_at,
+            prompt=self.compaction_prompt,
+        )
+
     #: Recovered resumes starting at once, at most (each holds its slot until its stream
     #: started or its attempt failed): no thundering herd of stream starts at the provider,
     #: and a bounded set of starts in flight (a cheaper heap for the garbage collector).
@@ -83,3 +101,4 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.retry_max_attempts < 0:
             raise UsageError("EngineConfig.retry_max_attempts must be 0 or more")
+        self.compaction()  # refuses a window, share or prompt no compaction can keep

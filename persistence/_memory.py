@@ -415,7 +415,7 @@ def _tail(data: _SessionData, rows: Sequence[HistoryRow]) -> SessionTail | None:
 
 
 #: The kinds of a last (non-system) row that leave a turn unanswered (PS-4).
-_UNANSWERED = frozenset({RowKind.USER, RowKind.SENTINEL, RowKind.PARTIAL})
+_UNANSWERED = frozenset({RowKind.USER, RowKind.SENTINEL, RowKind.PARTIAL, RowKind.SUMMARY})
 
 
 def _replace_queue(data: _SessionData, snapshot: QueueSnapshot) -> None:

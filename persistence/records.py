@@ -59,6 +59,9 @@ class RowKind(StrEnum):
     #: A ``[CONTINUE]`` sentinel (B9).
     SENTINEL = "sentinel"
     SYSTEM = "system"
+    #: A compaction's summary of the history before it (AS-36), with its pending follow-up
+    #: while one is owed (B7); a request reads the history from the last one on.
+    SUMMARY = "summary"
 
 
 class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):

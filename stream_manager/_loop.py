@@ -41,6 +41,7 @@ from stream_manager._events import (
 from stream_manager._fallback import start_progress
 from stream_manager._op_guard import OverlapPolicy
 from stream_manager._operations import OperationRunner
+from stream_manager._parts import ChatMessage, Finish, FinishReason, TextPart
 from stream_manager._processing import StreamProcessor
 from stream_manager._request import (
     Constructed,
@@ -53,8 +54,8 @@ from stream_manager._request import (
     hears_milestones,
 )
 from stream_manager._stream import ActiveStream, StreamState
-from stream_manager.errors import UnknownModel, WriteFailed
-from stream_manager.ports import Clock, Model, Tool, ToolKind
+from stream_manager.errors import ErrorType, ModelError, UnknownModel, WriteFailed
+from stream_manager.ports import Clock, Model, ModelRequest, Tool, ToolKind
 from stream_manager.tools import ToolOffer
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class StreamManager:
         if not cleanup_s > 0:
             raise UsageError(f"cleanup_s must be a positive number of seconds, not {cleanup_s!r}")
         self._clock = clock
+        self._models = models
         self._bounds = CleanupBounds(clock, cleanup_s)
         tools = dict(tools or {})
         offer = ToolOffer(tools)
@@ -126,6 +128,44 @@ class StreamManager:
     def clock(self) -> Clock:
         """The manager's clock (the engine's): deadlines, grace intervals, bounds."""
         return self._clock
+
+    async def complete_text(
+        self, model: str, messages: tuple[ChatMessage, ...], *, purpose: str
+    ) -> str:
+        """One model call outside any stream (a compaction request, AS-36): the text answered.
+
+        No stream is registered, no budget charged and no event told; tool calls it makes are
+        ignored. ``purpose`` names the call where its request names a stream.
+
+        Raises:
+            UnknownModel: no such model.
+            ModelError: the call failed (a provider error, a refusal, no finish).
+        """
+        found = self._models.get(model)
+        if found is None:
+            raise UnknownModel(f"unknown model {model!r}")
+        request = ModelRequest(
+            model=model, stream=purpose, step=1, step_ceiling=1, messages=messages
+        )
+        text: list[str] = []
+        finish: Finish | None = None
+        try:
+            async for part in found.stream_step(request):
+                if isinstance(part, TextPart):
+                    text.append(part.text)
+                elif isinstance(part, Finish):
+                    finish = part
+        except ModelError:
+            raise
+        except Exception as error:  # a model that raises something else is still typed
+            raise ModelError(
+                ErrorType.UNKNOWN, f"model {model!r} ({purpose}) raised {error!r}"
+            ) from error
+        if finish is None or finish.reason is FinishReason.REFUSAL:
+            raise ModelError(
+                ErrorType.MALFORMED_OUTPUT, f"model {model!r} ({purpose}) gave no answer"
+            )
+        return "".join(text)
 
     def bounded_cleanup(self, what: str, *, beyond_s: float = 0.0) -> BoundedCleanup:
         """A shielded scope for the cleanup ``what``, cut short after the engine's bound.

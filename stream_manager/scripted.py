@@ -33,6 +33,7 @@ from stream_manager._parts import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    Usage,
 )
 from stream_manager.errors import ErrorType, ModelError, ScriptExhausted
 
@@ -77,6 +78,8 @@ class ScriptStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     finish: FinishReason | None = None
     #: After its text the step never finishes on its own (it waits to be stopped).
     hang: bool = False
+    #: The tokens the step reports it used (its ``Finish`` carries them; AS-36 reads input).
+    usage: Usage | None = None
 
 
 #: What a :class:`FunctionModel`'s function answers for one step: a scripted step, or the exact
@@ -246,7 +249,7 @@ async def _play_step(
         await anyio.sleep_forever()
     for part in client:
         yield part
-    yield Finish(reason=_finish(step, bool(client)))
+    yield Finish(reason=_finish(step, bool(client)), usage=step.usage)
 
 
 def _finish(step: ScriptStep, has_client_calls: bool) -> FinishReason:

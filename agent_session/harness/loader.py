@@ -51,7 +51,7 @@ from agent_session.harness.scenario import (
 )
 from agent_session.harness.trace import Crash
 from persistence import UsageError
-from stream_manager import ScriptStep, ScriptToolCall, redact
+from stream_manager import ScriptStep, ScriptToolCall, Usage, redact
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -253,6 +253,9 @@ def script_steps(scenario: Scenario, model_id: str) -> list[ScriptStep]:
             refuse=step.refuse,
             error=step.error,
             delay_ms=step.delay_ms,
+            usage=None
+            if step.usage is None
+            else Usage(input_tokens=step.usage.input, output_tokens=step.usage.output),
         )
         for step in script.steps
     ]

@@ -340,6 +340,13 @@ def engine_config(scenario: Scenario) -> EngineConfig:
         retry_backoff_s=scenario.engine.retry_backoff_ms / 1000,
         retry_backoff_cap_s=max(RETRY_BACKOFF_CAP_S, scenario.engine.retry_backoff_ms / 1000),
         retry_max_attempts=scenario.engine.retry_max_attempts,
+        context_window=scenario.engine.context_window,
+        context_windows={
+            model.id: model.context_window
+            for model in scenario.models
+            if model.context_window is not None
+        },
+        compact_at=scenario.engine.compact_at,
     )
 
 

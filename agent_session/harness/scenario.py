@@ -126,6 +126,10 @@ class EngineConfig(_Model):
     retry_backoff_ms: int = Field(1_000, ge=0, le=3_600_000)
     #: Retries of one turn before it is abandoned.
     retry_max_attempts: int = Field(3, ge=0, le=1_000)
+    #: AS-36: tokens of input a model takes (a ``[[models]]`` entry may name its own).
+    context_window: int = Field(200_000, ge=1, le=100_000_000)
+    #: The share of the window whose crossing stops a stream for compaction (0: never).
+    compact_at: float = Field(0.8, ge=0, le=1)
 
 
 class ModelSpec(_Model):
@@ -133,6 +137,8 @@ class ModelSpec(_Model):
 
     id: Name
     fallbacks: list[Name] = []
+    #: This model's own context window (AS-36), else ``[engine] context_window``.
+    context_window: int | None = Field(None, ge=1, le=100_000_000)
 
 
 class ToolSpec(_Model):
@@ -192,6 +198,13 @@ class ToolCallSpec(_Model):
         }
 
 
+class UsageSpec(_Model):
+    """The tokens a scripted step reports (``usage = { input = N, output = M }``)."""
+
+    input: NonNegative = 0
+    output: NonNegative = 0
+
+
 class StepSpec(_Model):
     """One scripted model step."""
 
@@ -201,6 +214,7 @@ class StepSpec(_Model):
     refuse: bool = False
     error: StepError | None = None
     delay_ms: NonNegative = 0
+    usage: UsageSpec | None = None
 
 
 class ScriptSpec(_Model):

@@ -108,6 +108,8 @@ def test_a_minimal_scenario_gets_the_defaults(here: Path) -> None:
         "auto_retry": True,
         "retry_backoff_ms": 1000,
         "retry_max_attempts": 3,
+        "context_window": 200_000,
+        "compact_at": 0.8,
     }
     assert s.limits.max_virtual_ms == 3_600_000
     assert (s.models, s.actions, s.expect) == ([], [], None)
@@ -422,12 +424,12 @@ def test_a_trigger_built_in_code_keeps_its_match() -> None:
 
 
 def test_trace_events_cover_the_contract() -> None:
-    # The contract's 30, ``usage`` (a real model's per-step token counts; docs/trace.md),
+    # The contract's 31, ``usage`` (a real model's per-step token counts; docs/trace.md),
     # ``op-progress`` (a tool layer's progress, e.g. MCP's), ``op-overlap-warned`` (a
     # declared read-only or idempotent call ran beside an indeterminate one,
     # docs/operations.md) and ``session-broken`` (an engine bug broke a session,
     # docs/session.md); no scenario emits them.
-    assert len(TRACE_EVENTS) == 34
+    assert len(TRACE_EVENTS) == 35
     assert {
         "stream-start",
         "owed",
