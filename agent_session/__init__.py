@@ -43,6 +43,7 @@ from agent_session._delegation import (
 from agent_session._delivery import Delivery, DeliveryState
 from agent_session._engine import Engine, EngineObserver
 from agent_session._events import (
+    Compacted,
     ContinuationEnded,
     ContinuationOwed,
     EngineEvent,
@@ -80,6 +81,7 @@ __all__ = [
     "ChildForfeited",
     "ChildHardStopped",
     "ChildUnsent",
+    "Compacted",
     "Continuation",
     "ContinuationEnded",
     "ContinuationOwed",

@@ -541,6 +541,13 @@ class FollowUpFailed(_S, frozen=True):
     error: Exception | None = None
 
 
+class FollowUpUncleared(_S, frozen=True):
+    """R48: clearing the pending follow-up on summary ``row`` failed (the flush retries it)."""
+
+    row: HistoryRow
+    error: Exception | None = None
+
+
 class AdoptFollowUp(_S, frozen=True):
     """PS-7: owe the follow-up ``marker`` a crash left pending on summary row ``row``."""
 
@@ -682,6 +689,7 @@ Input: TypeAlias = (
     | FollowUpWritten
     | FollowUpFailed
     | AdoptFollowUp
+    | FollowUpUncleared
     | AdoptRetry
     | BackOffOver
     | GiveUp
@@ -750,5 +758,6 @@ WriteFailure: TypeAlias = (
     | QueueFailed
     | SummaryFailed
     | FollowUpFailed
+    | FollowUpUncleared
     | Ignored
 )

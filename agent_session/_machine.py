@@ -212,6 +212,7 @@ class TurnMachine:
         "_stamp",
         "_stream_n",
         "_streaming",
+        "_uncleared",
         "abandon_stored",
         "anchor",
         "broken",
@@ -259,6 +260,8 @@ class TurnMachine:
         self._compact: _Compacting | None = None
         #: B7: the summary row carrying the pending follow-up the machine owes, if any.
         self._follow_up_row: HistoryRow | None = None
+        #: R48: a summary row whose dropped follow-up's clearing failed (the flush retries it).
+        self._uncleared: HistoryRow | None = None
         #: AS-32: how failed streams are retried (off unless given: the engine gives its own).
         self._retry_policy = retry if retry is not None else RetryPolicy(enabled=False)
         #: AS-32: the turn's consecutive failed attempts, the pending backoff's generation,
@@ -460,13 +463,25 @@ class TurnMachine:
         return effects
 
     def _follow_up_cleared(self) -> list[Effect]:
-        """R48: the summary row's pending follow-up is cleared (its row rewritten without it)."""
+        """R48: the summary row's pending follow-up is cleared (its row rewritten without it).
+
+        A failed write is tried again at the next flush (the idle sweep's), like a cut
+        record's change; a restart meanwhile finds it pending and drops it again.
+        """
         row, self._follow_up_row = self._follow_up_row, None
         if row is None:
             return []
+        self._uncleared = None
         persisted = Persisted(session=self.id, what="summary", id=row.row_id)
         boundary = Boundary(delete=(row.row_id,), rows=(_without_follow_up(row),))
-        return [Commit(boundary, tell=(persisted,), failed=_in.Ignored(), what="follow-up drop")]
+        failed = _in.FollowUpUncleared(row)
+        return [Commit(boundary, tell=(persisted,), failed=failed, what="follow-up drop")]
+
+    def _follow_up_uncleared(self, row: HistoryRow) -> list[Effect]:
+        """The pending follow-up's clearing failed: the next flush writes it again."""
+        if self._follow_up_row is None:
+            self._uncleared = row
+        return []
 
     @property
     def records(self) -> CutRecords:
@@ -477,8 +492,10 @@ class TurnMachine:
 
     @property
     def pending(self) -> bool:
-        """Record changes are waiting for their write."""
-        return self._records is not None and bool(self._records.pending)
+        """Record changes (or a follow-up's clearing) are waiting for their write."""
+        return self._uncleared is not None or (
+            self._records is not None and bool(self._records.pending)
+        )
 
     def adopt_retry(self, marker: Marker) -> None:
         """PS-4: owe the startup retry ``marker``: no row carries a record of it."""
@@ -1100,11 +1117,16 @@ class TurnMachine:
 
     def _flush(self) -> list[Effect]:
         """Every decided record change, in one boundary; decided meanwhile, in the next."""
+        again: list[Effect] = []
+        if self._uncleared is not None:  # R48: a follow-up's clearing that failed, again
+            self._follow_up_row, self._uncleared = self._uncleared, None
+            again = self._follow_up_cleared()
         changes = self._take_changes()
         if not changes:
-            return []
+            return again
         return [
-            self._records_commit(changes, _in.RecordsWritten(changes), _in.RecordsFailed(changes))
+            *again,
+            self._records_commit(changes, _in.RecordsWritten(changes), _in.RecordsFailed(changes)),
         ]
 
     def _start_reached(self) -> list[Effect]:
@@ -1694,6 +1716,14 @@ class TurnMachine:
         self._compact = _Compacting(stream, tokens)
         return [StopStream(AbortReason.SYSTEM, soft=True)]
 
+    def _stop_compaction(self) -> None:
+        """A stop: a compaction not begun is called off; one under way owes no follow-up."""
+        compact = self._compact
+        if compact is None or compact.aborted is None:
+            self._compact = None
+        else:
+            compact.stopped = True
+
     def compact_now(self, aborted: Aborted) -> list[Effect]:
         """AS-36: the stopped stream's partial is settled: one compaction request runs now.
 
@@ -1705,11 +1735,12 @@ class TurnMachine:
     def summarized(self, text: str) -> list[Effect]:
         """B7: the summary row, carrying the pending follow-up the stopped turn owes (R40)."""
         compact = self._compact
-        if compact is None or compact.aborted is None:
-            return []  # stopped or disposed meanwhile: the compaction is dropped
+        if compact is None or compact.aborted is None or self.disposed:
+            self._compact = None
+            return [_IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]
         meta = compact.aborted.metadata
         follow: FollowUp | None = None
-        if meta.steps_remaining > 0:
+        if meta.steps_remaining > 0 and not compact.stopped:  # a stop ends the turn
             follow = follow_up_of(
                 meta.steps_remaining,
                 meta.model,
@@ -1744,7 +1775,8 @@ class TurnMachine:
             self.continuation, _ = owe(self.continuation, marker)
             self._follow_up_row = row
         elif compact is not None:
-            why = f"follow-up of {compact.stream}: no steps left (R48)"
+            left = "stopped by the user" if compact.stopped else "no steps left (R48)"
+            why = f"follow-up of {compact.stream}: {left}"
             effects.append(Emit(RetryAbandoned(session=self.id, why=why)))
         return [*effects, _IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]
 
@@ -1770,8 +1802,8 @@ class TurnMachine:
     def compaction_failed(self, why: str) -> list[Effect]:
         """AS-36: no summary: told ``compaction failed``; the stopped turn ends there."""
         compact, self._compact = self._compact, None
-        if compact is None:
-            return []
+        if compact is None or self.disposed:
+            return [_IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]
         failed = Compacted(
             session=self.id, stream=compact.stream, tokens=compact.tokens, outcome="failed"
         )
@@ -1864,7 +1896,7 @@ class TurnMachine:
         user abort of the cut, since no stream of the turn runs to be aborted.
         """
         marker = self.continuation.marker
-        self._compact = None  # a compaction under way writes no summary
+        self._stop_compaction()
         effects = self._end(EndedHow.WITHDRAWN, "user stop", reason=AbortReason.USER)
         if marker is not None and not marker.durable and self.phase is Phase.IDLE:
             effects += self._abandoned("aborted")  # PS-8: a retry the user stopped stays stopped
@@ -1885,7 +1917,7 @@ class TurnMachine:
     def hard_stop(self) -> list[Effect]:
         """TD-7: a hard stop interrupts the delegated turns here, clears (hard stop), stops."""
         effects: list[Effect] = []
-        self._compact = None  # its system abort is no compaction's
+        self._stop_compaction()  # its system abort is no compaction's
         if self.owner_listens:
             effects.append(TellOwner(ChildHardStopped(target=self.id)))
         effects += self.clear("hard stop", hard_stop=True)
@@ -1956,7 +1988,7 @@ class TurnMachine:
         its stream running) would hear of no stream event any more: the disposal's system
         abort settles nothing (TD-5), so its owner is told the session is gone (R27).
         """
-        self._compact = None
+        self._stop_compaction()
         effects = self._end(EndedHow.FORFEITED, "session disposed")
         if self.owner_listens:
             effects.append(TellOwner(ChildDisposed(target=self.id)))
@@ -2534,6 +2566,9 @@ class TurnMachine:
     def _on_FollowUpFailed(self, given: _in.FollowUpFailed) -> list[Effect]:
         return [Reply(given.error)]  # the launch fails before its stream: the pending stays
 
+    def _on_FollowUpUncleared(self, given: _in.FollowUpUncleared) -> list[Effect]:
+        return self._follow_up_uncleared(given.row)
+
     def _on_AdoptFollowUp(self, given: _in.AdoptFollowUp) -> list[Effect]:
         self.adopt_follow_up(given.marker, given.row)
         return []
@@ -2651,6 +2686,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.FollowUpWritten: TurnMachine._on_FollowUpWritten,
     _in.FollowUpFailed: TurnMachine._on_FollowUpFailed,
     _in.AdoptFollowUp: TurnMachine._on_AdoptFollowUp,
+    _in.FollowUpUncleared: TurnMachine._on_FollowUpUncleared,
     _in.SetAutoRetry: TurnMachine._on_SetAutoRetry,
 }
 
@@ -2665,12 +2701,14 @@ def _continues(turn: TurnInput, marker: Marker) -> bool:
 class _Compacting:
     """AS-36: the stream stopped for compaction, the tokens that crossed, then its abort."""
 
-    __slots__ = ("aborted", "stream", "tokens")
+    __slots__ = ("aborted", "stopped", "stream", "tokens")
 
     def __init__(self, stream: str, tokens: int, aborted: Aborted | None = None) -> None:
         self.stream = stream
         self.tokens = tokens
         self.aborted = aborted
+        #: A stop came while the compaction request ran: its summary owes no follow-up.
+        self.stopped = False
 
 
 def _without_follow_up(row: HistoryRow) -> HistoryRow:

@@ -86,8 +86,8 @@ TRIAL_ALARM_S = 300
 #: The events a trial may kill at: every durable write, and the points between them where a
 #: turn is mid-stream (a step, a tool call's part, its receipt, the loop's stop), mid-tool (an
 #: operation about to run), mid-queue (told queued, taken off, withdrawn, cancelled) or
-#: mid-continuation (owed, a resume's outcome, an ending), mid-retry (scheduled, abandoned), and
-#: every phase move.
+#: mid-continuation (owed, a resume's outcome, an ending), mid-retry (scheduled, abandoned),
+#: mid-compaction, and every phase move.
 KILL_EVENTS: tuple[str, ...] = (
     "persisted",
     "stream-start",
@@ -107,6 +107,7 @@ KILL_EVENTS: tuple[str, ...] = (
     "continuation-ended",
     "retry-scheduled",
     "retry-abandoned",
+    "compaction",
     "phase",
 )
 

@@ -94,6 +94,8 @@ def in_flight_at_kill(trace: Sequence[EventData]) -> dict[str, list[str]]:
             retries.pop(session, None)
         elif name == "retry-scheduled":
             retries[session] = str(event.get("stream"))
+        elif name == "compaction" and event.get("outcome") == "summarized":
+            retries[session] = str(event.get("stream"))  # its follow-up is owed (AS-37)
         else:
             if name == "stream-start":
                 retries.pop(session, None)
@@ -103,7 +105,7 @@ def in_flight_at_kill(trace: Sequence[EventData]) -> dict[str, list[str]]:
     for session, stream in streams.items():
         found.setdefault(session, []).append(f"stream {stream} was running")
     for session, failed in retries.items():
-        found.setdefault(session, []).append(f"the retry of {failed} was scheduled")
+        found.setdefault(session, []).append(f"the retry or follow-up of {failed} was owed")
     for session, cuts in owed.items():
         found.setdefault(session, []).extend(f"cut {cut} was owed" for cut in cuts)
     return found

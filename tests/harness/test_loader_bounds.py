@@ -243,3 +243,23 @@ def test_every_kind_of_problem_is_capped(tmp_path: Path) -> None:
     found = problems(path)  # lone surrogates, found before the schema is checked
     assert found[0].startswith(f"{path}: $.x[0]: not valid Unicode")
     assert found[MAX_PROBLEMS:] == [f"{path}: $: ... and {25 - MAX_PROBLEMS} more problems"]
+
+
+@pytest.mark.parametrize(
+    ("usage", "field", "reason"),
+    [
+        ({"input": -1}, "input", "greater than or equal to 0"),
+        ({"output": 2.5}, "output", "should be an integer, got 2.5"),
+        ({"input": "900"}, "input", "should be an integer, got '900'"),
+        ({"inputs": 3}, "inputs", "unknown key 'inputs'"),
+    ],
+)
+def test_as36_a_step_usage_that_is_no_non_negative_integer_names_its_field(
+    tmp_path: Path, usage: dict[str, object], field: str, reason: str
+) -> None:
+    data = minimal()
+    data["scripts"] = {"m": {"steps": [{"text": "done", "usage": usage}]}}
+    path = write_json(tmp_path, data)
+    (line,) = problems(path)
+    assert line.startswith(f"{path}: $.scripts.m.steps[0].usage.{field}: ")
+    assert reason in line

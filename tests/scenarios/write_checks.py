@@ -288,7 +288,9 @@ def _retried(line: Any) -> str | None:
     """The cut a startup retry (``recovered retry``) or an auto-retry (AS-32) takes up."""
     if line["event"] == "recovered" and line["action"] == "retry":
         return str(line["cut"])
-    if line["event"] == "retry-scheduled":  # the failed stream its retry continues
+    if line["event"] == "recovered" and line["action"] == "follow-up":
+        return str(line["cut"])
+    if line["event"] in ("retry-scheduled", "compaction"):  # a retry, a follow-up (AS-32/37)
         return str(line["stream"])
     return None
 

@@ -1,0 +1,287 @@
+"""Compaction mid-turn and its follow-up (AS-36, AS-37, R40, R44, R48, R51, PS-7).
+
+A step whose input usage reaches ``compact_at`` of its model's window stops the stream at that
+step's end (reason ``system``); one compaction request on the session's model writes a summary
+row with a pending follow-up; the follow-up continues the turn under what the stopped stream
+left, never a fresh ceiling, and a follow-up that cannot run is dropped with a reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from agent_session import (
+    Compacted,
+    EngineConfig,
+    Recovered,
+    RetryAbandoned,
+)
+from agent_session._rows import decode_body
+from persistence import (
+    Boundary,
+    HistoryRow,
+    MemoryStore,
+    RowKind,
+    SessionRecord,
+    Store,
+)
+from stream_manager import (
+    ModelRequest,
+    Part,
+    Role,
+    ScriptedModel,
+    ScriptStep,
+    ScriptToolCall,
+    StreamAborted,
+    StreamStarted,
+    Usage,
+)
+from tests.agent_session.support import Rig, X, session_rig
+
+#: An 8-step turn on a 10,000-token window compacted at 70 %: a step of 7,000 tokens crosses.
+CONFIG = EngineConfig(max_stream_steps=8, context_window=10_000, compact_at=0.7)
+
+
+def T(tokens: int) -> ScriptStep:
+    """A ``bash`` step that reports ``tokens`` of input."""
+    return ScriptStep(
+        tool_calls=(ScriptToolCall(tool="bash"),), usage=Usage(input_tokens=tokens, output_tokens=9)
+    )
+
+
+SUMMARY = X("The user wants the build fixed; two commands ran, one is left.")
+#: Three tool steps, the third crossing the threshold; the summary; the follow-up's two steps.
+SCRIPT = [T(2_000), T(4_000), T(7_000), SUMMARY, T(900), X("fixed")]
+
+
+async def test_as36_r40_a_crossing_step_stops_the_stream_the_follow_up_runs_under_the_rest() -> (
+    None
+):
+    async with session_rig({"M": SCRIPT}, config=CONFIG) as r:
+        r.session().send("fix the build")
+        await r.settle()
+        (aborted,) = r.of(StreamAborted)
+        assert (aborted.reason, aborted.remaining) == ("system", 5)
+        assert r.of(Compacted) == [
+            Compacted(session="s1", stream="s1/1", tokens=7_000, outcome="summarized")
+        ]
+        starts = [(e.cause, e.budget) for e in r.of(StreamStarted)]
+        assert starts == [("send", 8), ("follow-up", 5)]  # the remainder, not a fresh 8
+        rows = await r.history()
+        assert [row.kind for row in rows] == [
+            RowKind.USER,
+            RowKind.PARTIAL,
+            RowKind.SUMMARY,
+            RowKind.USER,
+            RowKind.ASSISTANT,
+        ]
+        summary, follow = decode_body(rows[2]), decode_body(rows[3])
+        assert summary.follow_up is None  # cleared in the follow-up row's commit (B8)
+        assert summary.text.startswith("The user wants the build fixed")
+        assert (follow.text, follow.entry_kind) == ("Continue", "follow-up")
+        assert follow.follow_up is not None
+        assert follow.follow_up["step_budget"] == 5
+        assert not r.session().owes()
+
+
+async def test_as36_the_request_asks_the_history_and_the_follow_up_reads_from_the_summary() -> None:
+    async with session_rig({"M": SCRIPT}, config=CONFIG) as r:
+        r.session().send("fix the build")
+        await r.settle()
+        requests = r.models["M"].requests
+        compaction = requests[3]
+        assert compaction.stream == "s1/1:compaction"
+        assert compaction.messages[0].text == "fix the build"  # the whole history
+        assert "Summarise the conversation" in compaction.messages[-1].text
+        follow_up = requests[4]
+        assert [m.role for m in follow_up.messages] == [Role.SYSTEM, Role.USER]
+        assert follow_up.messages[0].text.startswith("Summary of the conversation so far:")
+        assert follow_up.messages[1].text == "Continue"
+
+
+async def test_as36_a_models_own_window_and_compact_at_zero() -> None:
+    own = EngineConfig(max_stream_steps=8, context_window=10_000, context_windows={"M": 100_000})
+    async with session_rig(
+        {"M": [T(9_500), X("no compaction on a larger window")]}, config=own
+    ) as r:
+        r.session().send("go")
+        await r.settle()
+        assert not r.of(Compacted)
+    never = EngineConfig(max_stream_steps=8, context_window=10_000, compact_at=0.0)
+    async with session_rig({"M": [T(9_999), X("never compacted")]}, config=never) as r:
+        r.session().send("go")
+        await r.settle()
+        assert not r.of(Compacted)
+
+
+async def test_r48_a_turn_stopped_with_no_steps_left_gets_a_summary_and_no_follow_up() -> None:
+    three = EngineConfig(max_stream_steps=3, context_window=10_000, compact_at=0.7)
+    async with session_rig({"M": [T(100), T(200), T(7_500), SUMMARY]}, config=three) as r:
+        r.session().send("go")
+        await r.settle()
+        assert [e.cause for e in r.of(StreamStarted)] == ["send"]
+        (dropped,) = r.of(RetryAbandoned)
+        assert "no steps left" in dropped.why
+        rows = await r.history()
+        assert rows[-1].kind is RowKind.SUMMARY
+        assert decode_body(rows[-1]).follow_up is None
+
+
+async def test_r44_r48_a_follow_up_whose_goal_was_paused_is_dropped_settled_first() -> None:
+    async with session_rig({"G": SCRIPT}, config=CONFIG, sessions=()) as r:
+        session = await r.engine.open_session("g1", model="G", goal="goal-3")
+
+        def pause(event: object) -> None:
+            if isinstance(event, Compacted):
+                r.engine.goals.set("goal-3", "paused")  # type: ignore[attr-defined]
+
+        r.on(pause)
+        session.send("work on the goal")
+        await r.settle()
+        assert [e.cause for e in r.of(StreamStarted)] == ["send"]
+        (dropped,) = r.of(RetryAbandoned)
+        assert dropped.why.startswith("follow-up of g1/1:")
+        assert "admission refused" in dropped.why
+        rows = await r.history("g1")
+        assert rows[-1].kind is RowKind.SUMMARY  # no follow-up row (R51)
+        assert decode_body(rows[-1]).follow_up is None  # cleared: nothing left pending
+
+
+async def test_r51_a_follow_up_refused_at_its_launch_boundary_leaves_no_row() -> None:
+    async with session_rig({"G": SCRIPT}, config=CONFIG, sessions=()) as r:
+        session = await r.engine.open_session("g1", model="G", goal="goal-3")
+
+        def pause(event: object) -> None:  # after the row is durable, before the stream
+            if getattr(event, "what", None) == "follow-up":
+                r.engine.goals.set("goal-3", "paused")  # type: ignore[attr-defined]
+
+        r.on(pause)
+        session.send("work on the goal")
+        await r.settle()
+        assert [e.cause for e in r.of(StreamStarted)] == ["send"]
+        rows = await r.history("g1")
+        assert [row.kind for row in rows][-1] is RowKind.SUMMARY  # the follow-up row went
+        assert decode_body(rows[-1]).follow_up is None
+
+
+async def test_as36_a_user_stop_before_the_compaction_began_calls_it_off() -> None:
+    async with session_rig({"M": SCRIPT}, config=CONFIG) as r:
+
+        def stop(event: object) -> None:
+            if isinstance(event, StreamAborted):
+                r.session().stop()
+
+        r.on(stop)
+        r.session().send("fix the build")
+        await r.settle()
+        assert [e.cause for e in r.of(StreamStarted)] == ["send"]
+        assert not r.of(Compacted)
+        assert (await r.history())[-1].kind is RowKind.PARTIAL
+
+
+class StopsDuringCompaction:
+    """A model whose compaction request sees a user Stop land while it runs."""
+
+    def __init__(self, inner: ScriptedModel, stop: Callable[[], object]) -> None:
+        self.inner, self.stop = inner, stop
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    def stream_step(self, request: ModelRequest) -> AsyncIterator[Part]:
+        if request.stream.endswith(":compaction"):
+            self.stop()
+        return self.inner.stream_step(request)
+
+
+async def test_as36_a_user_stop_during_the_compaction_writes_the_summary_and_no_follow_up() -> None:
+    rig: list[Rig] = []
+    model = StopsDuringCompaction(ScriptedModel("M", SCRIPT), lambda: rig[0].session().stop())
+    async with session_rig({}, models=[model], config=CONFIG) as r:
+        rig.append(r)
+        r.session().send("fix the build")
+        await r.settle()
+        assert [e.cause for e in r.of(StreamStarted)] == ["send"]
+        rows = await r.history()
+        assert rows[-1].kind is RowKind.SUMMARY
+        assert decode_body(rows[-1]).follow_up is None
+        (dropped,) = r.of(RetryAbandoned)
+        assert "stopped by the user" in dropped.why
+
+
+# ---------------------------------------------------------------- startup (PS-7)
+
+
+def _row(seq: int, kind: RowKind, body: bytes, stream: str | None = None) -> HistoryRow:
+    return HistoryRow(
+        session="s1", seq=seq, row_id=f"s1:r{seq}", kind=kind, body=body, stream=stream
+    )
+
+
+def _summary(follow_up: bytes) -> bytes:
+    return b'{"text":"what happened so far","follow_up":' + follow_up + b"}"
+
+
+GOOD = b'{"step_budget":4,"model":"M","requested_model":"M"}'
+
+
+async def _left_behind(store: Store, *rows: HistoryRow) -> None:
+    async with store:
+        create = Boundary(create=SessionRecord(id="s1", model="M"), rows=rows)
+        await store.commit("s1", create, owner=store.owner)
+
+
+async def test_ps7_a_crash_between_the_summary_and_its_follow_up_runs_it_at_startup() -> None:
+    store = MemoryStore()
+    await _left_behind(
+        store,
+        _row(1, RowKind.USER, b'{"text":"fix it"}'),
+        _row(2, RowKind.PARTIAL, b'{"text":"working"}', "s1/1"),
+        _row(3, RowKind.SUMMARY, _summary(GOOD), "s1/1"),
+    )
+    async with session_rig({"M": [X("fixed")]}, config=CONFIG, store=store, sessions=()) as r:
+        await r.settle()
+        (recovered,) = r.of(Recovered)
+        assert (recovered.action, recovered.cut) == ("follow-up", "s1/1")
+        assert [(e.cause, e.budget) for e in r.of(StreamStarted)] == [("follow-up", 4)]
+        rows = await r.history()
+        assert decode_body(rows[2]).follow_up is None
+        assert rows[3].kind is RowKind.USER
+
+
+@pytest.mark.parametrize("budget", [b'"5"', b"-2", b"1.5", b"{}", b"0"])
+async def test_ps7_r48_a_malformed_or_spent_persisted_budget_drops_the_follow_up(
+    budget: bytes,
+) -> None:
+    store = MemoryStore()
+    follow = b'{"step_budget":' + budget + b',"model":"M","requested_model":"M"}'
+    await _left_behind(
+        store,
+        _row(1, RowKind.USER, b'{"text":"fix it"}'),
+        _row(2, RowKind.SUMMARY, _summary(follow), "s1/1"),
+    )
+    async with session_rig({"M": [X("never")]}, config=CONFIG, store=store, sessions=()) as r:
+        await r.settle()
+        assert not r.of(StreamStarted)  # never under a fresh ceiling
+        (dropped,) = r.of(RetryAbandoned)
+        assert "dropped" in dropped.why
+        assert [e.action for e in r.of(Recovered)] == ["abandon"]
+        rows = await r.history()
+        assert decode_body(rows[-1]).follow_up is None  # cleared, the summary kept
+
+
+async def test_ps7_a_crash_after_the_follow_up_row_retries_under_its_own_budget() -> None:
+    store = MemoryStore()
+    follow_row = b'{"text":"Continue","entry_kind":"follow-up","follow_up":' + GOOD + b"}"
+    await _left_behind(
+        store,
+        _row(1, RowKind.USER, b'{"text":"fix it"}'),
+        _row(2, RowKind.SUMMARY, b'{"text":"what happened so far"}', "s1/1"),
+        _row(3, RowKind.USER, follow_row),
+    )
+    async with session_rig({"M": [X("fixed")]}, config=CONFIG, store=store, sessions=()) as r:
+        await r.settle()
+        assert [(e.cause, e.budget) for e in r.of(StreamStarted)] == [("recovery", 4)]
