@@ -22,7 +22,7 @@ from agent_session._inputs import Input, WriteFailure
 from agent_session._turn import TurnInput
 from message_queue import CancelToken, EntryCallbacks
 from persistence import Boundary
-from stream_manager import AbortReason, Persisted
+from stream_manager import AbortReason, ChatMessage, Persisted
 
 
 class Emit(msgspec.Struct, frozen=True):
@@ -92,6 +92,8 @@ class RunCompaction(msgspec.Struct, frozen=True):
     stream: str
     model: str
     prompt: str
+    #: What the failed stream said that no row holds yet (its leftover, PS-2), after history.
+    tail: tuple[ChatMessage, ...] = ()
 
 
 class StopStream(msgspec.Struct, frozen=True):

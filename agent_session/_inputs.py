@@ -578,6 +578,8 @@ class FailedTurnSettles(_S, frozen=True):
     attempt: int = 0
     delay_s: float = 0.0
     abandoned: str | None = None
+    #: AS-34: a context-limit failure: the compaction request runs, then its follow-up.
+    compact: bool = False
 
 
 class Forfeit(_S, frozen=True):

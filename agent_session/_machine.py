@@ -105,6 +105,7 @@ from agent_session._retry import GiveUp, RetryBook, RetryPolicy, Schedule, again
 from agent_session._rows import (
     CONTINUE_TEXT,
     RowBody,
+    assistant_messages,
     body_from_parts,
     cut_record,
     decode_body,
@@ -198,9 +199,11 @@ class TurnMachine:
         "_backing_off",
         "_compact",
         "_compaction",
+        "_context_retried",
         "_drain_held",
         "_follow_up_row",
         "_known_models",
+        "_last_input",
         "_preparing_turn",
         "_records",
         "_resume_armed",
@@ -262,6 +265,10 @@ class TurnMachine:
         self._follow_up_row: HistoryRow | None = None
         #: R48: a summary row whose dropped follow-up's clearing failed (the flush retries it).
         self._uncleared: HistoryRow | None = None
+        #: AS-34: the user row whose turn had its context-limit retry (once per user row).
+        self._context_retried: str | None = None
+        #: The input tokens the session's last step reported (a context retry's ``tokens``).
+        self._last_input = 0
         #: AS-32: how failed streams are retried (off unless given: the engine gives its own).
         self._retry_policy = retry if retry is not None else RetryPolicy(enabled=False)
         #: AS-32: the turn's consecutive failed attempts, the pending backoff's generation,
@@ -1403,6 +1410,8 @@ class TurnMachine:
         self._compact = None
         if failed.parts:  # PS-2: the next row this session appends commits them first
             self.leftover = Leftover(failed.stream, failed.parts, failed.model)
+        if self._context_retry(failed):  # AS-34: compacted, then continued under the rest
+            return [*moved, Next(_in.FailedTurnSettles(compact=True))]
         settles = self._retry_decision(failed, context)
         if failed.retryable:
             marker = self._abandon_cleared(Commit(Boundary(), what="abandon marker"))
@@ -1416,6 +1425,25 @@ class TurnMachine:
         heard = [] if settles.retry is not None else self._owner_hears(failed, context)
         return [*moved, *marks, *heard, Next(settles)]
 
+    def _context_retry(self, failed: Failed) -> bool:
+        """AS-34, AS-35: a context-limit failure is compacted and continued, once per user row.
+
+        The follow-up runs under what the failed attempt left and is admitted like every
+        resume (R44); a second failure of the same turn is terminal.
+        """
+        if (
+            failed.kind is not ErrorKind.CONTEXT_EXCEEDED
+            or self._compaction.at <= 0  # compaction is off: nothing to retry with
+            or failed.remaining <= 0
+            or self._context_retried == (self.anchor or "")
+            or self.disposed
+        ):
+            return False
+        self._context_retried = self.anchor or ""
+        compact = _Compacting(failed.stream, self._last_input)
+        self._compact = compact.stopped_at(failed.remaining, failed.model, failed.progress)
+        return True
+
     def _retry_decision(self, failed: Failed, context: StreamContext) -> _in.FailedTurnSettles:
         """AS-32, AS-33: the retry that owns the failed turn now, or why none does.
 
@@ -1426,6 +1454,11 @@ class TurnMachine:
         policy = self._retry_policy
         if not policy.enabled:
             return _in.FailedTurnSettles()
+        if failed.kind is ErrorKind.CONTEXT_EXCEEDED and self._context_retried == (
+            self.anchor or ""
+        ):
+            why = "context_exceeded: the turn's one context-limit retry already ran (AS-34)"
+            return _in.FailedTurnSettles(abandoned=why)
         plan = decide(policy, self._retry, failed)
         if isinstance(plan, GiveUp):
             return _in.FailedTurnSettles(abandoned=plan.why)
@@ -1567,6 +1600,13 @@ class TurnMachine:
         self.continuation = resume_settled(self.continuation)
         why = "the stream failed; the error path owns it (R25)"
         effects = [*self._end(EndedHow.WITHDRAWN, why), _FLUSH]
+        compact = self._compact
+        if settles.compact and compact is not None:  # AS-34: the compaction request now
+            left = self.leftover
+            tail = tuple(assistant_messages(body_of(left))) if left is not None else ()
+            prompt = self._compaction.prompt
+            effects.append(RunCompaction(compact.stream, self.model, prompt, tail))
+            return effects
         retry = settles.retry
         if retry is not None:
             self.continuation, _ = owe(self.continuation, retry)
@@ -1698,7 +1738,10 @@ class TurnMachine:
             and not soft_stop
             and not self.disposed
         ):
-            self._compact = _Compacting(compact.stream, compact.tokens, aborted)
+            meta = aborted.metadata
+            self._compact = compact.stopped_at(
+                meta.steps_remaining, meta.model, meta.fallback_progress
+            )
             effects.append(Next(_in.CompactNow(aborted)))  # AS-36: its abort was for this
             return effects
         effects.append(Next(_in.AbortSettled(soft_stop)))
@@ -1710,6 +1753,7 @@ class TurnMachine:
         """AS-36: a step's input reached ``compact_at`` of its window: stop at its end (system)."""
         if self._compact is not None or self._streaming != stream:
             return []
+        self._last_input = tokens
         limit = self._compaction.threshold(model)
         if limit is None or tokens < limit:
             return []
@@ -1719,7 +1763,7 @@ class TurnMachine:
     def _stop_compaction(self) -> None:
         """A stop: a compaction not begun is called off; one under way owes no follow-up."""
         compact = self._compact
-        if compact is None or compact.aborted is None:
+        if compact is None or compact.left is None:
             self._compact = None
         else:
             compact.stopped = True
@@ -1735,20 +1779,23 @@ class TurnMachine:
     def summarized(self, text: str) -> list[Effect]:
         """B7: the summary row, carrying the pending follow-up the stopped turn owes (R40)."""
         compact = self._compact
-        if compact is None or compact.aborted is None or self.disposed:
+        if compact is None or compact.left is None or self.disposed:
             self._compact = None
             return [_IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]
-        meta = compact.aborted.metadata
+        remaining, model, progress = compact.left
         follow: FollowUp | None = None
-        if meta.steps_remaining > 0 and not compact.stopped:  # a stop ends the turn
+        if remaining > 0 and not compact.stopped:  # a stop ends the turn
             follow = follow_up_of(
-                meta.steps_remaining,
-                meta.model,
-                meta.fallback_progress,
+                remaining,
+                model,
+                progress,
                 self.context.correlation,
                 (GOAL_KIND if self.goal is not None else None, self.goal),
             )
         pending = encode_follow_up(follow) if follow is not None else None
+        before = None
+        if self.leftover is not None or self.stored_partials:  # PS-2: what it said goes first
+            before = self._leftover_commit(())
         body = RowBody(text=text, follow_up=pending)
         row = self.new_row(RowKind.SUMMARY, encode_body(body), stream=compact.stream)
         done = Compacted(
@@ -1762,6 +1809,14 @@ class TurnMachine:
             what="summary row",
         )
         commit = msgspec.structs.replace(commit, tell=(*commit.tell, done))
+        if before is not None:  # one commit: the leftover rows, then the summary
+            boundary = msgspec.structs.replace(
+                commit.boundary,
+                rows=(*before.boundary.rows, row),
+                drop_partials=before.boundary.drop_partials,
+            )
+            tell = (*before.tell, *commit.tell)
+            commit = msgspec.structs.replace(commit, boundary=boundary, tell=tell)
         return [self._with_records(commit)]
 
     def summary_written(self, row: HistoryRow) -> list[Effect]:
@@ -1769,7 +1824,7 @@ class TurnMachine:
         compact, self._compact = self._compact, None
         effects: list[Effect] = []
         body = decode_body(row)
-        if body.follow_up is not None and compact is not None and compact.aborted is not None:
+        if body.follow_up is not None and compact is not None and compact.left is not None:
             follow = msgspec.convert(body.follow_up, FollowUp)
             marker = self._follow_up_marker(follow, compact.stream)
             self.continuation, _ = owe(self.continuation, marker)
@@ -2701,14 +2756,23 @@ def _continues(turn: TurnInput, marker: Marker) -> bool:
 class _Compacting:
     """AS-36: the stream stopped for compaction, the tokens that crossed, then its abort."""
 
-    __slots__ = ("aborted", "stopped", "stream", "tokens")
+    __slots__ = ("left", "stopped", "stream", "tokens")
 
-    def __init__(self, stream: str, tokens: int, aborted: Aborted | None = None) -> None:
+    def __init__(self, stream: str, tokens: int) -> None:
         self.stream = stream
         self.tokens = tokens
-        self.aborted = aborted
+        #: Once the stream stopped (or failed, AS-34): the steps, model and chain progress it
+        #: left, which the follow-up runs under (R40, R38); ``None`` until then.
+        self.left: tuple[int, str, ModelFallbackProgress] | None = None
         #: A stop came while the compaction request ran: its summary owes no follow-up.
         self.stopped = False
+
+    def stopped_at(
+        self, remaining: int, model: str, progress: ModelFallbackProgress
+    ) -> _Compacting:
+        """The stream stopped: the compaction runs for what it left."""
+        self.left = (remaining, model, progress)
+        return self
 
 
 def _without_follow_up(row: HistoryRow) -> HistoryRow:

@@ -145,11 +145,11 @@ def to_messages(rows: Sequence[HistoryRow]) -> tuple[ChatMessage, ...]:
         elif row.kind is RowKind.SYSTEM:
             messages.append(ChatMessage(role=Role.SYSTEM, text=body.text))
         else:
-            messages.extend(_assistant_messages(body))
+            messages.extend(assistant_messages(body))
     return tuple(messages)
 
 
-def _assistant_messages(body: RowBody) -> list[ChatMessage]:
+def assistant_messages(body: RowBody) -> list[ChatMessage]:
     """An assistant row as the model sees it: what it said and called, then the results."""
     out: list[ChatMessage] = []
     if body.text or body.tool_calls:

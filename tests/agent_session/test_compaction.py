@@ -285,3 +285,60 @@ async def test_ps7_a_crash_after_the_follow_up_row_retries_under_its_own_budget(
     async with session_rig({"M": [X("fixed")]}, config=CONFIG, store=store, sessions=()) as r:
         await r.settle()
         assert [(e.cause, e.budget) for e in r.of(StreamStarted)] == [("recovery", 4)]
+
+
+# ---------------------------------------------------------------- context-limit retries
+
+
+CONTEXT = ScriptStep(error="context_exceeded")
+
+
+async def test_as34_as35_a_context_limit_failure_is_compacted_and_continued_under_the_rest() -> (
+    None
+):
+    script = [T(100), CONTEXT, SUMMARY, X("continued")]
+    async with session_rig({"M": script}, config=CONFIG) as r:
+        r.session().send("read the log")
+        await r.settle()
+        starts = [(e.cause, e.budget) for e in r.of(StreamStarted)]
+        assert starts == [("send", 8), ("follow-up", 7)]  # the failed attempt's remainder
+        compaction = r.models["M"].requests[2]
+        assert [m.role for m in compaction.messages[:3]] == [Role.USER, Role.ASSISTANT, Role.TOOL]
+        kinds = [row.kind for row in await r.history()]
+        assert kinds[:3] == [RowKind.USER, RowKind.PARTIAL, RowKind.SUMMARY]  # one commit
+        assert not r.of(RetryAbandoned)
+
+
+async def test_as34_one_context_limit_retry_per_user_row() -> None:
+    script = [CONTEXT, SUMMARY, CONTEXT, CONTEXT, SUMMARY, X("the second turn continued")]
+    async with session_rig({"M": script}, config=CONFIG) as r:
+        r.session().send("first")
+        await r.settle()
+        (final,) = r.of(RetryAbandoned)
+        assert "one context-limit retry already ran" in final.why
+        r.session().send("second")  # a new user row: its own retry
+        await r.settle()
+        causes = [e.cause for e in r.of(StreamStarted)]
+        assert causes == ["send", "follow-up", "send", "follow-up"]
+
+
+async def test_as34_a_compaction_request_over_the_limit_is_retried_once_truncated() -> None:
+    script = [T(100), CONTEXT, CONTEXT, SUMMARY, X("continued")]
+    async with session_rig({"M": script}, config=CONFIG) as r:
+        r.session().send("read the log")
+        await r.settle()
+        streams = [request.stream for request in r.models["M"].requests]
+        assert streams[2:4] == ["s1/1:compaction", "s1/1:compaction:truncated"]
+        assert len(r.models["M"].requests[3].messages) < len(r.models["M"].requests[2].messages)
+        assert [e.outcome for e in r.of(Compacted)] == ["summarized"]
+
+
+async def test_as36_a_compaction_that_fails_ends_the_turn_with_a_reason() -> None:
+    script = [T(100), T(200), T(7_100), ScriptStep(error="terminal")]
+    async with session_rig({"M": script}, config=CONFIG) as r:
+        r.session().send("go")
+        await r.settle()
+        assert [e.outcome for e in r.of(Compacted)] == ["failed"]
+        (abandoned,) = r.of(RetryAbandoned)
+        assert abandoned.why.startswith("compaction of s1/1 failed")
+        assert r.session().phase.value == "idle"

@@ -137,7 +137,8 @@ async def run_case(main: PydanticAIModel, backup: PydanticAIModel) -> list[Engin
             models={"main": main, "backup": backup},
             fallbacks={"main": ["backup"]},
             tools={"shell": FunctionTool(shell)},
-            config=EngineConfig(auto_retry=False),  # one attempt: the row's own outcome
+            # one attempt: the row's own outcome (no retry, no compaction of a context error)
+            config=EngineConfig(auto_retry=False, compact_at=0.0),
         ) as engine,
     ):
         engine.add_observer(events.append)

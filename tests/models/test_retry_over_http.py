@@ -18,6 +18,7 @@ from agent_session.harness.openai_fixture import (
     TextReply,
     ToolCall,
     ToolCallsReply,
+    context_length_exceeded,
     rate_limited,
 )
 from persistence import MemoryStore, RowKind
@@ -117,3 +118,17 @@ async def test_as33_ps2_a_retry_after_a_tool_step_sends_a_request_the_api_accept
     last = server.requests[-1]["messages"]
     assert [m["role"] for m in last] == ["user", "assistant", "tool"]
     assert last[-1]["tool_call_id"] == "call_7"
+
+
+async def test_as34_a_context_length_400_is_compacted_and_continued_over_http() -> None:
+    # the provider's 400 context_length_exceeded: the compaction request (a plain completion
+    # over the history) and the follow-up (the summary as a system message, then Continue)
+    # are requests the API accepts
+    summary = TextReply(chunks=("The user asked for a build; nothing has run yet.",))
+    replies: list[object] = [context_length_exceeded(), summary, TextReply(chunks=("Built.",))]
+    kinds = (RowKind.USER, RowKind.SUMMARY, RowKind.USER, RowKind.ASSISTANT)
+    events, _, server = await run(replies, EngineConfig(), rows=kinds)
+    assert [e.cause for e in events if isinstance(e, StreamStarted)] == ["send", "follow-up"]
+    follow_up = server.requests[-1]["messages"]
+    assert [m["role"] for m in follow_up] == ["system", "user"]
+    assert follow_up[-1]["content"] == "Continue"
