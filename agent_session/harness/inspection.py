@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent_session._recovery import damaged_cut, unreadable
+from agent_session._rows import decode_body
 from agent_session.harness.console import PipeConsole
 from agent_session.harness.queued_view import print_queue, read_queue
 from agent_session.harness.redaction import redact
@@ -40,6 +41,7 @@ from persistence import (
     OpState,
     ReceiptQuery,
     RecoveryScan,
+    RowKind,
     SessionList,
     SessionLoad,
     SessionRecord,
@@ -327,7 +329,16 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
             )
     else:
         console.print("owed continuations: none")
-    console.print("pending follow-ups: none")
+    if report["follow_ups"]:
+        for item in report["follow_ups"]:
+            console.print(
+                f"pending follow-up: {clip(item['session'])} summary {clip(item['row'])} of "
+                f"{clip(item['cut'] or '?')} ({item['remaining']!r} steps left on "
+                f"{clip(str(item['model']))})",
+                markup=False,
+            )
+    else:
+        console.print("pending follow-ups: none")
     print_queue(console, queued, damaged)
     _print_handles(console, handles)
     _print_receipts(records)
@@ -344,7 +355,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         problems = [str(error)]
     for problem in problems:
         found.add("quick_check", problem)
-    sessions, markers, partials, retry_off = await _sessions(store, session, found)
+    sessions, markers, partials, retry_off, follow_ups = await _sessions(store, session, found)
     try:
         scan = await store.scan_recoverable()
     except StoreError as error:
@@ -380,7 +391,7 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
             }
             for row in owed
         ],
-        "follow_ups": [],  # compaction follow-ups arrive with the compaction work
+        "follow_ups": follow_ups,
         "queued": queued,
         "corrupt_queued": damaged,
         "handles": [_handle_row(h) for h in handles],
@@ -496,12 +507,14 @@ async def _sessions(
     dict[str, AbandonMarker],
     dict[str, tuple[StoredPartial, ...]],
     set[str],
+    list[dict[str, Any]],
 ]:
     """The sessions (every one, or ``session``), each read whole to find its damaged rows.
 
     With each session's abandon marker, by id (a damaged one fails its session's load and is
     reported so), its stored partials (B4), and the sessions whose auto-retry preference is
-    off (AS-32: a damaged one reads as off and is reported).
+    off (AS-32: a damaged one reads as off and is reported), and the compaction follow-ups
+    still pending on a summary row (AS-37: its raw budget, as stored).
     """
     try:
         listed = await store.sessions()
@@ -515,6 +528,7 @@ async def _sessions(
     markers: dict[str, AbandonMarker] = {}
     partials: dict[str, tuple[StoredPartial, ...]] = {}
     retry_off: set[str] = set()
+    follow_ups: list[dict[str, Any]] = []
     for record in sessions:
         try:
             loaded = await store.load(record.id)
@@ -529,8 +543,33 @@ async def _sessions(
             partials[record.id] = loaded.partials
         if not loaded.auto_retry:
             retry_off.add(record.id)
+        follow_ups += _pending_follow_ups(loaded)
         _report_load(record.id, loaded, found)
-    return sessions, markers, partials, retry_off
+    return sessions, markers, partials, retry_off, follow_ups
+
+
+def _pending_follow_ups(loaded: SessionLoad) -> list[dict[str, Any]]:
+    """The follow-ups pending on a session's summary rows (B7), as ``inspect`` shows them."""
+    pending: list[dict[str, Any]] = []
+    for row in loaded.rows:
+        if row.kind is not RowKind.SUMMARY:
+            continue
+        try:
+            follow = decode_body(row).follow_up
+        except CorruptRecord:
+            continue  # reported with the session's other unreadable rows
+        if follow is None:
+            continue
+        pending.append(
+            {
+                "session": redact(row.session),
+                "row": redact(row.row_id),
+                "cut": redact(row.stream) if row.stream else None,
+                "remaining": follow.get("step_budget"),
+                "model": redact(str(follow.get("model"))),
+            }
+        )
+    return pending
 
 
 def _report_load(sid: str, loaded: SessionLoad, found: _Findings) -> None:
