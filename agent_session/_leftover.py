@@ -19,6 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from agent_session._rows import body_from_parts
 from persistence import CorruptRecord, clip
 from stream_manager import Part, answer_open_calls, decode_parts
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
     from agent_session._rows import RowBody
     from persistence import StoredPartial
+    from stream_manager import ModelUsage
 
 log = logging.getLogger("turnkeeper.session")
 
@@ -39,13 +42,16 @@ class Leftover:
     stream: str
     parts: tuple[Part, ...]
     model: str
+    #: What its steps used, by model (recorded on the row that takes it, SM-14).
+    usage: tuple[ModelUsage, ...] = ()
 
 
 def body_of(leftover: Leftover) -> RowBody:
-    """The ``partial`` row's body: the parts, every call answered."""
+    """The ``partial`` row's body: the parts, every call answered, and their usage."""
     parts = list(leftover.parts)
     answer_open_calls(parts, mid_step=True)
-    return body_from_parts(parts, finish=None, model=leftover.model)
+    body = body_from_parts(parts, finish=None, model=leftover.model)
+    return msgspec.structs.replace(body, usage=leftover.usage) if leftover.usage else body
 
 
 def gather(

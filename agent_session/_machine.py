@@ -150,13 +150,14 @@ from stream_manager import (
     TextPart,
     Withdrawn,
     WriteFailed,
+    merge_usage,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from message_queue import CancelToken, Correlation, EntryCallbacks, EntrySnapshot
-    from stream_manager import ModelFallbackProgress
+    from stream_manager import ModelFallbackProgress, ModelUsage
 
 #: The goal kind of a turn attributed to its session's goal (the cut record's ``goal_kind``).
 GOAL_KIND = "goal"
@@ -239,6 +240,7 @@ class TurnMachine:
         "sweep_scheduled",
         "thinking",
         "thinking_level",
+        "usage_ledger",
     )
 
     def __init__(
@@ -323,6 +325,9 @@ class TurnMachine:
         self.thinking: ThinkingHolder | None = None
         #: The live scratchpad (``additionalSystemContext``) the host keeps up to date (R26).
         self.scratchpad: str | None = None
+        #: SM-14: usage no row records (an abandoned or empty partial, a failure with no
+        #: parts), by model; in memory, for the host's accounting (``AgentSession.usage``).
+        self.usage_ledger: tuple[ModelUsage, ...] = ()
         #: The turn claiming PREPARING (a direct send or a dispatched entry): ST-15's engaged
         #: cutter. ``None`` once its stream starts or the session is idle again.
         self._preparing_turn: TurnInput | None = None
@@ -1286,6 +1291,8 @@ class TurnMachine:
             stop = ended.queued_stop
             record = self._cut_record(stop.steps_remaining, stop.model, stop.fallback_progress)
         body = body_from_parts(ended.parts, finish=ended.finish, model=ended.model)
+        if ended.usage:  # SM-15: the final row records what the stream used
+            body = msgspec.structs.replace(body, usage=ended.usage)
         return self.new_row(RowKind.ASSISTANT, encode_body(body), stream=ended.stream, cut=record)
 
     def _cut_record(self, remaining: int, model: str, progress: ModelFallbackProgress) -> CutRecord:
@@ -1343,7 +1350,7 @@ class TurnMachine:
     def _final_failed(self, failed: _in.FinalFailed) -> list[Effect]:
         """A failed final row ends the stream in a ``store_write`` error (its partial stays)."""
         ended = failed.ended
-        self.leftover = Leftover(ended.stream, ended.parts, ended.model)
+        self.leftover = Leftover(ended.stream, ended.parts, ended.model, ended.usage)
         self.final_failed(failed.ended)
         error = WriteFailed(
             f"the final row {failed.row.row_id} could not be written: {failed.error}"
@@ -1409,7 +1416,9 @@ class TurnMachine:
         moved = self._move(Phase.COMPLETING)
         self._compact = None
         if failed.parts:  # PS-2: the next row this session appends commits them first
-            self.leftover = Leftover(failed.stream, failed.parts, failed.model)
+            self.leftover = Leftover(failed.stream, failed.parts, failed.model, failed.usage)
+        else:  # SM-14: no row takes its usage: the ledger does
+            self.usage_ledger = merge_usage(self.usage_ledger, failed.usage)
         if self._context_retry(failed):  # AS-34: compacted, then continued under the rest
             return [*moved, Next(_in.FailedTurnSettles(compact=True))]
         settles = self._retry_decision(failed, context)
@@ -1637,10 +1646,16 @@ class TurnMachine:
         """AS-23, AS-28: commit the partial; a queued-message soft stop may owe a continuation.
 
         A soft-stop cut is one write: the partial row carries the durable cut record (R47,
-        R58); ``owed`` is told after it commits (R60).
+        R58); ``owed`` is told after it commits (R60). A user's abort of a turn the auto-retry
+        was retrying abandons the retry (``aborted`` is not retryable, AS-23, AS-32).
         """
         moved = self._move(Phase.COMPLETING) if self.phase is Phase.STREAMING else []
-        return [*moved, Next(_in.CommitPartial(aborted))]
+        told: list[Effect] = []
+        if aborted.reason is AbortReason.USER and self._retry.attempts:
+            self._retry.reset()
+            why = f"retry of the turn aborted by the user ({aborted.stream})"
+            told.append(Emit(RetryAbandoned(session=self.id, why=why)))
+        return [*moved, *told, Next(_in.CommitPartial(aborted))]
 
     def _commit_partial(self, aborted: Aborted) -> list[Effect]:
         """B6: the partial row, with the cut record when it owes.
@@ -1662,6 +1677,8 @@ class TurnMachine:
             if owes:
                 record = self._cut_record(meta.steps_remaining, meta.model, meta.fallback_progress)
             body = body_from_parts(aborted.parts, finish=None, model=meta.model)
+            if meta.usage:  # SM-14: the partial is stamped with its usage, by model (R59)
+                body = msgspec.structs.replace(body, usage=meta.usage)
             row = self.new_row(
                 RowKind.PARTIAL, encode_body(body), stream=aborted.stream, cut=record
             )
@@ -1677,6 +1694,8 @@ class TurnMachine:
                 (commit,) = self._abandoned("aborted", commit)  # type: ignore[assignment]
             effects.append(self._with_records(commit))
             return effects
+        # SM-14: an abandoned or empty partial's usage goes to the side ledger
+        self.usage_ledger = merge_usage(self.usage_ledger, meta.usage)
         if aborted.parts:  # an edit abandons it (AS-6): what the stream wrote goes too
             drop = Commit(
                 Boundary(drop_partials=(aborted.stream,)), failed=_in.Ignored(), what="partial"
@@ -2448,7 +2467,7 @@ class TurnMachine:
         aborted = given.aborted
         error = given.error
         meta = aborted.metadata  # PS-2: its parts stay for the next row to take
-        self.leftover = Leftover(aborted.stream, aborted.parts, meta.model)
+        self.leftover = Leftover(aborted.stream, aborted.parts, meta.model, meta.usage)
         return self._abort_unwritten(aborted, str(error))
 
     def _on_AbortWritten(self, given: _in.AbortWritten) -> list[Effect]:

@@ -18,6 +18,7 @@ from stream_manager import (
     ChatMessage,
     Finish,
     ModelFallbackProgress,
+    ModelUsage,
     Part,
     Role,
     TextPart,
@@ -51,6 +52,9 @@ class RowBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: the retry options it runs under (PS-7). Plain JSON, read by ``_compaction.read_follow_up``
     #: (a damaged one drops the follow-up; it never makes the row unreadable).
     follow_up: dict[str, object] | None = None
+    #: For assistant and partial rows: what the stream's steps used, by the model that ran
+    #: them (SM-14, SM-15, R59: a fallback's usage under the fallback).
+    usage: tuple[ModelUsage, ...] = ()
 
 
 _encoder = msgspec.json.Encoder()

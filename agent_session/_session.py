@@ -68,7 +68,7 @@ from agent_session._machine import TurnMachine
 from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
 from agent_session._retry import RetryPolicy
-from agent_session._rows import to_messages
+from agent_session._rows import decode_body, to_messages
 from agent_session._session_store import SessionStore
 from agent_session._statistics import SessionStatistics, nothing_running
 from agent_session._turn import Accepted, CanceledBeforeAcceptance, SendRefused, TurnInput
@@ -91,6 +91,7 @@ from message_queue import (
 from persistence import (
     CorruptRecord,
     HistoryRow,
+    RowKind,
     Store,
     StoredPartial,
     TurnkeeperError,
@@ -102,6 +103,7 @@ from stream_manager import (
     ChatMessage,
     ErrorType,
     ModelError,
+    ModelUsage,
     Refused,
     Role,
     StartCause,
@@ -114,6 +116,7 @@ from stream_manager import (
     ToolCallEnded,
     ToolCallStarted,
     Withdrawn,
+    merge_usage,
 )
 
 if TYPE_CHECKING:
@@ -913,6 +916,23 @@ class AgentSession:
     def knows_partials(self, partials: tuple[StoredPartial, ...]) -> None:
         """PS-2: the partials the store holds (B4): the next row this session appends takes them."""
         self._machine.stored_partials = partials
+
+    async def usage(self) -> tuple[ModelUsage, ...]:
+        """What this session's model steps used, by the model that ran them (SM-14, R59).
+
+        Every assistant and partial row records its stream's usage (a fallback's under the
+        fallback); what no row records (an abandoned or empty partial, a failure that left
+        no parts) is in the session's side ledger, kept in memory since the session was made.
+
+        Raises:
+            CorruptRecord: a row of the history is unreadable (``turnkeeper inspect`` names it).
+        """
+        rows = await self._history().rows()
+        total = self._machine.usage_ledger
+        for row in rows:
+            if row.kind in (RowKind.ASSISTANT, RowKind.PARTIAL):
+                total = merge_usage(total, decode_body(row).usage)
+        return total
 
     def knows_auto_retry(self, *, on: bool) -> None:
         """AS-32: the session's persisted auto-retry preference, as the store holds it."""

@@ -67,6 +67,40 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens: int = 0
 
 
+class ModelUsage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a stream's steps on one model used, summed (SM-14, SM-15: priced under it, R59)."""
+
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+def add_usage(usage: tuple[ModelUsage, ...], model: str, step: Usage) -> tuple[ModelUsage, ...]:
+    """``usage`` with one more step of ``model`` counted (a fallback's usage is its own)."""
+    for index, known in enumerate(usage):
+        if known.model == model:
+            summed = ModelUsage(
+                model=model,
+                input_tokens=known.input_tokens + step.input_tokens,
+                output_tokens=known.output_tokens + step.output_tokens,
+            )
+            return (*usage[:index], summed, *usage[index + 1 :])
+    return (
+        *usage,
+        ModelUsage(model=model, input_tokens=step.input_tokens, output_tokens=step.output_tokens),
+    )
+
+
+def merge_usage(
+    usage: tuple[ModelUsage, ...], more: tuple[ModelUsage, ...]
+) -> tuple[ModelUsage, ...]:
+    """``usage`` with ``more`` added, model by model."""
+    for extra in more:
+        step = Usage(input_tokens=extra.input_tokens, output_tokens=extra.output_tokens)
+        usage = add_usage(usage, extra.model, step)
+    return usage
+
+
 class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish", tag_field="type"):
     """The step's terminal part: the step is complete (a ``finish-step``)."""
 

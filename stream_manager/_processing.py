@@ -54,6 +54,7 @@ from stream_manager._parts import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    add_usage,
 )
 from stream_manager._request import (
     Aborted,
@@ -356,6 +357,8 @@ class StreamProcessor:
         if isinstance(part, Finish):
             stream.step_open = False
             stream.budget = stream.budget.charge()
+            if part.usage is not None:  # counted under the model that ran it (R59)
+                stream.usage = add_usage(stream.usage, stream.model, part.usage)
             if self._events.observers:
                 self._events.emit(
                     StepCompleted(
@@ -525,6 +528,7 @@ class StreamProcessor:
             progress=stream.progress,
             queued_stop=report,
             parts=tuple(stream.parts),
+            usage=stream.usage,
         )
         if hears_milestones(host):
             with self._cleanup(f"the final write of stream {stream.id}") as cleanup:
@@ -586,6 +590,7 @@ class StreamProcessor:
             progress=stream.progress,
             parts=tuple(stream.parts),
             retry_after=retry_after,
+            usage=stream.usage,
         )
 
     def _abort(self, stream: ActiveStream) -> Aborted:
@@ -603,6 +608,7 @@ class StreamProcessor:
             steps_remaining=stream.budget.remaining,
             fallback_progress=stream.progress,
             required_tool_satisfied=stream.required_in_step,
+            usage=stream.usage,
         )
         if self._events.observers:
             self._events.emit(

@@ -24,7 +24,7 @@ from message_queue import Correlation
 from stream_manager._abort import AbortSignal
 from stream_manager._events import AbortReason, ErrorKind, StartCause
 from stream_manager._fallback import ModelFallbackProgress
-from stream_manager._parts import ChatMessage
+from stream_manager._parts import ChatMessage, ModelUsage
 
 if TYPE_CHECKING:
     from stream_manager._parts import FinishReason, Part
@@ -52,6 +52,8 @@ class AbortMetadata(msgspec.Struct, frozen=True, kw_only=True):
     fallback_progress: ModelFallbackProgress
     #: The step being cut already had a successful required-tool result (R46).
     required_tool_satisfied: bool
+    #: What the stream's steps used, by model (SM-14: stamped on the partial, R59).
+    usage: tuple[ModelUsage, ...] = ()
 
 
 class StreamInfo(msgspec.Struct, frozen=True):
@@ -225,6 +227,8 @@ class Ended:
     #: Set when the loop was cut for a queued entry (SM-8); the durable cut record (R60).
     queued_stop: QueuedStopReport | None
     parts: tuple[Part, ...]
+    #: What the stream's steps used, by model (SM-15: recorded on the final row).
+    usage: tuple[ModelUsage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +255,8 @@ class Failed:
     parts: tuple[Part, ...]
     #: The provider's requested wait before a retry, in seconds, when it sent one (AS-32).
     retry_after: float | None = None
+    #: What the attempt's steps used, by model (on its leftover partial row, PS-2).
+    usage: tuple[ModelUsage, ...] = ()
 
     @property
     def retryable(self) -> bool:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from stream_manager._events import AbortReason
     from stream_manager._fallback import ModelFallbackProgress
     from stream_manager._partial import PartialLog
-    from stream_manager._parts import Part
+    from stream_manager._parts import ModelUsage, Part
 
 
 class StreamState(StrEnum):
@@ -72,6 +72,7 @@ class ActiveStream:
         "state",
         "step_open",
         "unwritten",
+        "usage",
     )
 
     def __init__(
@@ -90,6 +91,8 @@ class ActiveStream:
         self.progress = progress
         self.state = StreamState.STARTING
         self.parts: list[Part] = []
+        #: What its steps used, by the model that ran them (SM-14, SM-15, R59).
+        self.usage: tuple[ModelUsage, ...] = ()
         #: Its durable partial (B4), when its host writes the row that takes it.
         self.partial: PartialLog | None = None
         #: A soft stop waits for the next text-end / reasoning-end / finish-step (SM-10).
