@@ -32,6 +32,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from agent_session._rows import turn_fields
 from message_queue import Correlation
 from persistence import UsageError
 from stream_manager import ModelFallbackProgress
@@ -117,18 +118,7 @@ def follow_up_of(
     goal: tuple[str | None, str | None],
 ) -> FollowUp:
     """The follow-up a stream stopped for compaction with ``remaining`` steps owes."""
-    return FollowUp(
-        step_budget=remaining,
-        model=model,
-        requested_model=progress.requested_model,
-        refused_models=progress.refused_models,
-        chain=progress.chain,
-        handle_id=correlation.handle_id if correlation else None,
-        owner_session=correlation.owner_session if correlation else None,
-        turn_id=correlation.turn_id if correlation else None,
-        goal_kind=goal[0],
-        goal_id=goal[1],
-    )
+    return FollowUp(step_budget=remaining, **turn_fields(model, progress, correlation, goal))
 
 
 def encode_follow_up(follow_up: FollowUp) -> dict[str, object]:

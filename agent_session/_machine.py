@@ -1255,21 +1255,8 @@ class TurnMachine:
     def _owe(self, report: QueuedStopReport) -> ContinuationOwed | None:
         if report.steps_remaining <= 0:
             return None  # R65
-        context = self.context
-        marker = Marker(
-            cut=report.stream,
-            model=report.model,
-            step_budget=report.steps_remaining,
-            progress=report.fallback_progress,
-            options=msgspec.structs.replace(retry_safe(context.options), model=report.model),
-            correlation=context.correlation,
-            goal_kind=GOAL_KIND if self.goal is not None else None,
-            goal_id=self.goal,
-            agent_initiated=context.agent_initiated,
-            thinking_level=(  # R20: a pending change survives the cut
-                self.thinking.at_cut() if self.thinking is not None else context.thinking_level
-            ),
-            extra_system_context=self.scratchpad,  # R26: the live snapshot at the cut
+        marker = self._marker_here(
+            report.stream, report.model, report.steps_remaining, report.fallback_progress
         )
         self.continuation, _ = owe(self.continuation, marker)
         handle = marker.correlation.handle_id if marker.correlation else None
@@ -1421,7 +1408,7 @@ class TurnMachine:
             self.usage_ledger = merge_usage(self.usage_ledger, failed.usage)
         if self._context_retry(failed):  # AS-34: compacted, then continued under the rest
             return [*moved, Next(_in.FailedTurnSettles(compact=True))]
-        settles = self._retry_decision(failed, context)
+        settles = self._retry_decision(failed)
         if failed.retryable:
             marker = self._abandon_cleared(Commit(Boundary(), what="abandon marker"))
             marks: list[Effect] = []
@@ -1453,7 +1440,7 @@ class TurnMachine:
         self._compact = compact.stopped_at(failed.remaining, failed.model, failed.progress)
         return True
 
-    def _retry_decision(self, failed: Failed, context: StreamContext) -> _in.FailedTurnSettles:
+    def _retry_decision(self, failed: Failed) -> _in.FailedTurnSettles:
         """AS-32, AS-33: the retry that owns the failed turn now, or why none does.
 
         The retry runs under what the attempt left (R36), on the model it reached with its
@@ -1471,23 +1458,42 @@ class TurnMachine:
         plan = decide(policy, self._retry, failed)
         if isinstance(plan, GiveUp):
             return _in.FailedTurnSettles(abandoned=plan.why)
+        marker = self._marker_here(
+            failed.stream, failed.model, failed.remaining, failed.progress, retry=True
+        )
+        return _in.FailedTurnSettles(marker, plan.attempt, plan.delay_s)
+
+    def _marker_here(
+        self,
+        cut: str,
+        model: str,
+        budget: int,
+        progress: ModelFallbackProgress,
+        *,
+        retry: bool = False,
+    ) -> Marker:
+        """What continues the current turn from ``cut``: a resume's marker, or a retry's.
+
+        ST-1, AS-33: the stream's retry-safe options on ``model``, its correlation (R49) and
+        goal, the thinking level with a pending change (R20), the live scratchpad (R26).
+        """
+        context = self.context
         thinking = self.thinking.at_cut() if self.thinking is not None else context.thinking_level
-        marker = Marker(
-            cut=failed.stream,
-            model=failed.model,
-            step_budget=failed.remaining,
-            progress=failed.progress,
-            options=msgspec.structs.replace(retry_safe(context.options), model=failed.model),
+        return Marker(
+            cut=cut,
+            model=model,
+            step_budget=budget,
+            progress=progress,
+            options=msgspec.structs.replace(retry_safe(context.options), model=model),
             correlation=context.correlation,
             goal_kind=GOAL_KIND if self.goal is not None else None,
             goal_id=self.goal,
             agent_initiated=context.agent_initiated,
             thinking_level=thinking,
             extra_system_context=self.scratchpad,
-            cause=StartCause.RETRY,
-            durable=False,
+            cause=StartCause.RETRY if retry else StartCause.RESUME,
+            durable=not retry,
         )
-        return _in.FailedTurnSettles(marker, plan.attempt, plan.delay_s)
 
     def _owner_hears(
         self, outcome: Ended | Aborted | Failed, context: StreamContext

@@ -8,7 +8,7 @@ body is a :class:`~persistence.CorruptRecord` naming the row and the field, neve
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -121,18 +121,30 @@ def cut_record(
     goal: tuple[str | None, str | None] = (None, None),
 ) -> CutRecord:
     """The durable cut record (R60, PS-6) as persistence stores it."""
-    return CutRecord(
-        remaining=remaining,
-        model=model,
-        requested_model=progress.requested_model,
-        refused_models=progress.refused_models,
-        chain=progress.chain,
-        handle_id=correlation.handle_id if correlation else None,
-        owner_session=correlation.owner_session if correlation else None,
-        turn_id=correlation.turn_id if correlation else None,
-        goal_kind=goal[0],
-        goal_id=goal[1],
-    )
+    return CutRecord(remaining=remaining, **turn_fields(model, progress, correlation, goal))
+
+
+def turn_fields(
+    model: str,
+    progress: ModelFallbackProgress,
+    correlation: Correlation | None,
+    goal: tuple[str | None, str | None],
+) -> dict[str, Any]:
+    """What a durable record of a turn to continue keeps beside its budget, flat (R58, R60).
+
+    A cut record and a compaction's follow-up (AS-37) store the same fields.
+    """
+    return {
+        "model": model,
+        "requested_model": progress.requested_model,
+        "refused_models": progress.refused_models,
+        "chain": progress.chain,
+        "handle_id": correlation.handle_id if correlation else None,
+        "owner_session": correlation.owner_session if correlation else None,
+        "turn_id": correlation.turn_id if correlation else None,
+        "goal_kind": goal[0],
+        "goal_id": goal[1],
+    }
 
 
 def to_messages(rows: Sequence[HistoryRow]) -> tuple[ChatMessage, ...]:
