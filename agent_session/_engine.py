@@ -516,8 +516,13 @@ class Engine:
                 told.append(RetryAbandoned(session=sid, why=plan.why))
                 told.append(Recovered(session=sid, action="abandon", why=plan.why))
             return None
-        if isinstance(plan, DropFollowUp):  # cleared, then told; a failed write: next start
+        if isinstance(plan, DropFollowUp):  # settled, cleared, then told (R48)
             log.warning("follow-up of session %s dropped: %s", clip(sid), clip(plan.why, 2000))
+            handle = _follow_up_handle(plan.row)
+            ours = any(r.handle_id == handle and r.target == sid for r in self.delegations.records)
+            if handle is not None and ours:  # R55: only this session's own delegated turn
+                # the owner first (R48; its write is retried until durable, R54)
+                self.delegations.settle_orphan(handle, f"its follow-up was dropped: {plan.why}")
             cleared = _cleared_summary(plan.row)
             try:
                 await self._writer.write(sid, Boundary(delete=(plan.row.row_id,), rows=(cleared,)))
@@ -963,6 +968,13 @@ def _summary_tail(tail: SessionTail) -> HistoryRow | None:
     """The summary row a tail ends on (only system rows after it), if it does (PS-7)."""
     last = next((r for r in reversed(tail.rows) if r.kind is not RowKind.SYSTEM), None)
     return last if last is not None and last.kind is RowKind.SUMMARY else None
+
+
+def _follow_up_handle(row: HistoryRow) -> str | None:
+    """The handle a summary row's pending follow-up names, if it names one as a string."""
+    follow = decode_body(row).follow_up or {}
+    handle = follow.get("handle_id")
+    return handle if isinstance(handle, str) else None
 
 
 def _cleared_summary(row: HistoryRow) -> HistoryRow:

@@ -19,8 +19,10 @@ from agent_session import (
     RetryAbandoned,
 )
 from agent_session._rows import decode_body
+from message_queue import Correlation
 from persistence import (
     Boundary,
+    HandleStatus,
     HistoryRow,
     MemoryStore,
     RowKind,
@@ -38,7 +40,7 @@ from stream_manager import (
     StreamStarted,
     Usage,
 )
-from tests.agent_session.support import Rig, X, session_rig
+from tests.agent_session.support import Rig, X, active_handles, session_rig
 
 #: An 8-step turn on a 10,000-token window compacted at 70 %: a step of 7,000 tokens crosses.
 CONFIG = EngineConfig(max_stream_steps=8, context_window=10_000, compact_at=0.7)
@@ -342,3 +344,25 @@ async def test_as36_a_compaction_that_fails_ends_the_turn_with_a_reason() -> Non
         (abandoned,) = r.of(RetryAbandoned)
         assert abandoned.why.startswith("compaction of s1/1 failed")
         assert r.session().phase.value == "idle"
+
+
+async def test_ps7_r48_a_dropped_correlated_follow_up_settles_its_owner_before_clearing() -> None:
+    store = MemoryStore()
+    handle = Correlation(handle_id="h-7", owner_session="lead", turn_id="lead:r1")
+    await active_handles(store, (handle, "s1"))
+    follow = (
+        b'{"step_budget":-2,"model":"M","requested_model":"M",'
+        b'"handle_id":"h-7","owner_session":"lead","turn_id":"lead:r1"}'
+    )
+    await _left_behind(
+        store,
+        _row(1, RowKind.USER, b'{"text":"fix it"}'),
+        _row(2, RowKind.SUMMARY, _summary(follow), "s1/1"),
+    )
+    async with session_rig({"M": [X("never")]}, config=CONFIG, store=store, sessions=()) as r:
+        await r.settle()
+        assert not r.of(StreamStarted)
+        record = r.engine.delegations.record("h-7")
+        assert record.status is HandleStatus.INTERRUPTED
+        assert "follow-up was dropped" in (record.reason or "")
+        assert decode_body((await r.history())[-1]).follow_up is None
