@@ -965,9 +965,19 @@ class _Void(NamedTuple):
 
 
 def _summary_tail(tail: SessionTail) -> HistoryRow | None:
-    """The summary row a tail ends on (only system rows after it), if it does (PS-7)."""
+    """The summary row a tail ends on (only system rows after it), if it owes a follow-up.
+
+    PS-7. A summary written as a turn launched (on send: it names the last row it covers)
+    comes after that turn's own row: that turn is the tail's, retried as any (PS-4).
+    """
     last = next((r for r in reversed(tail.rows) if r.kind is not RowKind.SYSTEM), None)
-    return last if last is not None and last.kind is RowKind.SUMMARY else None
+    if last is None or last.kind is not RowKind.SUMMARY:
+        return None
+    try:
+        on_send = decode_body(last).through is not None
+    except CorruptRecord:
+        return last  # reported by the follow-up's plan
+    return None if on_send else last
 
 
 def _follow_up_handle(row: HistoryRow) -> str | None:

@@ -548,6 +548,21 @@ class FollowUpUncleared(_S, frozen=True):
     error: Exception | None = None
 
 
+class SummaryBeforeLaunch(_S, frozen=True):
+    """AS-36 on send: the compaction request before a fresh turn's launch answered ``text``."""
+
+    text: str
+    through: int
+    rows: tuple[HistoryRow, ...]
+
+
+class SummaryBeforeLaunchFailed(_S, frozen=True):
+    """AS-36 on send: the summary row was not written; the turn launches on ``rows``."""
+
+    rows: tuple[HistoryRow, ...]
+    error: Exception | None = None
+
+
 class AdoptFollowUp(_S, frozen=True):
     """PS-7: owe the follow-up ``marker`` a crash left pending on summary row ``row``."""
 
@@ -692,6 +707,8 @@ Input: TypeAlias = (
     | FollowUpFailed
     | AdoptFollowUp
     | FollowUpUncleared
+    | SummaryBeforeLaunch
+    | SummaryBeforeLaunchFailed
     | AdoptRetry
     | BackOffOver
     | GiveUp
@@ -761,5 +778,6 @@ WriteFailure: TypeAlias = (
     | SummaryFailed
     | FollowUpFailed
     | FollowUpUncleared
+    | SummaryBeforeLaunchFailed
     | Ignored
 )

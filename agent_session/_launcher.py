@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 from agent_session import _inputs as _in
 from agent_session._rows import to_messages
 from message_queue import DispatchMode
-from persistence import RowKind
+from persistence import HistoryRow, RowKind, TurnkeeperError
 from stream_manager import (
+    ChatMessage,
     Constructed,
     Refused,
+    Role,
     Started,
     StreamRequest,
     Withdrawn,
@@ -83,6 +85,7 @@ class StreamLauncher:
         # PS-2: a partial an earlier stream left goes into history first; R34: the sentinel
         rows = await self._decide(_in.HistoryLoaded(read, partials))
         assert isinstance(rows, tuple)
+        rows = await self._compacted(rows, context)  # AS-36 on send: a fresh turn over it
         # the row the launch appended for itself (a sentinel, a follow-up's row): R34, R51
         added = len(rows) > len(read) and rows[-1].kind in _OWN_ROWS
         sentinel = rows[-1] if added else None
@@ -114,6 +117,33 @@ class StreamLauncher:
         if isinstance(outcome, Refused | Withdrawn) and sentinel is not None:
             await self._perform(machine.handle(_in.SentinelUnwanted(sentinel)))  # R34
         return outcome
+
+    async def _compacted(
+        self, rows: tuple[HistoryRow, ...], context: StreamContext
+    ) -> tuple[HistoryRow, ...]:
+        """The history, with a summary of what precedes the turn when it is over the threshold.
+
+        The compaction request is one call on the turn's model; a failed one is logged and the
+        turn launches on its full history (the provider may refuse it: a context-limit retry
+        follows, AS-34).
+        """
+        machine = self._machine
+        plan = machine.compaction_before_launch(rows, context)
+        if plan is None:
+            return rows
+        through, earlier = plan
+        prompt = ChatMessage(role=Role.USER, text=machine.compaction_prompt)
+        purpose = f"{machine.id}:compaction"
+        try:
+            text = await self._manager.complete_text(
+                context.model, (*to_messages(earlier), prompt), purpose=purpose
+            )
+        except (TurnkeeperError, OSError) as error:
+            log.warning("session %s: compaction before the turn failed: %s", machine.id, error)
+            return rows
+        compacted = await self._decide(_in.SummaryBeforeLaunch(text, through, rows))
+        assert isinstance(compacted, tuple)
+        return compacted
 
     # ------------------------------------------------------------ the stream's host
 

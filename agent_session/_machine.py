@@ -1775,15 +1775,62 @@ class TurnMachine:
     # ------------------------------------------------------------ compaction (AS-36, AS-37)
 
     def usage_reported(self, stream: str, model: str, tokens: int) -> list[Effect]:
-        """AS-36: a step's input reached ``compact_at`` of its window: stop at its end (system)."""
+        """AS-36: a step's input reached ``compact_at`` of its window: stop at its end (system).
+
+        Only a step whose tool calls are about to run is followed by another step; a turn's
+        last step is left to end, and the next turn compacts before it launches (on send).
+        """
         if self._compact is not None or self._streaming != stream:
             return []
         self._last_input = tokens
         limit = self._compaction.threshold(model)
-        if limit is None or tokens < limit:
+        if limit is None or tokens < limit or not self._active_tools:
             return []
         self._compact = _Compacting(stream, tokens)
         return [StopStream(AbortReason.SYSTEM, soft=True)]
+
+    @property
+    def compaction_prompt(self) -> str:
+        """What a compaction request asks after the history (the host's, AS-36)."""
+        return self._compaction.prompt
+
+    def compaction_before_launch(
+        self, rows: tuple[HistoryRow, ...], context: StreamContext
+    ) -> tuple[int, tuple[HistoryRow, ...]] | None:
+        """AS-36 on send: a fresh turn launching over the threshold compacts what precedes it.
+
+        Its own row (the history's last) stays after the summary; a resume, retry or
+        follow-up continues a turn and never compacts here. Returns the last seq the summary
+        covers and the rows it summarizes, or ``None``.
+        """
+        if context.cause not in (StartCause.SEND, StartCause.QUEUE) or not rows:
+            return None
+        limit = self._compaction.threshold(context.model)
+        last = rows[-1]
+        if limit is None or self._last_input < limit or last.kind is not RowKind.USER:
+            return None
+        earlier = rows[:-1]
+        if not any(row.kind is not RowKind.SYSTEM for row in earlier):
+            return None
+        return earlier[-1].seq, earlier
+
+    def summarized_before_launch(
+        self, text: str, through: int, rows: tuple[HistoryRow, ...]
+    ) -> list[Effect]:
+        """B7 on send: the summary of everything up to ``through``; the turn's row after it."""
+        tokens, self._last_input = self._last_input, 0
+        stream = f"{self.id}/{self._stream_n}"  # the stream about to start
+        body = RowBody(text=text, through=through)
+        row = self.new_row(RowKind.SUMMARY, encode_body(body), stream=stream)
+        done = Compacted(session=self.id, stream=stream, tokens=tokens, outcome="summarized")
+        commit = _boundaries.appended(
+            row,
+            "summary",
+            then=_in.Answer((*rows, row)),
+            failed=_in.SummaryBeforeLaunchFailed(rows),  # the turn launches on all of it
+            what="summary row",
+        )
+        return [msgspec.structs.replace(commit, tell=(*commit.tell, done))]
 
     def _stop_compaction(self) -> None:
         """A stop: a compaction not begun is called off; one under way owes no follow-up."""
@@ -2649,6 +2696,12 @@ class TurnMachine:
     def _on_FollowUpUncleared(self, given: _in.FollowUpUncleared) -> list[Effect]:
         return self._follow_up_uncleared(given.row)
 
+    def _on_SummaryBeforeLaunch(self, given: _in.SummaryBeforeLaunch) -> list[Effect]:
+        return self.summarized_before_launch(given.text, given.through, given.rows)
+
+    def _on_SummaryBeforeLaunchFailed(self, given: _in.SummaryBeforeLaunchFailed) -> list[Effect]:
+        return [Reply(given.rows)]
+
     def _on_AdoptFollowUp(self, given: _in.AdoptFollowUp) -> list[Effect]:
         self.adopt_follow_up(given.marker, given.row)
         return []
@@ -2766,6 +2819,8 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.FollowUpWritten: TurnMachine._on_FollowUpWritten,
     _in.FollowUpFailed: TurnMachine._on_FollowUpFailed,
     _in.AdoptFollowUp: TurnMachine._on_AdoptFollowUp,
+    _in.SummaryBeforeLaunch: TurnMachine._on_SummaryBeforeLaunch,
+    _in.SummaryBeforeLaunchFailed: TurnMachine._on_SummaryBeforeLaunchFailed,
     _in.FollowUpUncleared: TurnMachine._on_FollowUpUncleared,
     _in.SetAutoRetry: TurnMachine._on_SetAutoRetry,
 }

@@ -55,6 +55,10 @@ class RowBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: For assistant and partial rows: what the stream's steps used, by the model that ran
     #: them (SM-14, SM-15, R59: a fallback's usage under the fallback).
     usage: tuple[ModelUsage, ...] = ()
+    #: For a summary row written as a turn launched (on send): the last seq it summarizes
+    #: (the turn's own row came before it and follows it in requests); ``None``: everything
+    #: before the summary row.
+    through: int | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -150,8 +154,7 @@ def turn_fields(
 def to_messages(rows: Sequence[HistoryRow]) -> tuple[ChatMessage, ...]:
     """The model request messages a history says (AS-22), from its last summary on (AS-36)."""
     messages: list[ChatMessage] = []
-    start = max((i for i, row in enumerate(rows) if row.kind is RowKind.SUMMARY), default=0)
-    for row in rows[start:]:
+    for row in _from_last_summary(rows):
         body = decode_body(row)
         if row.kind is RowKind.SUMMARY:
             text = f"{SUMMARY_HEADING}\n{body.text}"
@@ -163,6 +166,23 @@ def to_messages(rows: Sequence[HistoryRow]) -> tuple[ChatMessage, ...]:
         else:
             messages.extend(assistant_messages(body))
     return tuple(messages)
+
+
+def _from_last_summary(rows: Sequence[HistoryRow]) -> list[HistoryRow]:
+    """The rows a request reads: the last summary row, then every later row it does not cover.
+
+    A summary written as a turn launched covers the rows up to its ``through``; the turn's own
+    row, before it, comes after it (AS-36 on send).
+    """
+    last = max((i for i, row in enumerate(rows) if row.kind is RowKind.SUMMARY), default=None)
+    if last is None:
+        return list(rows)
+    summary = rows[last]
+    through = decode_body(summary).through
+    if through is None:
+        return list(rows[last:])
+    kept = [r for r in rows if r.seq > through and r.kind is not RowKind.SUMMARY]
+    return [summary, *kept]
 
 
 def assistant_messages(body: RowBody) -> list[ChatMessage]:

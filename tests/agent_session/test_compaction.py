@@ -366,3 +366,84 @@ async def test_ps7_r48_a_dropped_correlated_follow_up_settles_its_owner_before_c
         assert record.status is HandleStatus.INTERRUPTED
         assert "follow-up was dropped" in (record.reason or "")
         assert decode_body((await r.history())[-1]).follow_up is None
+
+
+# ---------------------------------------------------------------- on send (AS-36, R49)
+
+
+async def test_as36_a_last_step_over_the_threshold_ends_its_turn_and_the_next_compacts_first() -> (
+    None
+):
+    script = [step_text(7_500, "first answer"), SUMMARY, step_text(900, "second answer")]
+    async with session_rig({"M": script}, config=CONFIG) as r:
+        r.session().send("first")
+        await r.settle()
+        assert not r.of(StreamAborted)  # a turn's last step is left to end
+        assert not r.of(Compacted)
+        r.session().send("second")
+        await r.settle()
+        assert [c.stream for c in r.of(Compacted)] == ["s1/2"]
+        second = r.models["M"].requests[-1]
+        assert [m.role for m in second.messages] == [Role.SYSTEM, Role.USER]
+        assert second.messages[1].text == "second"  # its own row, after the summary
+        kinds = [row.kind for row in await r.history()]
+        assert kinds == [
+            RowKind.USER,
+            RowKind.ASSISTANT,
+            RowKind.USER,
+            RowKind.SUMMARY,
+            RowKind.ASSISTANT,
+        ]
+
+
+async def test_r49_an_on_send_compacted_delegated_turn_keeps_its_handle_through_a_retry() -> None:
+    script = [
+        step_text(7_500, "worker's first turn"),
+        SUMMARY,
+        ScriptStep(error="retryable"),
+        X("the delegated work is done"),
+    ]
+    retry = EngineConfig(
+        max_stream_steps=8, context_window=10_000, compact_at=0.7, retry_backoff_s=0.25
+    )
+    async with session_rig(
+        {"M": script}, config=retry, sessions=(("lead", "M"), ("worker", "M"))
+    ) as r:
+        r.engine.session("worker").send("warm up")
+        await r.settle()
+        r.engine.delegate("lead", "worker", "h-3", "investigate the flaky test")
+        await r.settle()
+        worker = [e for e in r.of(StreamStarted) if e.session == "worker"]
+        assert [(e.cause, e.handle) for e in worker] == [
+            ("send", None),
+            ("send", "h-3"),
+            ("retry", "h-3"),  # the retry carries the delegated turn's correlation
+        ]
+        assert [c.session for c in r.of(Compacted)] == ["worker"]
+        assert r.engine.delegations.record("h-3").status is HandleStatus.COMPLETED
+
+
+def step_text(tokens: int, text: str) -> ScriptStep:
+    """A text-only (last) step that reports ``tokens`` of input."""
+    return ScriptStep(text=text, usage=Usage(input_tokens=tokens, output_tokens=5))
+
+
+async def test_ps4_a_crash_after_an_on_send_summary_retries_that_turn_from_the_summary() -> None:
+    store = MemoryStore()
+    await _left_behind(
+        store,
+        _row(1, RowKind.USER, b'{"text":"first"}'),
+        _row(2, RowKind.ASSISTANT, b'{"text":"first answer","finish":"stop"}', "s1/1"),
+        _row(3, RowKind.USER, b'{"text":"second"}'),
+        _row(4, RowKind.SUMMARY, b'{"text":"what happened so far","through":2}', "s1/2"),
+    )
+    async with session_rig(
+        {"M": [X("second answer")]}, config=CONFIG, store=store, sessions=()
+    ) as r:
+        await r.settle()
+        assert [e.action for e in r.of(Recovered)] == ["retry"]
+        (request,) = r.models["M"].requests
+        assert [(m.role, m.text.split("\n")[-1]) for m in request.messages] == [
+            (Role.SYSTEM, "what happened so far"),
+            (Role.USER, "second"),
+        ]
