@@ -38,6 +38,7 @@ from agent_session._recovery import (
     plan_retry,
     steps_done,
 )
+from agent_session._retry import retry_policy
 from agent_session._rows import decode_body, encode_body
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
@@ -145,6 +146,8 @@ class Engine:
             cleanup_s=self.config.cleanup_s,
         )
         self._sessions: dict[str, AgentSession] = {}
+        #: The retry and compaction policies every session shares (made once, not per session).
+        self._policies = (retry_policy(self.config), self.config.compaction())
         #: Sessions made from the store whose rebuilt queue is not yet taken up.
         self._rebuilt: dict[str, RebuiltQueue] = {}
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
@@ -823,6 +826,7 @@ class Engine:
             admission=self._admission,
             queue=rebuilt.queue if rebuilt is not None else None,
             keeper=keeper,
+            policies=self._policies,
         )
         if self.owners.host is not None or self.delegations.active_into(record.id):
             session.listen_for_owner()

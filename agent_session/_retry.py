@@ -30,10 +30,15 @@ Each scheduled backoff has a generation: a timer whose generation is no longer t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from persistence import UsageError
 from stream_manager import ErrorKind, Failed
+
+if TYPE_CHECKING:
+    from agent_session.ports import EngineConfig
 
 #: The first retry's delay, doubling per attempt (``EngineConfig.retry_backoff_s``).
 RETRY_BACKOFF_S = 1.0
@@ -66,6 +71,16 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         if retry_after is not None and retry_after > delay:
             return retry_after
         return delay
+
+
+def retry_policy(config: EngineConfig) -> RetryPolicy:
+    """The retry policy ``config`` sets (``EngineConfig`` validated its fields)."""
+    return RetryPolicy(
+        enabled=config.auto_retry,
+        backoff_s=config.retry_backoff_s,
+        cap_s=config.retry_backoff_cap_s,
+        max_attempts=config.retry_max_attempts,
+    )
 
 
 class RetryBook:

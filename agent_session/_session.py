@@ -67,7 +67,7 @@ from agent_session._launcher import StreamLauncher
 from agent_session._machine import TurnMachine
 from agent_session._phases import BrokenSession, Phase
 from agent_session._pipeline import SendPipeline
-from agent_session._retry import RetryPolicy
+from agent_session._retry import RetryPolicy, retry_policy
 from agent_session._rows import decode_body, to_messages
 from agent_session._session_store import SessionStore
 from agent_session._statistics import SessionStatistics, nothing_running
@@ -121,6 +121,7 @@ from stream_manager import (
 
 if TYPE_CHECKING:
     from agent_session._admission import Admission, Ticket
+    from agent_session._compaction import CompactionPolicy
     from agent_session._continuation import Continuation, Marker
     from agent_session._queue_keeper import QueueKeeper
     from agent_session._turn import PipelineResult, StreamContext
@@ -182,6 +183,7 @@ class AgentSession:
         admission: Admission | None = None,
         queue: MessageQueue | None = None,
         keeper: QueueKeeper | None = None,
+        policies: tuple[RetryPolicy, CompactionPolicy] | None = None,
     ) -> None:
         self.id = session_id
         #: The store port the engine shares (reads go through a ``SessionStore`` made for the
@@ -199,6 +201,8 @@ class AgentSession:
         #: What a resume asks before it launches (goal, workspace, handle: ST-8, ST-9).
         self._admission = admission
         self._spawn = spawn
+        # the engine's (one pair for every session), else this config's
+        retry, compaction = policies or (retry_policy(config), config.compaction())
         self._machine = TurnMachine(
             session_id,
             model,
@@ -209,13 +213,8 @@ class AgentSession:
             goal=goal,
             queue=queue,
             keeper=keeper,
-            retry=RetryPolicy(
-                enabled=config.auto_retry,
-                backoff_s=config.retry_backoff_s,
-                cap_s=config.retry_backoff_cap_s,
-                max_attempts=config.retry_max_attempts,
-            ),
-            compaction=config.compaction(),
+            retry=retry,
+            compaction=compaction,
         )
         #: Queued user messages not yet durable, by the queue version that holds them.
         self._deliveries: list[tuple[int, Delivery]] | None = None
