@@ -34,6 +34,7 @@ from stream_manager import (
     StreamStarted,
 )
 from tests.agent_session.support import T_, HookTool, Rig, X, session_rig
+from tests.agent_session.test_as_send_rules import wake_tool
 
 #: Values unlike every default: a 2.5 s first backoff, two retries, an 8-step turn.
 CONFIG = EngineConfig(max_stream_steps=8, retry_backoff_s=2.5, retry_max_attempts=2)
@@ -358,3 +359,21 @@ async def test_as32_ps4_a_crashed_turn_of_a_session_turned_off_is_not_retried_at
         assert not r.of(StreamStarted)
         (abandoned,) = r.of(RetryAbandoned)
         assert "turned off for this session" in abandoned.why
+
+
+async def test_as24_a_retry_stream_that_ends_resets_the_attempts_within_one_turn() -> None:
+    # send fails -> retry 1 runs and is cut by a wake (a normal end) -> the wake is withdrawn
+    # and the turn resumes -> the resume fails: with no new user row in between, only the
+    # retry stream's end can make this retry attempt 1 again
+    script = [RETRYABLE, T_("task_await"), RETRYABLE, X("done")]
+    async with session_rig({"M": script}, config=CONFIG, tools=[wake_tool(lambda: r)]) as r:
+
+        def withdraw(event: object) -> None:
+            if isinstance(event, StreamEnded) and len(r.of(StreamEnded)) == 1:
+                r.session().withdraw("W", "consumed")
+
+        r.on(withdraw)
+        r.session().send("build it")
+        await r.settle()
+        assert [e.cause for e in r.of(StreamStarted)] == ["send", "retry", "resume", "retry"]
+        assert [e.attempt for e in r.of(RetryScheduled)] == [1, 1]
