@@ -13,11 +13,13 @@ goal attribution is built). The marker ends in one of these ways:
   send, a stream error, an edit, a stop before the resume started);
 * **forfeited** (ST-6): no later stream event will continue the turn (the attempt cap, a
   refused resume launch, context discard, disposal, a hard-stop clear, removal of the turn's
-  queued continuation). The rule also settles a delegated owner here; delegated turns are not
-  built, so nothing is settled yet;
-* **voided** (ST-15): the delegated owner's binding "no" for exactly that cut. The owner's
-  claim is not built: the session never ends a marker this way today (startup recovery writes
-  ``voided`` only on durable records, ``persistence.CutState``).
+  queued continuation). A correlated one settles its delegated owner (TD-11);
+* **voided** (ST-15): the delegated owner's binding "no" for exactly that cut (the owner's
+  claim, ``TurnMachine.claim``), or a record startup recovery ends (``persistence.CutState``).
+
+A marker may also stand for an auto-retry of a failed stream (cause ``retry``, AS-32) or for
+a compaction's follow-up (cause ``follow-up``, AS-37): the same sweep launches them and the
+same endings end them, told as ``retry-abandoned`` rather than ``continuation-ended``.
 
 The sweep (ST-7) is :func:`plan_sweep`: a pure function of the bookkeeping and a snapshot of
 the session. It starts a resume only when the session is idle, the queue raw-empty, no manual
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 #: How many consumed cuts are remembered for the owner's claim (R33; any bound >= 4 would do).
-#: The claim itself is not built yet: the list is kept, nothing in the engine reads it.
 CONSUMED_CUTS_BOUND = 16
 #: Failed-before-start resume attempts before the marker is forfeited (R21); the engine's own
 #: cap is ``EngineConfig.resume_attempt_cap``.

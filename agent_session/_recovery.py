@@ -16,7 +16,7 @@ session, decides here:
   wake, or an entry of the cut's correlation) gets its stream from the resume, under the cut's
   budget, the row being the request's last word; any other row superseded the cut: the record
   is withdrawn (``recovered`` ``abandon``) and answering that row is the startup retry's
-  (PS-4, not built);
+  (PS-4, below);
 * the cut's model is not one this engine runs, or it says more steps remain than one turn
   has here (``max_stream_steps``): nothing can resume it here; the record stays owed,
   untouched, for an engine that can (``recovered`` ``abandon``).

@@ -7,8 +7,9 @@ reasons (a caller's ``AbortSignal`` fires with one), the caller's typed port ``S
 cut report and the milestones the loop awaits; ``NullHost`` by default), tool calls as
 operations (deadlines, cancellation, receipts, a tool's ``Capability``), the ``Model``, ``Tool``
 and ``Clock`` ports, the clocks, the ``ScriptedModel`` and ``FunctionModel``. The MCP tool
-adapter is ``stream_manager.mcp`` (optional extra; not imported here). Auto-retry, which would
-spend the same budget, is not built.
+adapter is ``stream_manager.mcp`` (optional extra; not imported here). Auto-retry and
+compaction are the session's (``agent_session``): a retry or a follow-up is a new stream under
+the remainder the failed or stopped one reported.
 
 May import ``message_queue`` and ``persistence``. Must never import ``agent_session``. The
 decision modules (``_budget``, ``_fallback``, ``_stop``, ``_validate``) are pure: no I/O, no

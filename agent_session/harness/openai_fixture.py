@@ -163,8 +163,12 @@ def _error_body(
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
-def rate_limited() -> ErrorReply:
+def rate_limited(retry_after_ms: int | None = None) -> ErrorReply:
     """A 429 with ``code: rate_limit_exceeded`` and ``retry-after: 0``, as OpenAI sends it.
+
+    Args:
+        retry_after_ms: Also send ``retry-after-ms`` (what the ``openai`` client and
+            pydantic-ai read first), asking the caller to wait that long.
 
     Returns:
         The error reply.
@@ -181,8 +185,19 @@ def rate_limited() -> ErrorReply:
             "x-ratelimit-limit-requests": "3",
             "x-ratelimit-remaining-requests": "0",
             "x-ratelimit-reset-requests": "0s",
+            **({} if retry_after_ms is None else {"retry-after-ms": str(retry_after_ms)}),
         },
     )
+
+
+def service_unavailable() -> ErrorReply:
+    """A 503 "engine overloaded", as OpenAI sends it under load (a burst is several).
+
+    Returns:
+        The error reply.
+    """
+    message = "The engine is currently overloaded, please try again later."
+    return ErrorReply(status=503, body=_error_body(message, "server_error"))
 
 
 def server_error() -> ErrorReply:

@@ -8,18 +8,17 @@ long each wait was asked for (the waits themselves are a few milliseconds).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from agent_session import Engine, EngineConfig, EngineEvent, RetryScheduled
 from agent_session.harness.openai_fixture import (
-    ErrorReply,
     FixtureServer,
     TextReply,
     ToolCall,
     ToolCallsReply,
     context_length_exceeded,
     rate_limited,
+    service_unavailable,
 )
 from persistence import MemoryStore, RowKind
 from stream_manager import FunctionTool, StreamEnded, StreamFailed, StreamStarted, SystemClock
@@ -36,11 +35,6 @@ class WaitLog(SystemClock):
     async def sleep_until(self, deadline_at: float) -> None:
         self.waits.append(deadline_at - self.now())
         await super().sleep_until(deadline_at)
-
-
-def overloaded() -> ErrorReply:
-    body = {"error": {"message": "The engine is currently overloaded.", "type": "server_error"}}
-    return ErrorReply(status=503, body=body)
 
 
 async def shell(command: str) -> str:
@@ -72,8 +66,7 @@ async def run(
 
 
 async def test_as32_a_429_with_retry_after_is_retried_after_the_providers_wait() -> None:
-    limited = rate_limited()
-    limited = dataclasses.replace(limited, headers={**limited.headers, "retry-after-ms": "40"})
+    limited = rate_limited(retry_after_ms=40)
     config = EngineConfig(retry_backoff_s=0.002, retry_backoff_cap_s=0.002)
     events, clock, _ = await run([limited, TextReply(chunks=("Built.",))], config)
     (failed,) = [e for e in events if isinstance(e, StreamFailed)]
@@ -87,9 +80,9 @@ async def test_as32_a_429_with_retry_after_is_retried_after_the_providers_wait()
 async def test_as32_a_503_burst_ends_in_one_answer_with_the_backoff_doubling() -> None:
     config = EngineConfig(retry_backoff_s=0.001, retry_max_attempts=4)
     replies: list[object] = [
-        overloaded(),
-        overloaded(),
-        overloaded(),
+        service_unavailable(),
+        service_unavailable(),
+        service_unavailable(),
         TextReply(chunks=("Built.",)),
     ]
     events, clock, _ = await run(replies, config)
@@ -104,8 +97,7 @@ async def test_as32_a_503_burst_ends_in_one_answer_with_the_backoff_doubling() -
 async def test_as33_ps2_a_retry_after_a_tool_step_sends_a_request_the_api_accepts() -> None:
     # the failed attempt ran a tool: its call and result go into history as the partial row
     # the retry streams from; the real API refuses a call without its result (a 400 here)
-    soon = rate_limited()
-    soon = dataclasses.replace(soon, headers={**soon.headers, "retry-after-ms": "1"})
+    soon = rate_limited(retry_after_ms=1)
     call = ToolCallsReply(
         calls=(ToolCall(id="call_7", name="shell", arguments='{"command": "make"}'),)
     )
