@@ -115,7 +115,9 @@ class StreamLauncher:
                     await self._perform(machine.handle(_in.SentinelUnwanted(sentinel)))
             raise
         if isinstance(outcome, Refused | Withdrawn) and sentinel is not None:
-            await self._perform(machine.handle(_in.SentinelUnwanted(sentinel)))  # R34
+            if sentinel.kind is RowKind.USER:  # R51: logged (the trace has no deletion event)
+                log.info("session %s: follow-up row %s taken back", session, sentinel.row_id)
+            await self._perform(machine.handle(_in.SentinelUnwanted(sentinel)))  # R34, R51
         return outcome
 
     async def _compacted(
