@@ -28,14 +28,24 @@ R61), never runs it under a fresh ceiling.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from typing import Protocol
 
 import msgspec
 
+from agent_session._continuation import Marker
 from agent_session._rows import turn_fields
-from message_queue import Correlation
+from message_queue import Correlation, SendOptions
 from persistence import UsageError
-from stream_manager import ModelFallbackProgress
+from stream_manager import (
+    ChatMessage,
+    ErrorType,
+    ModelError,
+    ModelFallbackProgress,
+    Role,
+    StartCause,
+)
 
 #: The prompt of a compaction request when the host gives none.
 DEFAULT_PROMPT = (
@@ -43,6 +53,8 @@ DEFAULT_PROMPT = (
     "done, what was found, the files and commands involved, and what remains to do. Be concise "
     "and keep every detail needed to continue the work."
 )
+log = logging.getLogger("turnkeeper.session")
+
 #: What the follow-up row says to the model.
 FOLLOW_UP_TEXT = "Continue"
 
@@ -100,6 +112,24 @@ class FollowUp(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             chain=self.chain,
         )
 
+    def marker(self, cut: str) -> Marker:
+        """What the sweep launches for this follow-up of ``cut``: its remainder, model, chain.
+
+        A live session adds the stopped stream's options, thinking level and scratchpad.
+        """
+        return Marker(
+            cut=cut,
+            model=self.model,
+            step_budget=self.step_budget,
+            progress=self.progress,
+            options=SendOptions(model=self.model),
+            correlation=self.correlation,
+            goal_kind=self.goal_kind,
+            goal_id=self.goal_id,
+            cause=StartCause.FOLLOW_UP,
+            durable=False,
+        )
+
     @property
     def correlation(self) -> Correlation | None:
         """The delegated turn it continues (R49), when it has all three parts."""
@@ -119,6 +149,41 @@ def follow_up_of(
 ) -> FollowUp:
     """The follow-up a stream stopped for compaction with ``remaining`` steps owes."""
     return FollowUp(step_budget=remaining, **turn_fields(model, progress, correlation, goal))
+
+
+class Complete(Protocol):
+    """``StreamManager.complete_text``: one model call outside any stream, its text."""
+
+    async def __call__(
+        self, model: str, messages: tuple[ChatMessage, ...], *, purpose: str
+    ) -> str: ...
+
+
+async def summarise(
+    complete: Complete,
+    model: str,
+    history: tuple[ChatMessage, ...],
+    prompt: str,
+    purpose: str,
+) -> str:
+    """The compaction request: ``history`` then ``prompt``, one call on ``model``, its text.
+
+    AS-34 (a): a request that exceeds the context is tried once more on the newer half of the
+    history (provider-side truncation, done here); a second failure is raised.
+
+    Raises:
+        ModelError: the call failed (the retry's failure, for a context-limit one).
+        UnknownModel: no such model.
+    """
+    ask = ChatMessage(role=Role.USER, text=prompt)
+    try:
+        return await complete(model, (*history, ask), purpose=purpose)
+    except ModelError as error:
+        if error.type is not ErrorType.CONTEXT_EXCEEDED or len(history) < 2:
+            raise
+        log.info("compaction %s truncated: %s", purpose, error)
+    newer = history[len(history) // 2 :]
+    return await complete(model, (*newer, ask), purpose=f"{purpose}:truncated")
 
 
 def encode_follow_up(follow_up: FollowUp) -> dict[str, object]:

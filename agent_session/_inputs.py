@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from agent_session._compaction import FollowUp
 from agent_session._continuation import Marker
 from agent_session._cut_records import CutChange
 from agent_session._events import EntryQueued
@@ -516,16 +517,15 @@ class CompactionFailed(_S, frozen=True):
 
 
 class SummaryWritten(_S, frozen=True):
-    """B7: the summary row is durable (with its pending follow-up, when ``follow_up``)."""
+    """B7: the summary row is durable, with the pending follow-up it carries (if any)."""
 
     row: HistoryRow
-    tokens: int
+    follow_up: FollowUp | None
 
 
 class SummaryFailed(_S, frozen=True):
     """B7: the summary row could not be written."""
 
-    tokens: int
     error: Exception | None = None
 
 

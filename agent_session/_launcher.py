@@ -20,14 +20,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from agent_session import _inputs as _in
+from agent_session._compaction import summarise
 from agent_session._rows import to_messages
 from message_queue import DispatchMode
 from persistence import HistoryRow, RowKind, TurnkeeperError
 from stream_manager import (
-    ChatMessage,
     Constructed,
     Refused,
-    Role,
     Started,
     StreamRequest,
     Withdrawn,
@@ -134,11 +133,12 @@ class StreamLauncher:
         if plan is None:
             return rows
         through, earlier = plan
-        prompt = ChatMessage(role=Role.USER, text=machine.compaction_prompt)
         purpose = f"{machine.id}:compaction"
+        complete = self._manager.complete_text
+        history = to_messages(earlier)
         try:
-            text = await self._manager.complete_text(
-                context.model, (*to_messages(earlier), prompt), purpose=purpose
+            text = await summarise(
+                complete, context.model, history, machine.compaction_prompt, purpose
             )
         except (TurnkeeperError, OSError) as error:
             log.warning("session %s: compaction before the turn failed: %s", machine.id, error)

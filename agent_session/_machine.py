@@ -1876,8 +1876,8 @@ class TurnMachine:
         commit = _boundaries.appended(
             row,
             "summary",
-            then=_in.SummaryWritten(row, compact.tokens),
-            failed=_in.SummaryFailed(compact.tokens),
+            then=_in.SummaryWritten(row, follow),
+            failed=_in.SummaryFailed(),
             what="summary row",
         )
         commit = msgspec.structs.replace(commit, tell=(*commit.tell, done))
@@ -1891,14 +1891,19 @@ class TurnMachine:
             commit = msgspec.structs.replace(commit, boundary=boundary, tell=tell)
         return [self._with_records(commit)]
 
-    def summary_written(self, row: HistoryRow) -> list[Effect]:
+    def summary_written(self, row: HistoryRow, follow: FollowUp | None) -> list[Effect]:
         """B7 is durable: the follow-up is owed, and the sweep launches it once idle (AS-37)."""
         compact, self._compact = self._compact, None
         effects: list[Effect] = []
-        body = decode_body(row)
-        if body.follow_up is not None and compact is not None and compact.left is not None:
-            follow = msgspec.convert(body.follow_up, FollowUp)
-            marker = self._follow_up_marker(follow, compact.stream)
+        if follow is not None and compact is not None:
+            context = self.context  # the stopped stream's settings go on with it
+            marker = msgspec.structs.replace(
+                follow.marker(compact.stream),
+                options=msgspec.structs.replace(retry_safe(context.options), model=follow.model),
+                agent_initiated=context.agent_initiated,
+                thinking_level=context.thinking_level,
+                extra_system_context=self.scratchpad,
+            )
             self.continuation, _ = owe(self.continuation, marker)
             self._follow_up_row = row
         elif compact is not None:
@@ -1906,25 +1911,6 @@ class TurnMachine:
             why = f"follow-up of {compact.stream}: {left}"
             effects.append(Emit(RetryAbandoned(session=self.id, why=why)))
         return [*effects, _IDLE_FROM_COMPLETING, _DRAIN_IF_IDLE]
-
-    def _follow_up_marker(self, follow: FollowUp, cut: str) -> Marker:
-        """What the sweep launches for ``follow`` (AS-37): its remainder, model and chain."""
-        context = self.context
-        return Marker(
-            cut=cut,
-            model=follow.model,
-            step_budget=follow.step_budget,
-            progress=follow.progress,
-            options=msgspec.structs.replace(retry_safe(context.options), model=follow.model),
-            correlation=follow.correlation,
-            goal_kind=follow.goal_kind,
-            goal_id=follow.goal_id,
-            agent_initiated=context.agent_initiated,
-            thinking_level=context.thinking_level,
-            extra_system_context=self.scratchpad,
-            cause=StartCause.FOLLOW_UP,
-            durable=False,
-        )
 
     def compaction_failed(self, why: str) -> list[Effect]:
         """AS-36: no summary: told ``compaction failed``; the stopped turn ends there."""
@@ -2681,7 +2667,7 @@ class TurnMachine:
         return self.compaction_failed(given.why)
 
     def _on_SummaryWritten(self, given: _in.SummaryWritten) -> list[Effect]:
-        return self.summary_written(given.row)
+        return self.summary_written(given.row, given.follow_up)
 
     def _on_SummaryFailed(self, given: _in.SummaryFailed) -> list[Effect]:
         return self.compaction_failed(f"the summary could not be written: {given.error}")

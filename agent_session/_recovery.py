@@ -287,24 +287,9 @@ def plan_follow_up(
         why = f"the follow-up on {name} says {follow.step_budget} steps remain, more than {ceiling}"
         return NoRetry(why, summary.row_id)
     cut = summary.stream or f"{tail.session.id}/0"
-    marker = _follow_up_marker(follow, cut)
+    marker = follow.marker(cut)
     why = f"the follow-up on {name} is pending with {follow.step_budget} steps left"
     return FollowUpRecovery(marker, summary, why)
-
-
-def _follow_up_marker(follow: FollowUp, cut: str) -> Marker:
-    return Marker(
-        cut=cut,
-        model=follow.model,
-        step_budget=follow.step_budget,
-        progress=follow.progress,
-        options=SendOptions(model=follow.model),
-        correlation=follow.correlation,
-        goal_kind=follow.goal_kind,
-        goal_id=follow.goal_id,
-        cause=StartCause.FOLLOW_UP,
-        durable=False,
-    )
 
 
 def steps_done(stream: str, op_ids: Sequence[str]) -> int:

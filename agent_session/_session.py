@@ -37,6 +37,7 @@ import anyio
 import msgspec
 
 from agent_session import _inputs as _in
+from agent_session._compaction import summarise
 from agent_session._delegation import ChildEvent
 from agent_session._delivery import Delivery, DeliveryState
 from agent_session._effects import (
@@ -100,12 +101,8 @@ from persistence import (
 from stream_manager import (
     AbortReason,
     AbortSignal,
-    ChatMessage,
-    ErrorType,
-    ModelError,
     ModelUsage,
     Refused,
-    Role,
     StartCause,
     StepUsage,
     StreamAborted,
@@ -844,7 +841,10 @@ class AgentSession:
             machine = self._machine
             try:
                 rows, _ = await self._history().history()
-                text = await self._summary_of((*to_messages(rows), *effect.tail), effect)
+                history = (*to_messages(rows), *effect.tail)
+                purpose = f"{effect.stream}:compaction"
+                complete = self._manager.complete_text
+                text = await summarise(complete, effect.model, history, effect.prompt, purpose)
             except (TurnkeeperError, OSError) as error:  # ModelError and CorruptRecord too
                 log.warning(
                     "session %s: compaction of %s failed: %s", self.id, effect.stream, error
@@ -854,24 +854,6 @@ class AgentSession:
             await self._perform(machine.handle(_in.Summarized(text)), then)
 
         return compact
-
-    async def _summary_of(self, history: tuple[ChatMessage, ...], effect: RunCompaction) -> str:
-        """The compaction request's text; once more on the newer half if it was too long.
-
-        AS-34 (a): a compaction request that exceeds the context is retried once, truncated
-        (the older half of the history is left out); a second failure is the compaction's.
-        """
-        prompt = ChatMessage(role=Role.USER, text=effect.prompt)
-        purpose = f"{effect.stream}:compaction"
-        complete = self._manager.complete_text
-        try:
-            return await complete(effect.model, (*history, prompt), purpose=purpose)
-        except ModelError as error:
-            if error.type is not ErrorType.CONTEXT_EXCEEDED or len(history) < 2:
-                raise
-            log.info("session %s: compaction of %s truncated: %s", self.id, effect.stream, error)
-        newer = history[len(history) // 2 :]
-        return await complete(effect.model, (*newer, prompt), purpose=f"{purpose}:truncated")
 
     def _armed(self, start: StartResume) -> Work:
         """The resume ``start`` asks for, under a new abort signal (armed now, run later)."""
