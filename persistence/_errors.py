@@ -78,6 +78,37 @@ class StaleOwner(UsageError):
         self.session = session
 
 
+class LeaseLost(StaleOwner):
+    """A commit found its session's lease held by a newer epoch; nothing was written.
+
+    The fence of a store shared by many engine processes (``PostgresStore``): each session is
+    leased to one process at a time, every take bumps the session's epoch, and every commit
+    checks, in its own transaction, that the lease it holds is still the newest. A writer
+    that meets this must stop the session at once (no retry of the write, nothing told): a
+    peer owns it now.
+
+    Attributes:
+        session: The session the refused boundary was for.
+        held: The epoch this process held (``None``: it held none).
+        epoch: The epoch the database holds.
+        holder: The owner the database names (``None``: nobody, or not known).
+    """
+
+    def __init__(
+        self, session: str, *, held: int | None, epoch: int | None, holder: str | None
+    ) -> None:
+        TurnkeeperError.__init__(
+            self,
+            f"commit for session {session!r} refused: its lease is held by "
+            f"{holder or 'nobody'} at epoch {epoch} (this process held "
+            f"{'none' if held is None else f'epoch {held}'}); nothing was written",
+        )
+        self.session = session
+        self.held = held
+        self.epoch = epoch
+        self.holder = holder
+
+
 class CorruptRecord(TurnkeeperError):
     """A stored value failed validation when it was read back.
 

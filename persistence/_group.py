@@ -23,20 +23,41 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Generic, TypeVar
 
 import aiosqlite
 import anyio
 
 from persistence._writes import Job
 
+J = TypeVar("J")
+
 
 @dataclass(slots=True)
-class _Outcome:
+class Outcome:
+    """What one job of a batch came to: its value, or what it raised."""
+
     value: object = None
     error: BaseException | None = None
+
+
+#: Runs one batch of jobs in one transaction: one outcome per job, in order. What it raises
+#: (the transaction failed) reaches every writer of the batch.
+Execute = Callable[[list[J]], Awaitable[list[Outcome]]]
+
+
+def sqlite_execute(connection: Callable[[], aiosqlite.Connection]) -> Execute[Job[Any]]:
+    """The SQLite store's batches: one aiosqlite call each, on the connection's thread."""
+
+    async def execute(jobs: list[Job[Any]]) -> list[Outcome]:
+        db = connection()
+        raw = db._conn  # aiosqlite 0.22 (pinned): its sqlite3 connection, for its thread
+        outcomes: list[Outcome] = await db._execute(_run_batch, raw, jobs)  # type: ignore[no-untyped-call]
+        return outcomes
+
+    return execute
 
 
 class _Signal:
@@ -62,21 +83,25 @@ class _Signal:
 
 
 @dataclass(slots=True)
-class _Batch:
-    jobs: list[Job[Any]] = field(default_factory=list)
-    outcomes: list[_Outcome] | None = None
+class _Batch(Generic[J]):
+    jobs: list[J] = field(default_factory=list)
+    outcomes: list[Outcome] | None = None
     started: bool = False
     done: _Signal = field(default_factory=_Signal)
     #: Set when the commit in flight ended and this batch is next: one waiter leads it.
     free: _Signal = field(default_factory=_Signal)
 
 
-class GroupCommit:
-    """Runs write jobs on one aiosqlite connection, batching concurrent ones (see module)."""
+class GroupCommit(Generic[J]):
+    """Runs write jobs through one connection, batching concurrent ones (see module).
+
+    ``execute`` runs a batch in one transaction (:func:`sqlite_execute` for SQLite); the
+    protocol is the same for every store.
+    """
 
     __slots__ = (
         "_batching",
-        "_connection",
+        "_execute",
         "_flushing",
         "_lock",
         "_pending",
@@ -88,14 +113,14 @@ class GroupCommit:
     def __init__(
         self,
         *,
-        connection: Callable[[], aiosqlite.Connection],
+        execute: Execute[J],
         lock: anyio.Lock,
         batching: bool,
     ) -> None:
-        self._connection = connection
+        self._execute = execute
         self._lock = lock
         self._batching = batching
-        self._pending: _Batch | None = None
+        self._pending: _Batch[J] | None = None
         self._flushing = False
         #: Told how many jobs each transaction held, once it committed (the checkpointer).
         self.on_commit: Callable[[int], None] | None = None
@@ -103,7 +128,7 @@ class GroupCommit:
         self.batches = 0
         self.jobs = 0
 
-    async def run(self, job: Job[Any]) -> Any:
+    async def run(self, job: J) -> Any:
         """Run ``job`` in a transaction; return its value once that transaction committed.
 
         Raises:
@@ -111,7 +136,7 @@ class GroupCommit:
         """
         with anyio.CancelScope(shield=True):
             if not self._batching:
-                batch, index = _Batch(jobs=[job]), 0
+                batch, index = _Batch[J](jobs=[job]), 0
                 await self._commit(batch)
             else:
                 batch = self._join()
@@ -127,9 +152,9 @@ class GroupCommit:
         assert batch.outcomes is not None
         return _unwrap(batch.outcomes[index])
 
-    def _join(self) -> _Batch:
+    def _join(self) -> _Batch[J]:
         if self._pending is None:
-            self._pending = _Batch()
+            self._pending = _Batch[J]()
         return self._pending
 
     async def _flush(self) -> None:
@@ -146,40 +171,37 @@ class GroupCommit:
         if self._pending is not None:
             self._pending.free.set()
 
-    async def _commit(self, batch: _Batch) -> None:
+    async def _commit(self, batch: _Batch[J]) -> None:
         batch.started = True
         try:
             async with self._lock:
-                db = self._connection()
-                raw = db._conn  # aiosqlite 0.22 (pinned): its sqlite3 connection, for its thread
-                outcomes = await db._execute(_run_batch, raw, batch.jobs)  # type: ignore[no-untyped-call]
-                batch.outcomes = cast("list[_Outcome]", outcomes)
+                batch.outcomes = await self._execute(batch.jobs)
                 self.batches += 1
                 self.jobs += len(batch.jobs)
                 if self.on_commit is not None:
                     self.on_commit(len(batch.jobs))
         except BaseException as error:
-            batch.outcomes = [_Outcome(error=error) for _ in batch.jobs]
+            batch.outcomes = [Outcome(error=error) for _ in batch.jobs]
         finally:
             batch.done.set()
 
 
-def _unwrap(outcome: _Outcome) -> object:
+def _unwrap(outcome: Outcome) -> object:
     if outcome.error is not None:
         raise outcome.error
     return outcome.value
 
 
-def _run_batch(db: sqlite3.Connection, jobs: Sequence[Job[Any]]) -> list[_Outcome]:
+def _run_batch(db: sqlite3.Connection, jobs: Sequence[Job[Any]]) -> list[Outcome]:
     """On the connection's thread: every job in one transaction (each all or nothing itself)."""
-    outcomes: list[_Outcome] = []
+    outcomes: list[Outcome] = []
     db.execute("BEGIN IMMEDIATE")
     try:
         for job in jobs:
             try:
-                outcomes.append(_Outcome(value=job(db)))
+                outcomes.append(Outcome(value=job(db)))
             except Exception as error:
-                outcomes.append(_Outcome(error=error))
+                outcomes.append(Outcome(error=error))
         db.execute("COMMIT")
     except BaseException:
         if db.in_transaction:

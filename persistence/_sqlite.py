@@ -56,7 +56,7 @@ from persistence._errors import (
     UnsupportedSchemaVersion,
     UsageError,
 )
-from persistence._group import GroupCommit
+from persistence._group import GroupCommit, sqlite_execute
 from persistence._migrations import Migration, load_migrations
 from persistence._open_receipts import OpenReceipts, decode_open, open_query
 from persistence._partial import check_chunk
@@ -270,7 +270,9 @@ class SqliteStore:
         self._pin: Pin | None = None
         self._lock = anyio.Lock(fast_acquire=True)
         self._errors = Translate(self._path)
-        self._group = GroupCommit(connection=self._writer, lock=self._lock, batching=group_commit)
+        self._group: GroupCommit[_writes.Job[Any]] = GroupCommit(
+            execute=sqlite_execute(self._writer), lock=self._lock, batching=group_commit
+        )
 
     def __repr__(self) -> str:
         state = "open" if self._db is not None else "closed"

@@ -382,8 +382,9 @@ LOGGERS: Final = (
 
 #: The libraries' loggers a turnkeeper process writes through. ``persistence`` keeps aiosqlite's
 #: below DEBUG and strips its records' arguments (``persistence/_logging.py``) before this filter
-#: runs; the MCP SDK's are covered by ``stream_manager.mcp`` when it is imported.
-LIBRARY_LOGGERS: Final = ("aiosqlite",)
+#: runs; psycopg's (the PostgreSQL store's driver) pass the same filter; the MCP SDK's are
+#: covered by ``stream_manager.mcp`` when it is imported.
+LIBRARY_LOGGERS: Final = ("aiosqlite", "psycopg")
 
 _FILTER = RedactingFilter()
 

@@ -534,4 +534,4 @@ def test_the_libraries_loggers_are_quiet_and_name_calls_only() -> None:
     )
     CallNames().filter(record)
     assert record.getMessage() == "executing print"
-    assert LIBRARY_LOGGERS == ("aiosqlite",)
+    assert LIBRARY_LOGGERS == ("aiosqlite", "psycopg")

@@ -7,7 +7,7 @@ rule, that an issue has declared complete fails the run when one of its rules ha
 
 Ids cited anywhere else must be defined by the catalogue: in test names, and in the Python
 files (comments, docstrings, messages) of the packages and the tests, the docs and the README
-files. A citation is ``SM|MQ|AS|ST|TD|PS|OP`` + ``-`` + a number, or ``R`` + a number, as a
+files. A citation is ``SM|MQ|AS|ST|TD|PS|OP|LS`` + ``-`` + a number, or ``R`` + a number, as a
 word of its own. Two exclusions, documented in ``docs/rules.md``: an id right after a letter
 and a hyphen is part of a longer name (``S-OP-3``), and an id that is a whole quoted string
 (``"R1"``) is a value (the queue tests name entries ``R1``, ``R2``), not a citation.
@@ -27,10 +27,20 @@ TESTS = ROOT / "tests"
 CATALOGUE = ROOT / "docs" / "rules.md"
 
 #: The families, in the order the catalogue and the coverage table list them.
-FAMILIES = ("SM", "MQ", "AS", "ST", "TD", "PS", "R", "OP")
-#: How many rules each family has (185 in all): a row lost from the catalogue fails the run.
+FAMILIES = ("SM", "MQ", "AS", "ST", "TD", "PS", "R", "OP", "LS")
+#: How many rules each family has (194 in all): a row lost from the catalogue fails the run.
 #: A new rule is added here and in ``docs/rules.md`` together.
-FAMILY_SIZES = {"SM": 20, "MQ": 16, "AS": 37, "ST": 16, "TD": 11, "PS": 8, "R": 65, "OP": 12}
+FAMILY_SIZES = {
+    "SM": 20,
+    "MQ": 16,
+    "AS": 37,
+    "ST": 16,
+    "TD": 11,
+    "PS": 8,
+    "R": 65,
+    "OP": 12,
+    "LS": 9,
+}
 
 #: Families whose every rule must have a named test (the issues that finished them).
 COMPLETE_FAMILIES = frozenset({"MQ", "SM", "OP"})
@@ -53,17 +63,17 @@ CITING_PACKAGES = ("agent_session", "stream_manager", "message_queue", "persiste
 #: ... and these docs.
 DOC_SUFFIXES = (".md", ".toml")
 
-_ID = r"(?:(?:SM|MQ|AS|ST|TD|PS|OP)-\d+|R\d+)"
+_ID = r"(?:(?:SM|MQ|AS|ST|TD|PS|OP|LS)-\d+|R\d+)"
 #: A catalogue row: ``| **MQ-7** | what it says | where |`` (ids without zero padding).
 _ROW = re.compile(
-    r"^\| \*\*(?P<id>(?:(?:SM|MQ|AS|ST|TD|PS|OP)-|R)[1-9]\d*)\*\* \|"
+    r"^\| \*\*(?P<id>(?:(?:SM|MQ|AS|ST|TD|PS|OP|LS)-|R)[1-9]\d*)\*\* \|"
     r"(?P<text>[^|]+)\|(?P<where>[^|]+)\|\s*$"
 )
 #: A rule citation (see the module docstring for the two exclusions).
 _CITED = re.compile(r"(?<!\w)(?<![A-Za-z]-)" + _ID + r"\b")
 _QUOTES = frozenset("\"'")
 _PATH = re.compile(r"`([\w/.]+\.py)`")
-_TEST_TAG = re.compile(r"(?:^|_)(sm|mq|as|st|td|ps|op|r)(\d+)(?=_|$)")
+_TEST_TAG = re.compile(r"(?:^|_)(sm|mq|as|st|td|ps|op|ls|r)(\d+)(?=_|$)")
 
 
 @dataclass(frozen=True, slots=True)

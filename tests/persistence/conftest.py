@@ -13,12 +13,17 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Store]:
     """A factory of store objects over one backing: calling it again "reopens" the same data."""
     if request.param == "memory":
         shared = MemoryStore()
         return lambda: shared
+    if request.param == "postgres":
+        from persistence.postgres import PostgresStore
+
+        url: str = request.getfixturevalue("pg_url")
+        return lambda: PostgresStore(url)
     return lambda: SqliteStore(tmp_path / "t.db")
 
 

@@ -1,0 +1,162 @@
+"""What one engine incarnation knows of its session leases, and the task that renews them.
+
+:class:`Leases` is the store's book: the epoch each held session was taken at (only takes that
+committed count), the sessions lost to a peer (never written again until taken anew), and
+when the last renewal succeeded. A holder whose renewals have failed for longer than the lease
+minus a margin is *stale* (:attr:`Leases.fresh` is false): a peer may take its sessions at any
+moment, so it must start no new side effect (self-fencing); its writes stay fenced by the
+database either way.
+
+:class:`Renewer` renews every lease of the incarnation with one statement, on an asyncio task
+and a connection of its own, so a busy write connection never delays a renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+import psycopg
+
+from persistence import _pg_sql as sql
+
+log = logging.getLogger("turnkeeper.persistence")
+
+#: The share of the lease a holder keeps back: it self-fences this long before a peer may take.
+MARGIN = 0.2
+
+
+class Leases:
+    """The sessions this incarnation holds, the ones it lost, and how fresh its renewals are."""
+
+    __slots__ = ("_clock", "_held", "_lease", "_lost", "_renewed", "failures", "renewals")
+
+    def __init__(self, *, lease: float, clock: Callable[[], float] | None = None) -> None:
+        self._lease = lease
+        self._clock = clock or time.monotonic
+        self._held: dict[str, int] = {}
+        self._lost: set[str] = set()
+        self._renewed = self._clock()
+        #: Renewals that succeeded, and ones that failed since the last success.
+        self.renewals = 0
+        self.failures = 0
+
+    def reset(self) -> None:
+        """Forget everything (a new incarnation: nothing held, nothing lost)."""
+        self._held.clear()
+        self._lost.clear()
+        self._renewed = self._clock()
+        self.failures = 0
+
+    @property
+    def held(self) -> Mapping[str, int]:
+        """Each held session's epoch."""
+        return self._held
+
+    @property
+    def lost(self) -> frozenset[str]:
+        """The sessions a peer took from this incarnation."""
+        return frozenset(self._lost)
+
+    def epoch(self, session: str) -> int | None:
+        """The epoch ``session`` is held at (``None``: not held)."""
+        return self._held.get(session)
+
+    def committed(self, taken: Mapping[str, int], lost: set[str]) -> None:
+        """A transaction committed: its takes are held, its losses are lost."""
+        for session, epoch in taken.items():
+            self._held[session] = epoch
+            self._lost.discard(session)
+        for session in lost:
+            if session not in taken:
+                self._held.pop(session, None)
+                self._lost.add(session)
+
+    def released(self, sessions: set[str] | frozenset[str]) -> None:
+        """``sessions`` were given back (nothing of them is held or lost any more)."""
+        for session in sessions:
+            self._held.pop(session, None)
+            self._lost.discard(session)
+
+    def renewed(self, rows: list[tuple[str, int]]) -> set[str]:
+        """A renewal returned ``rows``; every held session missing from them is lost."""
+        self._renewed = self._clock()
+        self.renewals += 1
+        self.failures = 0
+        kept = dict(rows)
+        gone = {s for s, e in self._held.items() if kept.get(s) != e}
+        self.committed({}, gone)
+        return gone
+
+    def failed(self) -> None:
+        """A renewal failed (the database did not answer, or refused)."""
+        self.failures += 1
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the last good renewal is recent enough to start a side effect."""
+        return self._clock() - self._renewed < self._lease * (1 - MARGIN)
+
+
+class Renewer:
+    """Renews an incarnation's leases every ``every`` seconds on a task of its own."""
+
+    __slots__ = ("_conn", "_connect", "_every", "_leases", "_owner", "_task")
+
+    def __init__(
+        self,
+        *,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        owner: str,
+        leases: Leases,
+        every: float,
+    ) -> None:
+        self._connect = connect
+        self._owner = owner
+        self._leases = leases
+        self._every = every
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start renewing (on the running event loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="turnkeeper-renew")
+
+    async def stop(self) -> None:
+        """Stop renewing and close the connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    async def renew(self) -> set[str]:
+        """Renew once; the sessions found lost. A failure is counted and logged, never raised."""
+        try:
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
+                self._conn = conn = await self._connect()
+            params = {"owner": self._owner, "lease": self._leases._lease}
+            cursor = await conn.execute(sql.RENEW, params)
+            rows = [(str(session), int(epoch)) for session, epoch in await cursor.fetchall()]
+        except Exception as exc:  # a renewal that fails is an ordinary input
+            self._leases.failed()
+            log.warning("lease renewal failed (%d in a row): %s", self._leases.failures, exc)
+            return set()
+        gone = self._leases.renewed(rows)
+        if gone:
+            log.warning("leases lost to a peer: %s", ", ".join(sorted(gone)))
+        return gone
+
+    async def _run(self) -> None:
+        while True:
+            await anyio.sleep(self._every)
+            await self.renew()

@@ -1,0 +1,661 @@
+"""The PostgreSQL store, on psycopg 3 (async): many engine processes, one database.
+
+The same Store port and the same records as ``SqliteStore`` (the conformance suite runs on
+both), plus session *leases* (``docs/deploying.md``): each open read-write store is one engine
+incarnation with an owner id of its own (host, pid and a random part, never a configured
+name); a session is written only by the process holding its lease, and every commit checks
+that lease in its own transaction (``_pg_commit``'s fence). A lease runs out ``lease`` seconds
+after its last renewal, on the database's clock; one statement per process renews them all, on
+a task and a connection of their own (:class:`~persistence._pg_leases.Renewer`).
+
+Writes share transactions (group commit, ``_group``): the commits that arrive while one is in
+flight make the next batch, one ``BEGIN`` .. ``COMMIT`` holding a savepoint per commit, so one
+``fsync`` serves many sessions. Reads run on a connection of their own, each in one
+``REPEATABLE READ READ ONLY`` snapshot.
+
+A URL that does not connect, a database of another application, a schema newer than the code
+or a role without the rights it needs is one :class:`~persistence.TurnkeeperError` at
+:meth:`PostgresStore.open`, naming the URL (its password masked) and what was wrong; nothing
+is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.resources
+import os
+import re
+import secrets
+import socket
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+import psycopg
+from psycopg import errors as pg_errors
+
+from persistence import _checks, _pg_commit
+from persistence import _pg_sql as sql
+from persistence._decode import (
+    Scan,
+    decode_abandon,
+    decode_handle,
+    decode_load,
+    decode_operation,
+    decode_queue_query,
+    decode_session,
+    recovery_scan,
+)
+from persistence._errors import (
+    CorruptRecord,
+    DamagedStore,
+    MigrationRequired,
+    NotATurnkeeperStore,
+    StoreError,
+    TurnkeeperError,
+    UnsupportedSchemaVersion,
+    UsageError,
+)
+from persistence._group import GroupCommit, Outcome
+from persistence._open_receipts import OpenReceipts, decode_open
+from persistence._partial import check_chunk
+from persistence._pg_commit import Params
+from persistence._pg_leases import Leases, Renewer
+from persistence._text import clip
+from persistence._urls import masked
+from persistence.records import (
+    AbandonMarker,
+    AbandonQuery,
+    Boundary,
+    Committed,
+    HandleQuery,
+    HandleRecord,
+    OperationRecord,
+    OpState,
+    QueueQuery,
+    ReceiptQuery,
+    RecoveryScan,
+    SessionList,
+    SessionLoad,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+_NOTHING = Committed()
+APPLICATION = "turnkeeper"
+#: The default lease: a crashed holder's sessions are taken up this long after its last renewal.
+DEFAULT_LEASE_S = 10.0
+
+
+@functools.cache
+def pg_migrations() -> tuple[tuple[int, str, str], ...]:
+    """The PostgreSQL migrations ``(version, name, script)``, numbered 1..N."""
+    folder = importlib.resources.files("persistence").joinpath("migrations", "postgres")
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_\w+\.sql", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+    found.sort()
+    if [version for version, _, _ in found] != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..N: {[name for _, name, _ in found]}")
+    return tuple(found)
+
+
+def pg_schema_version() -> int:
+    """The newest PostgreSQL schema version this code knows."""
+    return pg_migrations()[-1][0]
+
+
+def pg_tables_at(version: int) -> frozenset[str]:
+    """The tables a PostgreSQL store of ``version`` holds."""
+    return frozenset(
+        match
+        for _, _, script in pg_migrations()[:version]
+        for match in re.findall(r"CREATE TABLE (\w+)", script)
+    )
+
+
+def mint_owner() -> str:
+    """A new owner id: unique to this incarnation (``host/pid/random``)."""
+    host = re.sub(r"[/\s]", "-", socket.gethostname()) or "host"
+    return f"{host}/{os.getpid()}/{secrets.token_hex(6)}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class _Translate:
+    """Turn a psycopg error escaping a block into one of ours (the store's boundary)."""
+
+    __slots__ = ("_url",)
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            raise StoreError(
+                f"{self._url}: the role lacks a right turnkeeper needs ({_first_line(exc)})"
+            ) from exc
+        if isinstance(exc, psycopg.Error):
+            raise StoreError(f"{self._url}: {_first_line(exc)}") from exc
+
+
+class PostgresStore:
+    """A :class:`~persistence.Store` in one PostgreSQL database, shared by many processes.
+
+    Args:
+        url: A libpq URL or connection string (``postgresql://user@host/db``; a Unix socket
+            folder as ``?host=/path``).
+        lease: Seconds a session's lease lasts after its last renewal (at least 1).
+        readonly: Open for inspection: never create, migrate or write; no owner, no leases.
+        group_commit: Let commits that arrive while one is in flight share the next
+            transaction. Off: one transaction per commit.
+        renew_every: Seconds between renewals (default a third of ``lease``).
+        connect_timeout: Seconds a connection attempt may take.
+        clock: A monotonic clock in seconds, for self-fencing (the database judges expiry).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lease: float = DEFAULT_LEASE_S,
+        readonly: bool = False,
+        group_commit: bool = True,
+        renew_every: float | None = None,
+        connect_timeout: float = 5.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if not url:
+            raise UsageError(f"a PostgreSQL URL must be a non-empty string, not {url!r}")
+        if not 1.0 <= lease <= 86_400.0:
+            raise UsageError(f"lease must be from 1 to 86400 seconds, not {lease!r}")
+        self._url = url
+        self._shown = masked(url)
+        self._lease = float(lease)
+        self._readonly = readonly
+        self._timeout = connect_timeout
+        self._writer: psycopg.AsyncConnection[Any] | None = None
+        self._reader: psycopg.AsyncConnection[Any] | None = None
+        self._lock = anyio.Lock(fast_acquire=True)
+        self._read_lock = anyio.Lock(fast_acquire=True)
+        self._errors = _Translate(self._shown)
+        self._group: GroupCommit[_pg_commit.PgJob] = GroupCommit(
+            execute=self._execute, lock=self._lock, batching=group_commit
+        )
+        self._owner: str | None = None
+        self._open = False
+        #: The leases this incarnation holds and lost (``persistence._pg_leases``).
+        self.leases = Leases(lease=self._lease, clock=clock)
+        self._renewer: Renewer | None = None
+        self._renew_every = renew_every if renew_every is not None else self._lease / 3
+
+    def __repr__(self) -> str:
+        state = "open" if self._open else "closed"
+        return f"<PostgresStore {self._shown!r} {state}{' readonly' if self._readonly else ''}>"
+
+    @property
+    def url(self) -> str:
+        """The store's URL with its password masked."""
+        return self._shown
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, check the schema (creating or migrating it read-write), start renewing.
+
+        Raises:
+            StoreError: The URL does not connect, or the role lacks a right it needs.
+            NotATurnkeeperStore: The database holds another application's tables.
+            UnsupportedSchemaVersion: The schema is newer than this code.
+            MigrationRequired: Read-only, and the schema is older than this code.
+            DamagedStore: ``schema_version`` is unreadable, or a table of its version is gone.
+            UsageError: The store is already open.
+        """
+        async with self._lock:
+            if self._open:
+                raise UsageError(f"{self._shown} is already open")
+            writer = None
+            reader = await self._connect(read=True)
+            try:
+                await self._check_schema(reader)
+                if not self._readonly:
+                    writer = await self._connect(read=False)
+                    await self._migrate(writer)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await reader.close()
+                    if writer is not None:
+                        await writer.close()
+                raise
+            self._reader, self._writer = reader, writer
+            self._open = True
+            if not self._readonly:
+                self._owner = mint_owner()
+                self.leases.reset()
+                self._renewer = Renewer(
+                    connect=lambda: self._connect(read=False),
+                    owner=self._owner,
+                    leases=self.leases,
+                    every=self._renew_every,
+                )
+                self._renewer.start()
+
+    async def close(self) -> None:
+        """Release this incarnation's leases (a peer may take them at once) and disconnect.
+
+        Closing a closed store does nothing; a release that fails leaves the leases to run
+        out, as a crash would.
+        """
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                if not self._open:
+                    return
+                self._open = False
+                renewer, self._renewer = self._renewer, None
+                if renewer is not None:
+                    await renewer.stop()
+                owner, self._owner = self._owner, None
+                if owner is not None and self._writer is not None:
+                    with contextlib.suppress(psycopg.Error):  # else they run out by themselves
+                        await self._writer.execute(sql.RELEASE_ALL, {"owner": owner})
+                self.leases.reset()
+                for conn in (self._writer, self._reader):
+                    if conn is not None:
+                        await conn.close()
+                self._writer = self._reader = None
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def owner(self) -> str | None:
+        """This incarnation's owner id (``None`` while closed or read-only)."""
+        return self._owner
+
+    async def _connect(self, *, read: bool) -> psycopg.AsyncConnection[Any]:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=max(1, round(self._timeout)),
+                application_name=APPLICATION,
+            )
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._shown}: cannot connect: {_first_line(exc)}") from None
+        if read:
+            try:
+                await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+                await conn.set_read_only(True)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+                raise
+        return conn
+
+    async def _check_schema(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """The schema version found, or 0 for an empty database (read-write only).
+
+        Raises:
+            NotATurnkeeperStore, UnsupportedSchemaVersion, MigrationRequired, DamagedStore,
+            StoreError: See :meth:`open`.
+        """
+        with self._errors:
+            tables = {str(name) for (name,) in await _fetch(conn, sql.SELECT_TABLES, ())}
+            if "schema_version" not in tables:
+                if tables:
+                    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+                    raise NotATurnkeeperStore(
+                        self._shown, f"a database of another application (tables: {shown})"
+                    )
+                if self._readonly:
+                    raise NotATurnkeeperStore(
+                        self._shown, "an empty database (read-only opens create nothing)"
+                    )
+                return 0
+            found = await _fetch(conn, sql.SELECT_VERSION, ())
+        if len(found) != 1 or type(found[0][0]) is not int:
+            raise DamagedStore(self._shown, f"schema_version holds {clip(repr(found))}")
+        version, application = found[0]
+        if application != APPLICATION:
+            raise NotATurnkeeperStore(
+                self._shown, f"its schema_version is the application {clip(str(application))}'s"
+            )
+        if version > pg_schema_version():
+            raise UnsupportedSchemaVersion(self._shown, version, pg_schema_version())
+        if version < 1:
+            raise DamagedStore(self._shown, f"schema_version says version {version}")
+        if self._readonly and version < pg_schema_version():
+            raise MigrationRequired(self._shown, version, pg_schema_version())
+        missing = sorted(pg_tables_at(version) - tables)
+        if missing:
+            raise DamagedStore(
+                self._shown, f"schema version {version} has no table {', '.join(missing)}"
+            )
+        return int(version)
+
+    async def _migrate(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Run the missing migrations and record the version: one transaction, one migrator."""
+        with self._errors:
+            async with conn.transaction():
+                await conn.execute(sql.LOCK_MIGRATIONS)
+                version = await self._check_schema(conn)  # again, under the lock
+                for number, _, script in pg_migrations()[version:]:
+                    await conn.execute(script.encode())  # several statements, no parameters
+                    del number
+                if version == 0:
+                    await conn.execute(sql.INSERT_VERSION, (pg_schema_version(),))
+                elif version < pg_schema_version():
+                    await conn.execute(sql.UPDATE_VERSION, (pg_schema_version(),))
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if not self._open:
+            raise _checks.not_open()
+        if self._readonly:
+            raise UsageError(f"{self._shown} is open read-only")
+
+    async def _writer_conn(self) -> psycopg.AsyncConnection[Any]:
+        """The write connection, made again when the last one broke (the caller holds the lock)."""
+        conn = self._writer
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                await conn.close()
+            self._writer = conn = await self._connect(read=False)
+        return conn
+
+    async def _execute(self, jobs: list[_pg_commit.PgJob]) -> list[Outcome]:
+        """One batch: every job in one transaction, each in a savepoint of its own."""
+        owner = self._owner
+        if owner is None:
+            raise _checks.not_open()
+        conn = await self._writer_conn()
+        txn = _pg_commit.Txn(
+            conn=conn,
+            owner=owner,
+            lease=self._lease,
+            held=self.leases.held,
+            lost_before=self.leases.lost,
+        )
+        outcomes: list[Outcome] = []
+        with self._errors:
+            async with conn.transaction():
+                for job in jobs:
+                    try:
+                        outcomes.append(Outcome(value=await job(txn)))
+                    except (TurnkeeperError, pg_errors.DataError) as error:
+                        outcomes.append(Outcome(error=error))
+        self.leases.committed(txn.taken, txn.lost)
+        return outcomes
+
+    async def _read(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        """Run read statements in one snapshot; each one's rows."""
+        if not self._open:
+            raise _checks.not_open()
+        async with self._read_lock:
+            with self._errors:
+                conn = self._reader
+                if conn is None or conn.closed or conn.broken:
+                    if conn is not None:
+                        await conn.close()
+                    self._reader = conn = await self._connect(read=True)
+                if len(statements) == 1:
+                    return [await _fetch(conn, *statements[0])]
+                async with conn.transaction():
+                    return [await _fetch(conn, query, params) for query, params in statements]
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Make one boundary of ``session`` durable, fenced by the session's lease.
+
+        Raises:
+            StaleOwner: ``owner`` is not this incarnation's owner id.
+            LeaseLost: A peer holds the session's lease (or took it since this process did);
+                nothing was written, and the session must stop here.
+            UsageError: See ``Store.commit``; nothing of the boundary is written.
+            CorruptRecord: A stored value the commit had to read fails validation.
+            StoreError: The database failed (the connection is made again next time).
+        """
+        self._check_writable()
+        _checks.fence(session, self._owner, owner)
+        _checks.check_boundary(session, boundary)
+        check_chunk(session, boundary.partial, boundary.drop_partials)
+        made = _pg_commit.plan(session, boundary)
+        if made is None:
+            return _NOTHING
+        deleted: int = await self._group.run(_pg_commit.job(made))
+        return Committed(deleted=deleted) if deleted else _NOTHING
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    async def acquire(self, session: str) -> int | None:
+        """Take ``session``'s lease for this incarnation; the epoch it holds it at.
+
+        A session this incarnation holds already keeps its epoch (checked against the
+        database). ``None`` when a peer holds a live lease, or the session does not exist.
+        A session lost earlier may be taken again this way (its epoch goes up).
+
+        Raises:
+            StoreError: The database failed.
+        """
+        self._check_writable()
+        owner = self._owner
+        assert owner is not None
+        async with self._lock:
+            conn = await self._writer_conn()
+            with self._errors:
+                async with conn.transaction():
+                    held = self.leases.epoch(session)
+                    if held is not None:
+                        found = await _fetch(conn, sql.FENCE, {"id": session, "owner": owner})
+                        if found and found[0][0] == held:
+                            return held
+                    params = {
+                        "id": session,
+                        "owner": owner,
+                        "lease": self._lease,
+                        "pattern": _pg_commit.OWNER_PATTERN,
+                    }
+                    taken = await _fetch(conn, sql.TAKE, params)
+        if not taken:
+            if held is not None:
+                self.leases.committed({}, {session})
+            return None
+        epoch = int(taken[0][0])
+        self.leases.committed({session: epoch}, set())
+        return epoch
+
+    async def release(self, sessions: Sequence[str]) -> set[str]:
+        """Give back the leases of ``sessions`` this incarnation holds; the ones released."""
+        self._check_writable()
+        async with self._lock:
+            conn = await self._writer_conn()
+            with self._errors:
+                rows = await _fetch(
+                    conn, sql.RELEASE, {"owner": self._owner, "ids": list(sessions)}
+                )
+        released = {str(row[0]) for row in rows}
+        self.leases.released(set(sessions))
+        return released
+
+    async def renew(self) -> set[str]:
+        """Renew every lease now (the renewal task does it on its own); the sessions lost."""
+        self._check_writable()
+        assert self._renewer is not None
+        return await self._renewer.renew()
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def load(self, session: str, *, envelopes: bool = True) -> SessionLoad | None:
+        """The session's record, rows, envelopes, queue, marker, partials: one snapshot."""
+        one = (session,)
+        found = await self._read(
+            [
+                (sql.SELECT_SESSION, one),
+                (sql.SELECT_HISTORY, one),
+                *([(sql.SELECT_ENVELOPES, one)] if envelopes else []),
+                (sql.SELECT_QUEUED, one),
+                (sql.SELECT_QUEUE_VERSION, one),
+                (sql.SELECT_ABANDON, one),
+                (sql.SELECT_PARTS, one),
+                (sql.SELECT_RETRY, one),
+            ]
+        )
+        if not envelopes:
+            found.insert(2, [])
+        return decode_load(*found)
+
+    async def sessions(self) -> SessionList:
+        """Every session whose record validates, ordered by id; the others in ``corrupt``."""
+        records = SessionList()
+        corrupt: list[tuple[str, str]] = []
+        for row in (await self._read([(sql.SELECT_SESSIONS, ())]))[0]:
+            try:
+                records.append(decode_session(row))
+            except CorruptRecord as error:
+                corrupt.append((str(row[0]), str(error)))
+        records.corrupt = tuple(corrupt)
+        return records
+
+    async def scan_recoverable(self) -> RecoveryScan:
+        """Every session with an owed cut record or an unanswered tail (one snapshot)."""
+        owed, trailing, sessions, streams, queued, tail_rows = await self._read(
+            [
+                (sql.SCAN_OWED, ()),
+                (sql.SCAN_TRAILING, ()),
+                (sql.SCAN_SESSIONS, ()),
+                (sql.SCAN_STREAMS, ()),
+                (sql.SCAN_QUEUED, ()),
+                (sql.SCAN_TAIL_ROWS, ()),
+            ]
+        )
+        tails = sorted({row[0] for row in tail_rows})
+        both = sorted({row[0] for row in (*owed, *tail_rows)})
+        versions, tail_sessions, tail_streams, last, abandon, retry = await self._read(
+            [
+                (sql.SCAN_VERSIONS, (both,)),
+                (sql.SCAN_TAIL_SESSIONS, (tails,)),
+                (sql.SCAN_TAIL_STREAMS, (tails,)),
+                (sql.SCAN_LAST_ENVELOPES, (tails,)),
+                (sql.SCAN_ABANDON, (tails,)),
+                (sql.SCAN_RETRY, (tails,)),
+            ]
+        )
+        return recovery_scan(
+            Scan(
+                owed=owed,
+                trailing=trailing,
+                sessions=sessions,
+                streams=streams,
+                queued=queued,
+                versions=versions,
+                tail_rows=tail_rows,
+                tail_sessions=tail_sessions,
+                tail_streams=tail_streams,
+                last_envelopes=last,
+                abandon=abandon,
+                retry=retry,
+            )
+        )
+
+    async def receipts(
+        self,
+        session: str | None = None,
+        *,
+        op_id: str | None = None,
+        states: frozenset[OpState] | None = None,
+        recent: int | None = None,
+    ) -> ReceiptQuery:
+        """Open receipts first (indeterminate, then requested and running), then recent others."""
+        if op_id is not None:
+            statement: tuple[str, tuple[object, ...]] = (sql.SELECT_OPERATION, (op_id,))
+        elif session is None:
+            statement = (sql.SELECT_OPERATIONS, ())
+        else:
+            statement = (sql.SELECT_OPERATIONS_IN_SESSION, (session,))
+        records: list[OperationRecord] = []
+        corrupt: list[tuple[str, str]] = []
+        for row in (await self._read([statement]))[0]:
+            try:
+                records.append(decode_operation(row))
+            except CorruptRecord as error:
+                corrupt.append((str(row[0]), str(error)))
+        ordered = _checks.order_receipts(
+            records, session=session, op_id=op_id, states=states, recent=recent
+        )
+        return ReceiptQuery(records=ordered, corrupt=tuple(corrupt))
+
+    async def open_receipts(self, session: str | None = None) -> OpenReceipts:
+        """The receipts that may still be running, through the ``operations_open`` index."""
+        if session is None:
+            rows = await self._read([(sql.SELECT_OPEN, ())])
+        else:
+            rows = await self._read([(sql.SELECT_OPEN_IN_SESSION, (session,))])
+        return decode_open(rows[0])
+
+    async def handles(self, *, owner: str | None = None, target: str | None = None) -> HandleQuery:
+        """Handle records by ``handle_id``; a damaged one is reported in ``corrupt``."""
+        query = sql.SELECT_HANDLES[owner is not None, target is not None]
+        params = tuple(value for value in (owner, target) if value is not None)
+        records: list[HandleRecord] = []
+        corrupt: list[tuple[str, str]] = []
+        for row in (await self._read([(query, params)]))[0]:
+            try:
+                records.append(decode_handle(row))
+            except CorruptRecord as error:
+                corrupt.append((clip(str(row[0])), str(error)))
+        return HandleQuery(records=tuple(records), corrupt=tuple(corrupt))
+
+    async def abandon_markers(self) -> AbandonQuery:
+        """Every session's abandon marker, by session id."""
+        markers: list[tuple[str, AbandonMarker]] = []
+        corrupt: list[tuple[str, str]] = []
+        for row in (await self._read([(sql.SELECT_ALL_ABANDON, ())]))[0]:
+            try:
+                markers.append((str(row[0]), decode_abandon(row)))
+            except CorruptRecord as error:
+                corrupt.append((clip(str(row[0])), str(error)))
+        return AbandonQuery(markers=tuple(markers), corrupt=tuple(corrupt))
+
+    async def queued(self, session: str | None = None) -> QueueQuery:
+        """The durable queue's entries by session then position, and the queue versions."""
+        if session is None:
+            statements: list[tuple[str, tuple[object, ...]]] = [
+                (sql.SELECT_ALL_QUEUED, ()),
+                (sql.SELECT_QUEUE_VERSIONS, ()),
+            ]
+        else:
+            statements = [(sql.SELECT_QUEUED, (session,)), (sql.SELECT_QUEUE_VERSION, (session,))]
+        entries, versions = await self._read(statements)
+        return decode_queue_query(entries, versions)
+
+
+async def _fetch(conn: psycopg.AsyncConnection[Any], query: str, params: Params) -> list[Any]:
+    cursor = await conn.execute(query, params)
+    return await cursor.fetchall()

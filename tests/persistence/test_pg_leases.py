@@ -1,0 +1,266 @@
+"""Session leases with an epoch fence (LS-1 to LS-7), against a real PostgreSQL server.
+
+Two ``PostgresStore`` objects on one database are two engine incarnations. A lease "runs out"
+by moving its expiry into the past on the database's clock (the one that judges it), never by
+sleeping.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import pytest
+
+from persistence import LeaseLost, RowKind, StaleOwner
+from persistence._pg_commit import OWNER_PATTERN
+from persistence.postgres import Leases, PostgresStore
+from tests.store_kit import commit, history, owner
+
+from .helpers import row, session
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+
+def sql(url: str, query: str, params: Any = None) -> list[Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def expire(url: str, sid: str) -> None:
+    """Make ``sid``'s lease run out now, on the database's clock."""
+    sql(
+        url, "UPDATE sessions SET lease_expires = now() - interval '1 second' WHERE id = %s", (sid,)
+    )
+
+
+def lease_of(url: str, sid: str) -> tuple[str | None, int]:
+    found = sql(url, "SELECT owner, epoch FROM sessions WHERE id = %s", (sid,))
+    return found[0][0], found[0][1]
+
+
+def epochs(url: str, sid: str) -> list[tuple[int, int]]:
+    """``(seq, epoch)`` of every history row of ``sid``."""
+    return [
+        (s, e)
+        for s, e in sql(
+            url, "SELECT seq, epoch FROM history_rows WHERE session = %s ORDER BY seq", (sid,)
+        )
+    ]
+
+
+@pytest.fixture
+async def pair(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    async with PostgresStore(pg_url, lease=7.0) as a, PostgresStore(pg_url, lease=7.0) as b:
+        yield a, b
+
+
+async def test_ls1_each_open_is_an_incarnation_with_its_own_owner_id(pg_url: str) -> None:
+    async with PostgresStore(pg_url) as a, PostgresStore(pg_url) as b:
+        first = owner(a)
+        assert re.fullmatch(r"[^/\s]+/\d+/[0-9a-f]{12}", first)
+        assert owner(b) != first
+    async with PostgresStore(pg_url) as again:
+        assert owner(again) != first  # a reopen is a new incarnation
+
+
+async def test_ls2_create_takes_the_session_at_epoch_one(pair: tuple[PostgresStore, ...]) -> None:
+    a, _ = pair
+    await commit(a, "s1", create=session("s1"), rows=[row(0)])
+    assert a.leases.epoch("s1") == 1
+    assert lease_of(a._url, "s1") == (owner(a), 1)
+
+
+async def test_ls3_a_peer_cannot_write_a_live_lease(pair: tuple[PostgresStore, ...]) -> None:
+    a, b = pair
+    await commit(a, "s1", create=session("s1"), rows=[row(0)])
+    with pytest.raises(LeaseLost) as lost:
+        await commit(b, "s1", rows=[row(1)])
+    assert lost.value.holder == owner(a)
+    assert lost.value.epoch == 1
+    assert isinstance(lost.value, StaleOwner)
+    assert [r.seq for r in await history(a)] == [0]
+    assert lease_of(a._url, "s1") == (owner(a), 1)
+
+
+async def test_ls2_an_expired_lease_is_taken_with_the_next_epoch(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    a, b = pair
+    await commit(a, "s1", create=session("s1"), rows=[row(0)])
+    expire(a._url, "s1")
+    assert await b.acquire("s1") == 2
+    assert lease_of(a._url, "s1") == (owner(b), 2)
+    await commit(b, "s1", rows=[row(1)])
+    assert epochs(a._url, "s1") == [(0, 1), (1, 2)]
+
+
+async def test_ls3_the_old_holder_writes_nothing_once_a_peer_took_over(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    a, b = pair
+    await commit(a, "s1", create=session("s1"), rows=[row(0)])
+    expire(a._url, "s1")
+    await commit(b, "s1", rows=[row(1)])  # b's first write takes the session (epoch 2)
+    with pytest.raises(LeaseLost) as lost:
+        await commit(a, "s1", rows=[row(2, kind=RowKind.ASSISTANT)])
+    assert (lost.value.held, lost.value.epoch, lost.value.holder) == (1, 2, owner(b))
+    assert "s1" in a.leases.lost
+    # Lost stays lost: even once b's lease runs out too, a's stale writer is never let back in.
+    expire(a._url, "s1")
+    with pytest.raises(LeaseLost):
+        await commit(a, "s1", rows=[row(2)])
+    assert epochs(a._url, "s1") == [(0, 1), (1, 2)]
+
+
+async def test_ls3_a_refused_write_leaves_every_part_of_its_boundary_unwritten(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    a, b = pair
+    await commit(a, "s1", create=session("s1"), rows=[row(0)])
+    expire(a._url, "s1")
+    await b.acquire("s1")
+    with pytest.raises(LeaseLost):
+        await commit(a, "s1", rows=[row(1)], cut_states=[])
+    loaded = await a.load("s1")
+    assert loaded is not None
+    assert [r.seq for r in loaded.rows] == [0]
+
+
+async def test_ls3_a_lost_session_is_written_again_only_once_taken_anew(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    a, b = pair
+    await commit(a, "s1", create=session("s1"), rows=[row(0)])
+    expire(a._url, "s1")
+    await b.acquire("s1")
+    with pytest.raises(LeaseLost):
+        await commit(a, "s1", rows=[row(1)])
+    await b.release(["s1"])
+    assert await a.acquire("s1") == 3
+    await commit(a, "s1", rows=[row(1)])
+    assert epochs(a._url, "s1") == [(0, 1), (1, 3)]
+
+
+async def test_ls4_a_renewal_extends_every_lease_and_names_the_lost_ones(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    a, b = pair
+    for sid in ("s1", "s2"):
+        await commit(a, sid, create=session(sid), rows=[row(0, sid=sid)])
+    expire(a._url, "s1")
+    expire(a._url, "s2")
+    await b.acquire("s2")
+    assert await a.renew() == {"s2"}
+    assert a.leases.held == {"s1": 1}
+    (live,) = sql(a._url, "SELECT lease_expires > now() FROM sessions WHERE id = 's1'")
+    assert live == (True,)  # renewed: s1 is a's again, for a whole lease
+
+
+async def test_ls4_a_renewal_runs_one_statement_whatever_the_number_held(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    a, _ = pair
+    for n in range(6):
+        await commit(a, f"s{n}", create=session(f"s{n}"))
+    before = sql(
+        a._url, "SELECT count(*) FROM sessions WHERE lease_expires > now() + interval '6 second'"
+    )
+    assert before == [(6,)]
+    calls = a.leases.renewals
+    assert await a.renew() == set()
+    assert a.leases.renewals == calls + 1
+
+
+async def test_ls5_a_holder_whose_renewals_fail_is_stale_before_a_peer_may_take() -> None:
+    now = [100.0]
+    leases = Leases(lease=9.0, clock=lambda: now[0])
+    seen = [leases.fresh]
+    leases.failed()
+    now[0] += 9.0 * 0.8 - 0.01
+    seen.append(leases.fresh)
+    now[0] += 0.02  # past the lease minus the margin: a peer may take within 1.8 s
+    seen.append(leases.fresh)
+    leases.renewed([])
+    seen.append(leases.fresh)
+    assert seen == [True, True, False, True]
+
+
+async def test_ls6_a_clean_close_releases_the_leases_at_once(pg_url: str) -> None:
+    async with PostgresStore(pg_url) as a:
+        await commit(a, "s1", create=session("s1"), rows=[row(0)])
+    assert lease_of(pg_url, "s1") == (None, 1)
+    async with PostgresStore(pg_url) as b:
+        assert await b.acquire("s1") == 2  # no wait for the lease to run out
+
+
+@pytest.mark.parametrize(
+    ("owner_value", "epoch", "expiry"),
+    [
+        ("", 1, "now() - interval '1 second'"),
+        ("someone-else", 1, "now() - interval '1 second'"),
+        ("h/1/0123456789ab", -4, "now() - interval '1 second'"),
+        ("h/1/0123456789ab", 1, "NULL"),
+    ],
+)
+async def test_ls7_a_malformed_lease_row_is_never_taken(
+    pg_url: str, owner_value: str, epoch: int, expiry: str
+) -> None:
+    async with PostgresStore(pg_url) as a:
+        await commit(a, "s1", create=session("s1"))
+    sql(
+        pg_url,
+        f"UPDATE sessions SET owner = %s, epoch = %s, lease_expires = {expiry} WHERE id = 's1'",
+        (owner_value, epoch),
+    )
+    async with PostgresStore(pg_url) as b:
+        assert await b.acquire("s1") is None
+        with pytest.raises(LeaseLost):
+            await commit(b, "s1", rows=[row(0)])
+    assert lease_of(pg_url, "s1") == (owner_value, epoch)
+
+
+async def test_ls3_a_take_waits_for_a_fenced_write_in_flight(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    """The fence reads the lease FOR SHARE: no take lands inside a holder's transaction, so no
+    row of the old epoch can commit after the new epoch's first row."""
+    from persistence import _pg_sql
+
+    a, _ = pair
+    await commit(a, "s1", create=session("s1"))
+    expire(a._url, "s1")
+    with psycopg.connect(a._url) as holder, psycopg.connect(a._url, autocommit=True) as peer:
+        holder.execute(_pg_sql.FENCE, {"id": "s1", "owner": owner(a)})  # a's write, open
+        peer.execute("SET lock_timeout = '50ms'")
+        take = {"id": "s1", "owner": "h/2/0123456789ab", "lease": 5.0, "pattern": OWNER_PATTERN}
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            peer.execute(_pg_sql.TAKE, take)
+        holder.commit()
+        assert peer.execute(_pg_sql.TAKE, take).fetchall() == [(2,)]
+
+
+async def test_ls3_concurrent_commits_share_a_transaction_each_fenced(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    import anyio
+
+    a, b = pair
+    await commit(b, "taken", create=session("taken"))
+
+    async def one(sid: str) -> None:
+        await commit(a, sid, create=session(sid), rows=[row(0, sid=sid)])
+
+    async def refused() -> None:
+        with pytest.raises(LeaseLost):
+            await commit(a, "taken", rows=[row(0, sid="taken")])
+
+    async with anyio.create_task_group() as tg:
+        for n in range(12):
+            tg.start_soon(one, f"c{n}")
+        tg.start_soon(refused)
+    assert a.leases.held == {f"c{n}": 1 for n in range(12)}
+    assert sql(a._url, "SELECT count(*) FROM history_rows") == [(12,)]
