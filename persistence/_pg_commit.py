@@ -16,7 +16,6 @@ The parameters are made on the event loop from the same encodings the SQLite sto
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from persistence import _checks
 from persistence import _pg_sql as sql
 from persistence._decode import decode_session
 from persistence._errors import CorruptRecord, LeaseLost, UsageError
+from persistence._pg_owner import OWNER_PATTERN
 from persistence._writes import (
     handle_params,
     operation_params,
@@ -39,15 +39,6 @@ from persistence._writes import (
 from persistence.records import Boundary, HistoryRow, SessionRecord
 
 _ENCODE = msgspec.json.Encoder().encode
-
-#: An owner id as this code mints it (``host/pid/random``); any other is damage, never taken.
-OWNER_PATTERN = r"^[^/[:space:]]+/[0-9]+/[0-9a-f]{12}$"
-_OWNER = re.compile(r"[^/\s]+/[0-9]+/[0-9a-f]{12}")
-
-
-def sound_owner(owner: object) -> bool:
-    """Whether ``owner`` is an owner id this code could have minted."""
-    return isinstance(owner, str) and _OWNER.fullmatch(owner) is not None
 
 
 @dataclass(slots=True)

@@ -21,14 +21,49 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
+import msgspec
 import psycopg
 
 from persistence import _pg_sql as sql
+from persistence._pg_owner import OWNER as _OWNER
 
 log = logging.getLogger("turnkeeper.persistence")
 
 #: The share of the lease a holder keeps back: it self-fences this long before a peer may take.
 MARGIN = 0.2
+
+
+class LeaseRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One session's lease as the database holds it (``PostgresStore.lease_rows``).
+
+    Attributes:
+        session: The session id.
+        owner: The owning incarnation's id (``None``: unowned).
+        epoch: The fence's epoch (bumped by every take).
+        expires: When the lease runs out (ISO 8601, UTC; ``None``: no lease).
+        expired: Whether it ran out, by the database's clock (``None``: no lease).
+        problem: Why the row is malformed and never taken (LS-7), else ``None``.
+    """
+
+    session: str
+    owner: str | None
+    epoch: int
+    expires: str | None
+    expired: bool | None
+    problem: str | None = None
+
+
+def lease_problem(owner: object, epoch: object, expires: object) -> str | None:
+    """Why a session row's lease columns are malformed (never taken: LS-7), else ``None``."""
+    if type(epoch) is not int or epoch < 0:
+        return f"epoch {epoch!r} is not a count from 0"
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or _OWNER.fullmatch(owner) is None:
+        return f"owner {str(owner)[:80]!r} is not an owner id turnkeeper mints"
+    if expires is None:
+        return "an owner without a lease expiry"
+    return None
 
 
 class Leases:

@@ -62,7 +62,8 @@ from persistence._group import GroupCommit, Outcome
 from persistence._open_receipts import OpenReceipts, decode_open
 from persistence._partial import check_chunk
 from persistence._pg_commit import Params
-from persistence._pg_leases import Leases, Renewer
+from persistence._pg_leases import LeaseRow, Leases, Renewer, lease_problem
+from persistence._pg_owner import OWNER_PATTERN
 from persistence._text import clip
 from persistence._urls import masked
 from persistence.records import (
@@ -480,7 +481,7 @@ class PostgresStore:
                         "id": session,
                         "owner": owner,
                         "lease": self._lease,
-                        "pattern": _pg_commit.OWNER_PATTERN,
+                        "pattern": OWNER_PATTERN,
                     }
                     taken = await _fetch(conn, sql.TAKE, params)
         if not taken:
@@ -503,6 +504,24 @@ class PostgresStore:
         released = {str(row[0]) for row in rows}
         self.leases.released(set(sessions))
         return released
+
+    async def lease_rows(self) -> tuple[LeaseRow, ...]:
+        """Every session's lease as the database holds it, by id (for ``inspect``).
+
+        A malformed row (LS-7) carries its ``problem``; it is reported, never taken.
+        """
+        rows = (await self._read([(sql.LEASES, ())]))[0]
+        return tuple(
+            LeaseRow(
+                session=str(sid),
+                owner=owner if owner is None else str(owner),
+                epoch=epoch if type(epoch) is int else -1,
+                expires=None if expires is None else expires.isoformat(),
+                expired=expired,
+                problem=lease_problem(owner, epoch, expires),
+            )
+            for sid, owner, epoch, expires, expired in rows
+        )
 
     async def renew(self) -> set[str]:
         """Renew every lease now (the renewal task does it on its own); the sessions lost."""

@@ -5,12 +5,13 @@
 this module imports.
 """
 
-from persistence._pg_leases import Leases
+from persistence._pg_leases import LeaseRow, Leases
 from persistence._postgres import DEFAULT_LEASE_S, PostgresStore, mint_owner, pg_schema_version
 from persistence._urls import is_postgres_url, masked
 
 __all__ = [
     "DEFAULT_LEASE_S",
+    "LeaseRow",
     "Leases",
     "PostgresStore",
     "is_postgres_url",

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from persistence import LeaseLost, RowKind, StaleOwner
-from persistence._pg_commit import OWNER_PATTERN
+from persistence._pg_owner import OWNER_PATTERN
 from persistence.postgres import Leases, PostgresStore
 from tests.store_kit import commit, history, owner
 
@@ -220,7 +220,10 @@ async def test_ls7_a_malformed_lease_row_is_never_taken(
         assert await b.acquire("s1") is None
         with pytest.raises(LeaseLost):
             await commit(b, "s1", rows=[row(0)])
+        (reported,) = await b.lease_rows()
     assert lease_of(pg_url, "s1") == (owner_value, epoch)
+    assert reported.session == "s1"
+    assert reported.problem is not None
 
 
 async def test_ls3_a_take_waits_for_a_fenced_write_in_flight(
@@ -264,3 +267,14 @@ async def test_ls3_concurrent_commits_share_a_transaction_each_fenced(
         tg.start_soon(refused)
     assert a.leases.held == {f"c{n}": 1 for n in range(12)}
     assert sql(a._url, "SELECT count(*) FROM history_rows") == [(12,)]
+
+
+async def test_ls7_a_sound_lease_row_reports_its_owner_epoch_and_expiry(
+    pair: tuple[PostgresStore, ...],
+) -> None:
+    a, _ = pair
+    await commit(a, "s1", create=session("s1"))
+    (found,) = await a.lease_rows()
+    assert (found.session, found.owner, found.epoch, found.expired) == ("s1", owner(a), 1, False)
+    assert found.expires is not None
+    assert found.problem is None
