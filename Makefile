@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest crash fuzz bench clean
+.PHONY: demo test lint typecheck pytest crash fuzz bench clean test-pg
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ fuzz: $(STAMP)
 		tests/scenarios/test_crash_sweep.py tests/scenarios/test_failed_writes.py \
 		tests/persistence/test_corrupt_store.py tests/test_redaction.py \
 		tests/operations/test_secret_leaks.py
+
+# Many engine processes on one PostgreSQL at full size (docs/deploying.md): the recovery storm
+# of 1,000 sessions over four engines, the kill -9 and SIGSTOP processes, the leases and the
+# engine's recovery on PostgreSQL. `make test` runs them too, the storm at 200 sessions. The
+# tests start their own throwaway server (tests/pg_server.py).
+test-pg: $(STAMP)
+	TURNKEEPER_STORM=1000 $(BIN)/python -m pytest -q -s tests/persistence/test_pg_storm.py \
+		tests/persistence/test_pg_processes.py tests/persistence/test_pg_leases.py \
+		tests/persistence/test_pg_open.py tests/agent_session/test_engine_leases.py
 
 # The peers are installed for benchmarking only (the `bench` extra); `test` and `demo` never need them.
 bench: $(STAMP)

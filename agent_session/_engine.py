@@ -9,7 +9,8 @@ sees a fact before its consequences).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+import random
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
@@ -54,6 +55,7 @@ from persistence import (
     CutStateChange,
     HandleStatus,
     HistoryRow,
+    LeasedStore,
     OperationRecord,
     OpState,
     RecoverableCut,
@@ -89,6 +91,8 @@ EngineObserver = Callable[[EngineEvent], None]
 #: The failure types a provider's configuration can cause, and a change of it fix (PS-8).
 PROVIDER_FIXABLE = frozenset({"authentication", "quota", "model_not_found"})
 log = logging.getLogger("turnkeeper.engine")
+#: The claim rounds' jitter (not a secret: it only spreads peers apart in time).
+_jitter = random.Random()
 
 
 class Engine:
@@ -189,6 +193,9 @@ class Engine:
         self._stack = stack
         self.manager.operations.bind(self._spawn)
         try:
+            leased = isinstance(self.store, LeasedStore)
+            if leased and self.config.recover_at_start:
+                await self._claim()  # LS-8: what dead owners left, this engine's share
             await self._recover_operations()
             handles = await self.store.handles()  # delegated turns a previous process left
             self.delegations.load(handles.records, (key for key, _ in handles.corrupt))
@@ -197,6 +204,8 @@ class Engine:
             if self.config.recover_at_start:
                 await self.recover()
                 await self._settle_orphaned_handles()
+            if leased:
+                self._spawn(self._claim_forever)
         except BaseException:
             self._stack = None
             self._group.cancel_scope.cancel("the engine did not start")
@@ -204,8 +213,11 @@ class Engine:
             raise
         return self
 
-    async def _recover_operations(self) -> None:
+    async def _recover_operations(self, only: Collection[str] | None = None) -> None:
         """OP-7: what a previous process left open is indeterminate (``process_restart``).
+
+        ``only``: those sessions' receipts alone (a claim's). On a leased store, only the
+        receipts of sessions this engine holds: a peer's running call is the peer's.
 
         The stale receipts (``requested``, ``running``: ``Store.open_receipts``, in the store's
         order) and their sessions' histories are read first; the plan
@@ -217,7 +229,10 @@ class Engine:
         (still open in the store: held all the same).
         """
         found = await self.store.open_receipts()  # the open-states index, not every receipt
-        stale = [r for r in found.records if r.state is not OpState.INDETERMINATE]
+        wanted = self._wanted(only)
+        stale = [
+            r for r in found.records if r.state is not OpState.INDETERMINATE and wanted(r.session)
+        ]
         now = self.clock.now()
         histories = {sid: await self._restart_history(sid) for sid in sessions_of(stale)}
         plan = plan_startup_receipts(stale, histories, now)
@@ -232,6 +247,47 @@ class Engine:
         for event in plan.told(written):  # told in the store's order, once durable
             self._emit(event)
         await self.manager.operations.load_guard()
+
+    async def _claim(self) -> dict[str, int]:
+        """LS-8: claim up to ``claim_limit`` sessions dead owners left; each one's epoch."""
+        store = self.store
+        assert isinstance(store, LeasedStore)
+        claimed = await store.claim(self.config.claim_limit)
+        if claimed:
+            log.info("claimed %d sessions: %s", len(claimed), clip(", ".join(sorted(claimed))))
+        return claimed
+
+    async def claim_expired(self) -> tuple[str, ...]:
+        """LS-8: one claim round: take what dead owners left, and recover it; the sessions.
+
+        On a leased store only (elsewhere nothing to claim: ``()``). Up to ``claim_limit``
+        sessions whose lease ran out (or that nobody owns) and that have work are taken; their
+        receipts left running are closed ``indeterminate`` (OP-7) and their turns are planned
+        as at startup (resume, retry, follow-up, abandon). The engine runs a round at start
+        and every ``claim_every_s`` (jittered) while it runs.
+        """
+        if not isinstance(self.store, LeasedStore):
+            return ()
+        claimed = await self._claim()
+        if claimed:
+            await self._recover_operations(only=claimed)
+            await self.recover(only=claimed)
+        return tuple(sorted(claimed))
+
+    async def _claim_forever(self) -> None:
+        """LS-8: a claim round every ``claim_every_s``, jittered, on real time.
+
+        Real time, not the engine's clock: leases run out on the database's clock, whatever
+        the engine's. A round that fails (the database away) is logged and tried again at the
+        next; what it would have taken waits for it, or for a peer.
+        """
+        every = self.config.claim_every_s
+        while True:
+            await anyio.sleep(every * (0.75 + 0.5 * _jitter.random()))
+            try:
+                await self.claim_expired()
+            except (TurnkeeperError, OSError) as error:
+                log.warning("claiming expired sessions failed: %s", error)
 
     async def _restart_history(self, session: str) -> tuple[HistoryRow, ...] | None:
         """``session``'s rows, where the restart note goes after them.
@@ -351,7 +407,26 @@ class Engine:
 
     # ------------------------------------------------------------ sessions
 
-    async def recover(self, *, only: str | None = None) -> int:
+    def _wanted(self, only: str | Collection[str] | None) -> Callable[[str], bool]:
+        """Which sessions a recovery plans: ``only`` (one, or a few), and only this engine's.
+
+        On a leased store (LS-8) a session is this engine's when it holds its lease (claimed
+        or taken); a peer's sessions are the peer's to recover.
+        """
+        named = None if only is None else ({only} if isinstance(only, str) else set(only))
+        held = self._leases()
+
+        def wanted(sid: str) -> bool:
+            return (named is None or sid in named) and (held is None or sid in held)
+
+        return wanted
+
+    def _leases(self) -> Mapping[str, int] | None:
+        """The sessions this engine holds on a leased store (``None``: the store has no leases)."""
+        store = self.store
+        return store.leases.held if isinstance(store, LeasedStore) else None
+
+    async def recover(self, *, only: str | Collection[str] | None = None) -> int:
         """PS-6: resume every turn a previous process left owed; return how many.
 
         One scan of the store finds each session whose latest cut record is still owed; each
@@ -364,12 +439,13 @@ class Engine:
         record fails validation is abandoned with the store's message and nothing is written
         (R61). A failed write of the records a plan ends is logged; that session's abandon is
         not told, and the next startup plans it again. Runs at start unless
-        ``EngineConfig.recover_at_start`` is off. ``only``: plan that one session alone
+        ``EngineConfig.recover_at_start`` is off. ``only``: plan that session (or those) alone
         (:meth:`reopen_session`).
         """
         scan = await self.store.scan_recoverable()
-        corrupt = [(sid, why) for sid, why in scan.corrupt if only in (None, sid)]
-        cuts = [found for found in scan.cuts if only in (None, found.session.id)]
+        wanted = self._wanted(only)
+        corrupt = [(sid, why) for sid, why in scan.corrupt if wanted(sid)]
+        cuts = [found for found in scan.cuts if wanted(found.session.id)]
         for session_id, problem in corrupt:
             log.error("recovery of session %s abandoned: %s", clip(session_id), clip(problem, 2000))
             self._emit(RetryAbandoned(session=session_id, why=problem))  # R61: never as absent
@@ -379,7 +455,7 @@ class Engine:
         told: list[Recovered | RetryAbandoned] = []  # told once the voids they decided are durable
         resumed = self._plan_cuts(cuts, told, voids, superseded)
         if self.config.auto_retry:
-            resumed += await self._plan_retries(scan.tails, only, told)
+            resumed += await self._plan_retries(scan.tails, wanted, told)
         unwritten = await self._commit_plans(voids)
         for event in told:
             own = isinstance(event, RetryAbandoned) or event.action != "abandon" or event.cut
@@ -390,10 +466,10 @@ class Engine:
             again = await self.store.scan_recoverable()
             retried: list[Recovered | RetryAbandoned] = []
             tails = tuple(t for t in again.tails if t.session.id in superseded)
-            resumed += await self._plan_retries(tails, only, retried)
+            resumed += await self._plan_retries(tails, wanted, retried)
             for event in retried:
                 self._emit(event)
-        await self._recover_queues(scan.queued, only)
+        await self._recover_queues(scan.queued, wanted)
         if resumed:
             held = [session.hold() for session in resumed]  # ``wait_idle`` covers them now
             self._spawn(lambda: self._start_recovered(resumed, held))
@@ -445,7 +521,7 @@ class Engine:
     async def _plan_retries(
         self,
         tails: tuple[SessionTail, ...],
-        only: str | None,
+        wanted: Callable[[str], bool],
         told: list[Recovered | RetryAbandoned],
     ) -> list[AgentSession]:
         """PS-4: each turn a crash interrupted (its history ends unanswered) is retried.
@@ -459,7 +535,7 @@ class Engine:
         sessions: list[AgentSession] = []
         for tail in tails:
             sid = tail.session.id
-            if only not in (None, sid) or sid in self._sessions:
+            if not wanted(sid) or sid in self._sessions:
                 continue
             receipts: tuple[OperationRecord, ...] = ()
             spent = 0
@@ -585,7 +661,7 @@ class Engine:
         """The fallback chain a fresh turn on ``model`` would try."""
         return self._fallbacks.get(model, ())
 
-    async def _recover_queues(self, queued: tuple[str, ...], only: str | None) -> None:
+    async def _recover_queues(self, queued: tuple[str, ...], wanted: Callable[[str], bool]) -> None:
         """Every session a previous process left with queued entries takes its queue up.
 
         A session the cut plans already made gets its entries too (its queue drains before
@@ -594,7 +670,7 @@ class Engine:
         as it is stored.
         """
         for sid in queued:
-            if only not in (None, sid):
+            if not wanted(sid):
                 continue
             try:
                 loaded = await self.store.load(sid, envelopes=True)

@@ -193,6 +193,16 @@ class Dispose(_S, frozen=True):
     """AS-31: forfeit the owed continuation and abort a resume."""
 
 
+class LeaseGone(_S, frozen=True):
+    """LS-3: a write found the session's lease taken by a peer: stop here, decide nothing more.
+
+    The peer owns the session now; nothing of the refused write is told, nothing is retried,
+    and no record is changed on the way out (the peer's are the session's now).
+    """
+
+    error: Exception
+
+
 class DisposedNow(_S, frozen=True):
     """AS-31: the queue is dropped; the session accepts nothing more."""
 
@@ -692,6 +702,7 @@ Input: TypeAlias = (
     | Discard
     | DiscardHistory
     | Dispose
+    | LeaseGone
     | DisposedNow
     | DisposalDone
     | AdoptOwed

@@ -2306,6 +2306,14 @@ class TurnMachine:
             StopStream(AbortReason.SYSTEM),
         ]
 
+    def _on_LeaseGone(self, given: _in.LeaseGone) -> list[Effect]:
+        """LS-3: a peer holds the session now: stop whatever runs here, as a broken machine.
+
+        Told once (``session-broken``, its error the ``LeaseLost``); the owed continuation and
+        every record stand as the store holds them, for the peer.
+        """
+        return self._break(given, given.error)
+
     def _while_broken(self, given: _in.Input) -> list[Effect]:
         """A broken machine takes disposal only, and decides nothing durable on the way.
 
@@ -2792,6 +2800,7 @@ _DECIDE: dict[type, Callable[[TurnMachine, Any], list[Effect]]] = {
     _in.Discard: TurnMachine._on_Discard,
     _in.DiscardHistory: TurnMachine._on_DiscardHistory,
     _in.Dispose: TurnMachine._on_Dispose,
+    _in.LeaseGone: TurnMachine._on_LeaseGone,
     _in.DisposedNow: TurnMachine._on_DisposedNow,
     _in.DisposalDone: TurnMachine._on_DisposalDone,
     _in.AdoptOwed: TurnMachine._on_AdoptOwed,

@@ -55,6 +55,7 @@ class SendPipeline:
         "_gate",
         "_launch",
         "_machine",
+        "_outcome",
         "_pause_goal",
         "_perform",
         "_store",
@@ -71,8 +72,12 @@ class SendPipeline:
         launch: Callable[[StreamContext, Ticket | None], Awaitable[StreamOutcome]],
         admit: Callable[[TurnInput], Ticket | str | None],
         pause_goal: Callable[[str], None],
+        outcome: Callable[[StreamOutcome, StreamContext], _in.Input] = _in.Outcome,
     ) -> None:
         self._machine = machine
+        #: The machine's input for a launched turn's outcome (the session's: a lost lease,
+        #: LS-3, is not an outcome like the others).
+        self._outcome = outcome
         self._store = store
         self._gate = gate
         #: What the pipeline itself found (a cancellation, a failure before the stream): never
@@ -180,7 +185,7 @@ class SendPipeline:
             return SendRefused(SendFailure(type="pre_stream_failure", message=str(error)))
         if ticket is not None and row is not None and isinstance(outcome, Refused):
             await self._take_back(row)
-        await self._perform(self._machine.handle(_in.Outcome(outcome, context)), then)
+        await self._perform(self._machine.handle(self._outcome(outcome, context)), then)
         return Accepted()
 
     async def _take_back(self, row: HistoryRow) -> None:

@@ -92,6 +92,8 @@ from message_queue import (
 from persistence import (
     CorruptRecord,
     HistoryRow,
+    LeasedStore,
+    LeaseLost,
     RowKind,
     Store,
     StoredPartial,
@@ -461,13 +463,7 @@ class AgentSession:
                 self._do(machine.handle(msgspec.structs.replace(effect.failed, error=cut_short)))
             raise
         except (TurnkeeperError, OSError) as error:
-            log.warning("session %s: %s not written: %s", self.id, effect.what, error)
-            if effect.boundary.queue is not None and self._deliveries is not None:
-                self._delivered(effect.boundary.queue.version, error)
-            failed = effect.failed
-            if failed is None or machine.broken is not None:
-                return []
-            return machine.handle(msgspec.structs.replace(failed, error=error))
+            return self._not_written(effect, error)
         if effect.boundary.queue is not None and self._deliveries is not None:
             self._delivered(effect.boundary.queue.version, None)
         for event in effect.tell:
@@ -475,6 +471,28 @@ class AgentSession:
         if effect.then is None or machine.broken is not None:
             return []
         return machine.handle(effect.then)
+
+    def _not_written(self, effect: Commit, error: TurnkeeperError | OSError) -> list[Effect]:
+        """A write the store refused: nothing of it is told; the machine hears why.
+
+        A lost lease (LS-3) stops the session here (a peer owns it now); any other failure is
+        the effect's ``failed`` input, a result like any other.
+        """
+        machine = self._machine
+        if isinstance(error, LeaseLost):
+            log.warning("session %s: %s refused, stopping here: %s", self.id, effect.what, error)
+        else:
+            log.warning("session %s: %s not written: %s", self.id, effect.what, error)
+        if effect.boundary.queue is not None and self._deliveries is not None:
+            self._delivered(effect.boundary.queue.version, error)
+        if machine.broken is not None:
+            return []
+        if isinstance(error, LeaseLost):
+            return machine.handle(_in.LeaseGone(error=error))
+        failed = effect.failed
+        if failed is None:
+            return []
+        return machine.handle(msgspec.structs.replace(failed, error=error))
 
     def unsettled_deliveries(self, why: str) -> None:
         """What is still pending is not durable: ``why`` (the engine closed before the write)."""
@@ -626,6 +644,7 @@ class AgentSession:
             launch=self._launch_turn,
             admit=self._admit_follow_up,
             pause_goal=self._pause_goal,
+            outcome=self._outcome_input,
         )
 
     def _launcher(self, ticket: Ticket | None = None) -> StreamLauncher:
@@ -985,7 +1004,19 @@ class AgentSession:
             not_started = machine.handle(_in.NotStarted(outcome, context))
             await self._perform([*not_started, Next(_in.FlushRecords())], then)
         else:
-            await self._perform(machine.handle(_in.Outcome(outcome, context)), then)
+            await self._perform(machine.handle(self._outcome_input(outcome, context)), then)
+
+    def _outcome_input(self, outcome: StreamOutcome, context: StreamContext) -> _in.Input:
+        """The machine's input for a launched turn's outcome.
+
+        A stream that ended because the store fenced one of its writes (LS-3: a receipt, a
+        partial, the final row) is no outcome to act on: a peer owns the session now, so it
+        stops here (``LeaseGone``), and no retry or failure record is decided for it.
+        """
+        store = self._store
+        if isinstance(store, LeasedStore) and self.id in store.leases.lost:
+            return _in.LeaseGone(error=LeaseLost(self.id, held=None, epoch=None, holder=None))
+        return _in.Outcome(outcome, context)
 
     def _admit(self, marker: Marker) -> Ticket | str | None:
         """ST-8's admission of a resume of ``marker``: its ticket, or why it is refused.

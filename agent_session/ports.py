@@ -84,6 +84,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: stream) may take, in seconds on the engine's clock, before it is cut short and logged:
     #: a host store that hangs cannot hang the engine's exit (``docs/architecture.md``).
     cleanup_s: float = CLEANUP_S
+    #: On a leased store (``PostgresStore``, LS-8): sessions one claim takes at most (each
+    #: process's share of a recovery storm), and the seconds between claims on the engine's
+    #: clock (each one jittered by up to a quarter either way, so peers do not claim in step).
+    claim_limit: int = 64
+    claim_every_s: float = 2.0
 
     def __post_init__(self) -> None:
         """Refuse a policy the engine cannot keep (one line naming the field)."""
@@ -101,4 +106,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.retry_max_attempts < 0:
             raise UsageError("EngineConfig.retry_max_attempts must be 0 or more")
+        if self.claim_limit < 1:
+            raise UsageError("EngineConfig.claim_limit must be at least 1")
+        if not self.claim_every_s > 0:  # NaN too
+            raise UsageError("EngineConfig.claim_every_s must be a positive number of seconds")
         self.compaction()  # refuses a window, share or prompt no compaction can keep

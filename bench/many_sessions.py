@@ -50,7 +50,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,8 +223,20 @@ def _factory(config: str, folder: Path, run: int) -> Callable[[], Store]:
 # -- the workload -----------------------------------------------------------------------------
 
 
-async def workload(store: Store, sessions: int, probe: Probe | None = None) -> RunResult:
-    """Open ``sessions`` sessions, send to each, wait for all to be idle; time the sends-to-idle."""
+async def workload(
+    store: Store,
+    sessions: int,
+    probe: Probe | None = None,
+    *,
+    prefix: str = "s",
+    ready: Callable[[], Awaitable[None]] | None = None,
+) -> RunResult:
+    """Open ``sessions`` sessions, send to each, wait for all to be idle; time the sends-to-idle.
+
+    ``prefix`` starts every session id (processes sharing one database need ids of their own);
+    ``ready`` is awaited once the sessions are open, before the timed part (a barrier of
+    several processes).
+    """
     model = StampedModel(MODEL)
     engine = Engine(
         store=store,
@@ -233,7 +245,9 @@ async def workload(store: Store, sessions: int, probe: Probe | None = None) -> R
         config=EngineConfig(max_stream_steps=STEPS),
     )
     async with engine:
-        opened = [await engine.open_session(f"s{i}", model=MODEL) for i in range(sessions)]
+        opened = [await engine.open_session(f"{prefix}{i}", model=MODEL) for i in range(sessions)]
+        if ready is not None:
+            await ready()
         if probe is not None:
             probe.start(store)
         before = _commits(store)

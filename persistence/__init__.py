@@ -77,7 +77,7 @@ from persistence.records import (
     ToolKind,
     TurnEnvelope,
 )
-from persistence.store import Store
+from persistence.store import LeaseBook, LeasedStore, Store
 
 __all__ = [
     "MAX_SEQ",
@@ -102,7 +102,9 @@ __all__ = [
     "HandleRecord",
     "HandleStatus",
     "HistoryRow",
+    "LeaseBook",
     "LeaseLost",
+    "LeasedStore",
     "MemoryStore",
     "MigrationRequired",
     "NotATurnkeeperStore",

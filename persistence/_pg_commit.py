@@ -3,7 +3,7 @@
 A job runs inside a batch's transaction (``_postgres``; group commit shares one transaction
 among concurrent writers) in a savepoint of its own, so a job that raises has written nothing
 and the others of its batch commit. Its first statement is the *fence*: for a session this
-process holds, the holder's epoch read ``FOR SHARE`` (a peer's take waits until this
+process holds, the holder's epoch read ``FOR KEY SHARE`` (a peer's take waits until this
 transaction ends, so no row of an old epoch lands after the new epoch's first row); for one it
 does not hold, the take (one conditional update bumping the epoch, only when the session is
 unowned or its lease ran out by the database's clock). A fence that fails raises

@@ -2,7 +2,7 @@
 
 The same reads and writes as the SQLite store's (``_writes``), in PostgreSQL's dialect, plus the
 lease statements: the take (one conditional update bumping the epoch, judged by the database's
-``now()``), the fence (the holder's epoch, read ``FOR SHARE`` so no take lands before the
+``now()``), the fence (the holder's epoch, read ``FOR KEY SHARE`` so no take lands before the
 writing transaction ends), the batched renewal, the claim of expired leases (``FOR UPDATE SKIP
 LOCKED``) and the release. Every read returns the column tuples ``_decode`` reads.
 """
@@ -30,17 +30,22 @@ LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(8390604010745046386)"
 # -- leases ---------------------------------------------------------------------------------
 
 #: The fence of a session this process holds: its epoch when the lease is still ours, read
-#: ``FOR SHARE`` (a take waits for the writing transaction, so no row of the old epoch lands
-#: after the new epoch's first).
-FENCE = "SELECT epoch FROM sessions WHERE id = %(id)s AND owner = %(owner)s FOR SHARE"
+#: ``FOR KEY SHARE``. A take locks ``FOR UPDATE``, which waits for it, so no row of the old
+#: epoch lands after the new epoch's first; a renewal (a plain update of a non-key column,
+#: ``FOR NO KEY UPDATE``) does not, so the holder's own renewer never deadlocks with its
+#: writer.
+FENCE = "SELECT epoch FROM sessions WHERE id = %(id)s AND owner = %(owner)s FOR KEY SHARE"
 #: A session row a take may take: unowned, or its owner's lease ran out (by the database's
 #: clock). A malformed row (a negative epoch, an owner this code never mints, an owner without
 #: an expiry) is never taken: ``MALFORMED`` reports it.
 TAKEABLE = "epoch >= 0 AND (owner IS NULL OR (owner ~ %(pattern)s AND lease_expires <= now()))"
-#: Take a session that is unowned or whose lease ran out: the epoch goes up by one.
+#: Take a session that is unowned or whose lease ran out: the epoch goes up by one. The row
+#: is locked ``FOR UPDATE`` first, so the take waits for a holder's write in flight (its
+#: fence's ``FOR KEY SHARE``) and then judges the lease again.
 TAKE = (
-    "UPDATE sessions SET owner = %(owner)s, epoch = epoch + 1, "
-    f"lease_expires = {_LEASE} WHERE id = %(id)s AND {TAKEABLE} RETURNING epoch"
+    f"WITH t AS (SELECT id FROM sessions WHERE id = %(id)s AND {TAKEABLE} FOR UPDATE) "
+    "UPDATE sessions s SET owner = %(owner)s, epoch = s.epoch + 1, "
+    f"lease_expires = {_LEASE} FROM t WHERE s.id = t.id RETURNING s.epoch"
 )
 #: Sessions whose lease columns are malformed (never taken), by id.
 MALFORMED = (
@@ -209,3 +214,24 @@ SCAN_LAST_ENVELOPES = (
 SCAN_VERSIONS = "SELECT session, version FROM queue_versions WHERE session = ANY(%s)"
 SCAN_ABANDON = "SELECT session, reason, user_row FROM abandon_markers WHERE session = ANY(%s)"
 SCAN_RETRY = "SELECT session, auto_retry FROM retry_settings WHERE session = ANY(%s)"
+
+# -- recovery by claiming -------------------------------------------------------------------
+
+#: Up to ``limit`` takeable sessions that have something to recover (an owed cut, a receipt
+#: left requested or running, a queued entry, or a history ending unanswered), oldest expiry
+#: first, each taken at the next epoch. ``SKIP LOCKED``: a session a peer is claiming (or a
+#: holder is writing) is left to it, so processes starting together split the work and none
+#: is claimed twice.
+CLAIM = (
+    "WITH claimable AS (SELECT s.id FROM sessions s WHERE "
+    "s.epoch >= 0 AND (s.owner IS NULL OR (s.owner ~ %(pattern)s AND s.lease_expires <= now())) "
+    f"AND (EXISTS (SELECT 1 FROM history_rows h WHERE h.session = s.id AND {LIVE}) "
+    "OR EXISTS (SELECT 1 FROM operations o WHERE o.session = s.id "
+    "AND o.state IN ('requested', 'running')) "
+    "OR EXISTS (SELECT 1 FROM queued_entries q WHERE q.session = s.id) "
+    "OR (SELECT h.kind FROM history_rows h WHERE h.session = s.id AND h.kind <> 'system' "
+    "ORDER BY h.seq DESC LIMIT 1) <> 'assistant') "
+    "ORDER BY s.lease_expires NULLS FIRST, s.id LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED) "
+    "UPDATE sessions t SET owner = %(owner)s, epoch = t.epoch + 1, "
+    f"lease_expires = {_LEASE} FROM claimable c WHERE t.id = c.id RETURNING t.id, t.epoch"
+)

@@ -492,6 +492,35 @@ class PostgresStore:
         self.leases.committed({session: epoch}, set())
         return epoch
 
+    async def claim(self, limit: int) -> dict[str, int]:
+        """Take up to ``limit`` sessions a dead or departed owner left with work (LS-8).
+
+        A session is claimable when it is unowned or its lease ran out (by the database's
+        clock), its lease row is sound (LS-7), and it has something to recover: an owed cut
+        record, a receipt left requested or running, a queued entry, or a history whose last
+        non-system row is not an assistant row. Rows a peer is claiming or writing are
+        skipped (``SKIP LOCKED``), so no session is claimed twice.
+
+        Returns:
+            Each claimed session's new epoch.
+        """
+        self._check_writable()
+        if type(limit) is not int or limit < 1:
+            raise UsageError(f"claim limit must be a positive integer, not {limit!r}")
+        params = {
+            "owner": self._owner,
+            "lease": self._lease,
+            "limit": limit,
+            "pattern": OWNER_PATTERN,
+        }
+        async with self._lock:
+            conn = await self._writer_conn()
+            with self._errors:
+                rows = await _fetch(conn, sql.CLAIM, params)
+        claimed = {str(sid): int(epoch) for sid, epoch in rows}
+        self.leases.committed(claimed, set())
+        return claimed
+
     async def release(self, sessions: Sequence[str]) -> set[str]:
         """Give back the leases of ``sessions`` this incarnation holds; the ones released."""
         self._check_writable()

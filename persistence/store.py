@@ -14,9 +14,10 @@ A commit is one durable boundary: when it returns, what it wrote is committed (a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from types import TracebackType
 
     from persistence._open_receipts import OpenReceipts
@@ -196,4 +197,49 @@ class Store(Protocol):
             The markers that validate; a stored one that fails validation is reported in
             ``corrupt`` (its session and what was wrong, naming the field) and skipped.
         """
+        ...
+
+
+class LeaseBook(Protocol):
+    """What an engine reads of its leases (``persistence._pg_leases.Leases``)."""
+
+    @property
+    def held(self) -> Mapping[str, int]:
+        """Each session this incarnation holds, with its epoch."""
+        ...
+
+    @property
+    def lost(self) -> frozenset[str]:
+        """The sessions a peer took from this incarnation (LS-3)."""
+        ...
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the last renewal is recent enough to start a side effect (LS-5)."""
+        ...
+
+
+@runtime_checkable
+class LeasedStore(Store, Protocol):
+    """A store many engine processes share, each session leased to one (``PostgresStore``).
+
+    Its commits are fenced by the session's lease (``LeaseLost``, LS-3); an engine on it
+    recovers only what it holds, and claims what dead owners left (LS-8).
+    """
+
+    @property
+    def leases(self) -> LeaseBook:
+        """This incarnation's leases."""
+        ...
+
+    async def claim(self, limit: int) -> dict[str, int]:
+        """Take up to ``limit`` expired or unowned sessions with work; each one's epoch."""
+        ...
+
+    async def acquire(self, session: str) -> int | None:
+        """Take one session (``None``: a peer holds it, or it does not exist)."""
+        ...
+
+    async def release(self, sessions: Sequence[str]) -> set[str]:
+        """Give back the leases of ``sessions``; the ones released."""
         ...

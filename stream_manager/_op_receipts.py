@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from persistence import Boundary, OperationRecord, OpState, Store, TurnkeeperError
+from persistence import Boundary, LeasedStore, OperationRecord, OpState, Store, TurnkeeperError
 from stream_manager._events import OperationStarted, Persisted, ReceiptWritten, StreamEvent
 from stream_manager._op_guard import OverlapGuard
 from stream_manager._op_states import OutcomeCode, advance, requested, target_digest
@@ -31,6 +31,8 @@ class ReceiptWriter:
         emit: Callable[[StreamEvent], None] | None,
     ) -> None:
         self.store = store
+        #: A leased store's lease book (LS-5: no call starts while it is stale), else None.
+        self._leases = store.leases if isinstance(store, LeasedStore) else None
         #: The owner token every receipt commit carries (read at each write: the engine's).
         self._owner = owner
         self._emit = emit
@@ -58,8 +60,19 @@ class ReceiptWriter:
         if self._emit is not None:
             self._emit(Persisted(session=record.session, what="receipt", id=record.op_id))
 
-    async def _write_all(self, records: list[OperationRecord]) -> None:
-        """Write a step's receipts in one durable write (their events come from the caller)."""
+    async def _write_all(self, records: list[OperationRecord], *, starting: bool = False) -> None:
+        """Write a step's receipts in one durable write (their events come from the caller).
+
+        ``starting``: the write that lets the step's calls start (OP-1). On a leased store
+        whose renewals have failed too long (LS-5: a peer may take the session any moment),
+        nothing is written and no call starts: ``WriteFailed``, as for a write that failed.
+        """
+        leases = self._leases
+        if starting and records and leases is not None and not leases.fresh:
+            raise _unwritten(
+                records,
+                RuntimeError("this process's leases are stale (renewals failing): no new call"),
+            )
         if records:  # one step's calls: one session's boundary
             log = self.logs.get(records[0].stream) if self.logs else None
             chunk = log.chunk() if log is not None else None

@@ -298,7 +298,7 @@ class OperationRunner:
         parts.extend(item[1] for item in admitted if not isinstance(item, Op))
         self._parts[stream] = parts
         try:
-            await self._receipts.write_all([_record_of(a) for a in admitted])
+            await self._receipts.write_all([_record_of(a) for a in admitted], starting=True)
         except anyio.get_cancelled_exc_class():
             if first is not None and unstarted is not None:
                 first.life.record = unstarted  # it never ran

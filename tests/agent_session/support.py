@@ -32,6 +32,7 @@ from agent_session.harness.trace import event_name as tag
 from agent_session.harness.virtual_time import VirtualTime
 from message_queue import Correlation
 from persistence import HandleRecord, HistoryRow, MemoryStore, RowKind, SqliteStore, Store
+from persistence.postgres import PostgresStore
 from stream_manager import (
     Model,
     ScriptedModel,
@@ -183,7 +184,9 @@ async def session_rig(
     # A SQLite call runs on a thread: counted in flight, the driver waits for it (a FaultyStore,
     # such as the operation tests' LedgerStore, counts its own calls).
     tracked: Store = (
-        FaultyStore(the_store, Faults()) if isinstance(the_store, SqliteStore) else the_store
+        FaultyStore(the_store, Faults())
+        if isinstance(the_store, SqliteStore | PostgresStore)
+        else the_store
     )
     engine = Engine(
         store=tracked,

@@ -16,7 +16,7 @@ from agent_session._machine import _DECIDE, TurnMachine
 
 def test_every_input_has_one_handler() -> None:
     inputs = set(get_args(_in.Input))
-    assert len(inputs) == 98
+    assert len(inputs) == 99
     assert set(_DECIDE) == inputs
     assert all(_DECIDE[kind].__name__ == f"_on_{kind.__name__}" for kind in inputs)
 

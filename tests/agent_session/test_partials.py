@@ -26,6 +26,7 @@ from persistence import (
     SqliteStore,
     Store,
 )
+from persistence.postgres import PostgresStore
 from stream_manager import (
     Finish,
     FinishReason,
@@ -54,10 +55,12 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "memory":
         return MemoryStore()
+    if request.param == "postgres":
+        return PostgresStore(request.getfixturevalue("pg_url"))
     return SqliteStore(tmp_path / "tk.db")
 
 

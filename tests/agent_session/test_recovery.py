@@ -42,6 +42,7 @@ from persistence import (
     TurnEnvelope,
     UsageError,
 )
+from persistence.postgres import PostgresStore
 from stream_manager import FellBack, Persisted, ScriptedModel, ScriptStep, StreamStarted
 from tests import store_kit
 from tests.agent_session.support import T_, HookTool, X, active_handles, session_rig
@@ -58,10 +59,12 @@ H1 = Correlation(handle_id="h1", owner_session="ow", turn_id="t1")
 H9 = Correlation(handle_id="h9", owner_session="owner", turn_id="t9")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "memory":
         return MemoryStore()
+    if request.param == "postgres":
+        return PostgresStore(request.getfixturevalue("pg_url"))
     return SqliteStore(tmp_path / "tk.db")
 
 

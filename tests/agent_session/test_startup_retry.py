@@ -37,6 +37,7 @@ from persistence import (
     Store,
     TurnEnvelope,
 )
+from persistence.postgres import PostgresStore
 from persistence.records import Capability, ToolKind
 from stream_manager import (
     FellBack,
@@ -57,10 +58,12 @@ if TYPE_CHECKING:
 HANDLE = Correlation(handle_id="h4", owner_session="lead", turn_id="lead:r1")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "memory":
         return MemoryStore()
+    if request.param == "postgres":
+        return PostgresStore(request.getfixturevalue("pg_url"))
     return SqliteStore(tmp_path / "tk.db")
 
 

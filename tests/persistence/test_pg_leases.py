@@ -229,8 +229,8 @@ async def test_ls7_a_malformed_lease_row_is_never_taken(
 async def test_ls3_a_take_waits_for_a_fenced_write_in_flight(
     pair: tuple[PostgresStore, ...],
 ) -> None:
-    """The fence reads the lease FOR SHARE: no take lands inside a holder's transaction, so no
-    row of the old epoch can commit after the new epoch's first row."""
+    """The fence reads the lease FOR KEY SHARE and a take locks FOR UPDATE: no take lands
+    inside a holder's transaction, so no row of the old epoch commits after the new epoch's."""
     from persistence import _pg_sql
 
     a, _ = pair
@@ -278,3 +278,65 @@ async def test_ls7_a_sound_lease_row_reports_its_owner_epoch_and_expiry(
     assert (found.session, found.owner, found.epoch, found.expired) == ("s1", owner(a), 1, False)
     assert found.expires is not None
     assert found.problem is None
+
+
+# -- LS-8: recovery is claiming expired leases ---------------------------------------------------
+
+
+async def seed_owed(store: PostgresStore, sid: str) -> None:
+    """A session a crashed holder left with a turn unanswered (its last row a user row)."""
+    await commit(store, sid, create=session(sid), rows=[row(0, sid=sid)])
+
+
+async def test_ls8_a_claim_takes_only_expired_sessions_with_work(pg_url: str) -> None:
+    async with PostgresStore(pg_url) as dead:
+        await seed_owed(dead, "owed")
+        await commit(dead, "idle", create=session("idle"), rows=[row(0, sid="idle")])
+        await commit(dead, "idle", rows=[row(1, sid="idle", kind=RowKind.ASSISTANT)])
+        await seed_owed(dead, "live")
+    # ``dead`` closed cleanly: every lease went back. Give "live" a live peer again.
+    async with PostgresStore(pg_url) as peer, PostgresStore(pg_url) as claimer:
+        assert await peer.acquire("live") == 2
+        claimed = await claimer.claim(10)
+        assert claimed == {"owed": 2}
+        assert lease_of(pg_url, "idle") == (None, 1)
+        assert lease_of(pg_url, "live") == (owner(peer), 2)
+        assert await claimer.claim(10) == {}  # held now: never claimed twice
+
+
+async def test_ls8_processes_claiming_together_split_the_work_and_none_twice(pg_url: str) -> None:
+    import anyio
+
+    async with PostgresStore(pg_url) as dead:
+        for n in range(40):
+            await seed_owed(dead, f"s{n:02d}")
+    stores = [PostgresStore(pg_url) for _ in range(4)]
+    got: list[dict[str, int]] = [{} for _ in stores]
+    for store in stores:
+        await store.open()
+    try:
+
+        async def drain(index: int) -> None:
+            while claimed := await stores[index].claim(3):
+                assert len(claimed) <= 3
+                got[index].update(claimed)
+
+        async with anyio.create_task_group() as tg:
+            for index in range(4):
+                tg.start_soon(drain, index)
+        everyone = [sid for part in got for sid in part]
+        assert sorted(everyone) == [f"s{n:02d}" for n in range(40)]  # each exactly once
+        assert all(epoch == 2 for part in got for epoch in part.values())
+        for index, store in enumerate(stores):
+            assert store.leases.held == got[index]
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_ls8_a_claim_limit_must_be_positive(pair: tuple[PostgresStore, ...]) -> None:
+    from persistence import UsageError
+
+    a, _ = pair
+    with pytest.raises(UsageError, match="claim limit"):
+        await a.claim(0)
