@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import statistics
@@ -80,6 +81,7 @@ class TimedStore(PostgresStore):
 
 
 async def _worker(url: str, prefix: str, sessions: int) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # what went wrong, if anything
     store = TimedStore(url)
     went: list[float] = []
 

@@ -118,13 +118,22 @@ class Leases:
             self._held.pop(session, None)
             self._lost.discard(session)
 
-    def renewed(self, rows: list[tuple[str, int]]) -> set[str]:
-        """A renewal returned ``rows``; every held session missing from them is lost."""
+    def renewed(self, rows: list[tuple[str, int]], before: Mapping[str, int]) -> set[str]:
+        """A renewal returned ``rows``; what was held ``before`` it and is missing is lost.
+
+        ``before``: the sessions held when the renewal's statement was sent. A session taken
+        while it ran (committed after the statement's snapshot) is not in its rows, and is
+        not lost; one whose epoch changed meanwhile (taken anew) is not judged either.
+        """
         self._renewed = self._clock()
         self.renewals += 1
         self.failures = 0
         kept = dict(rows)
-        gone = {s for s, e in self._held.items() if kept.get(s) != e}
+        gone = {
+            s
+            for s, e in before.items()
+            if kept.get(s) != e and self._held.get(s) == e  # still held as it was, not renewed
+        }
         self.committed({}, gone)
         return gone
 
@@ -180,13 +189,14 @@ class Renewer:
             if conn is None or conn.closed or conn.broken:
                 self._conn = conn = await self._connect()
             params = {"owner": self._owner, "lease": self._leases._lease}
+            before = dict(self._leases.held)  # what the statement's snapshot can see, at most
             cursor = await conn.execute(sql.RENEW, params)
             rows = [(str(session), int(epoch)) for session, epoch in await cursor.fetchall()]
         except Exception as exc:  # a renewal that fails is an ordinary input
             self._leases.failed()
             log.warning("lease renewal failed (%d in a row): %s", self._leases.failures, exc)
             return set()
-        gone = self._leases.renewed(rows)
+        gone = self._leases.renewed(rows, before)
         if gone:
             log.warning("leases lost to a peer: %s", ", ".join(sorted(gone)))
         return gone

@@ -13,8 +13,10 @@ engine and exits 0; ``SIGTERM`` closes it at once (a clean shutdown: its leases 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import anyio
@@ -51,10 +53,17 @@ class PipeTool:
 
     async def execute(self, call: ToolCallPart, context: ToolContext) -> ToolResultPart:
         say("tool-started")
-        line = await anyio.to_thread.run_sync(
-            lambda: self._fifo.read_text().strip(), abandon_on_cancel=True
-        )
-        return ToolResultPart(call_id=call.call_id, name=call.name, output=line or "ok")
+        loop = asyncio.get_running_loop()
+        answered = anyio.Event()
+        lines: list[str] = []
+
+        def read() -> None:  # a daemon thread: a process that closes never waits for it
+            lines.append(self._fifo.read_text().strip())
+            loop.call_soon_threadsafe(answered.set)
+
+        threading.Thread(target=read, daemon=True).start()
+        await answered.wait()
+        return ToolResultPart(call_id=call.call_id, name=call.name, output=lines[0] or "ok")
 
 
 async def main(url: str, session_id: str, fifo: Path, lease: float) -> None:

@@ -184,7 +184,7 @@ async def test_ls5_a_holder_whose_renewals_fail_is_stale_before_a_peer_may_take(
     seen.append(leases.fresh)
     now[0] += 0.02  # past the lease minus the margin: a peer may take within 1.8 s
     seen.append(leases.fresh)
-    leases.renewed([])
+    leases.renewed([], {})
     seen.append(leases.fresh)
     assert seen == [True, True, False, True]
 
@@ -340,3 +340,16 @@ async def test_ls8_a_claim_limit_must_be_positive(pair: tuple[PostgresStore, ...
     a, _ = pair
     with pytest.raises(UsageError, match="claim limit"):
         await a.claim(0)
+
+
+def test_ls4_a_session_taken_while_a_renewal_runs_is_not_lost() -> None:
+    """The renewal's statement sees the sessions committed before it: one taken meanwhile is
+    missing from its rows and must not be called lost (found by the fleet benchmark)."""
+    leases = Leases(lease=7.0)
+    leases.committed({"old": 3, "retaken": 4}, set())
+    before = dict(leases.held)
+    leases.committed({"new": 1, "retaken": 5}, set())  # committed while the renewal ran
+    gone = leases.renewed([("old", 3)], before)
+    assert gone == set()
+    assert leases.held == {"old": 3, "new": 1, "retaken": 5}
+    assert leases.renewed([("new", 1), ("retaken", 5)], dict(leases.held)) == {"old"}
