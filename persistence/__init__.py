@@ -5,8 +5,10 @@ rows with their cut records, sessions, turn envelopes, operation receipts), the 
 protocol (commit one session's durable boundary, load a session, scan for recovery, query
 receipts) and its SQLite and in-memory implementations, migrations, and the read-only SQLite
 open that ``turnkeeper inspect`` and ``receipts`` use, and the lock that gives a SQLite store
-one owning process. It also holds the root of turnkeeper's error tree, because it is the one
-package every other package may import.
+one owning process. It tells a PostgreSQL URL from a path and masks its password
+(``is_postgres_url``, ``masked``) without psycopg; the store itself is
+``persistence.postgres``. It also holds the root of turnkeeper's error tree, because it is the
+one package every other package may import.
 
 Must never import: ``agent_session``, ``stream_manager``, ``message_queue`` (it is the bottom
 layer; the packages above convert their domain objects to and from its records).
@@ -42,6 +44,7 @@ from persistence._resolve import (
 )
 from persistence._sqlite import SqliteStore
 from persistence._text import clip
+from persistence._urls import is_postgres_url, masked
 from persistence.records import (
     MAX_SEQ,
     MAX_STEPS,
@@ -140,6 +143,8 @@ __all__ = [
     "checked_note",
     "clip",
     "found_receipt",
+    "is_postgres_url",
+    "masked",
     "resolve_operation",
     "resolved",
 ]

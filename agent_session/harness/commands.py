@@ -2,7 +2,9 @@
 
 Exit codes (``docs/cli.md``): 0 every expectation held; 1 an expectation failed; 2 an
 invalid scenario or usage, or a ``--db`` store another process owns (nothing ran); 3 the
-engine failed or did not reach quiescence.
+engine failed or did not reach quiescence. ``--db`` is a SQLite path or a PostgreSQL URL
+(``db_url``); the checks of a file (its kind, a ``--trace`` that is one of its files) are for
+a path only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Final
 import anyio
 import msgspec
 
+from agent_session.harness.db_url import is_url, postgres_store, scrubbed, shown
 from agent_session.harness.loader import ScenarioError, load_scenario, shorten
 from agent_session.harness.runner import SUPPORTED_OPS, RunResult, run_scenario
 from agent_session.harness.scenario import Scenario
@@ -25,12 +28,16 @@ from agent_session.harness.targets import DEMO_LABEL, trace_conflict
 from agent_session.harness.timeline import Timeline, verdict
 from agent_session.harness.trace import encode_line
 from persistence import (
+    DamagedStore,
     ForeignStore,
     MemoryStore,
+    MigrationRequired,
+    NotATurnkeeperStore,
     SqliteStore,
     Store,
     StoreLocked,
     TurnkeeperError,
+    UnsupportedSchemaVersion,
 )
 from stream_manager import redact
 
@@ -112,12 +119,13 @@ async def run_command(
     if db is not None and len(scenarios) > 1:
         print("turnkeeper run: --db takes one scenario; run them one at a time", file=sys.stderr)
         return 2
+    file = None if is_url(db) else db  # a URL is no file: nothing of it to check or keep
     refused = _refuse(
         "run",
         [
-            None if db is None else store_target(db),
+            None if file is None else store_target(file),
             None if trace in (None, "-") else writable_target(trace, "--trace"),
-            None if trace in (None, "-") else trace_conflict(trace, db=db, inputs=paths),
+            None if trace in (None, "-") else trace_conflict(trace, db=file, inputs=paths),
         ],
     )
     if refused is not None:
@@ -129,7 +137,7 @@ async def run_command(
         try:
             result = await _run_one(scenario, db, memory)
         except TurnkeeperError as error:  # the store could not be opened: nothing ran
-            print(f"turnkeeper run: {shorten(redact(error), 300)}", file=sys.stderr)
+            print(f"turnkeeper run: {shorten(_said(error, db), 300)}", file=sys.stderr)
             return 2
         lines = [encode_line(line) + b"\n" for line in result.trace]
         if trace == "-":
@@ -159,6 +167,11 @@ def say(line: str) -> None:
     print(redact(line), file=sys.stderr)
 
 
+def _said(error: BaseException | str, db: str | None) -> str:
+    """An error as a line shows it: redacted, without the password of a ``--db`` URL."""
+    return redact(scrubbed(str(error), db))
+
+
 def _severity(code: int) -> int:
     return {0: 0, 1: 1, 3: 2, 2: 3}.get(code, 4)
 
@@ -168,6 +181,8 @@ async def _run_one(scenario: Scenario, db: str | None, memory: bool) -> RunResul
         store: Store
         if memory:
             store = MemoryStore()
+        elif db is not None and is_url(db):
+            store = postgres_store(db)
         else:
             store = SqliteStore(db if db is not None else Path(scratch) / "run.db")
         return await _locked_or(run_scenario(scenario, store))
@@ -216,42 +231,35 @@ def _report(path: str, result: RunResult, as_json: bool, out: IO[str]) -> None:
 
 
 async def demo_command(db: str, trace: str | None, plain: bool) -> int:
-    """``turnkeeper demo``: the built-in incident on a fresh SQLite file, with a timeline."""
+    """``turnkeeper demo``: the built-in incident on a fresh store, with a timeline.
+
+    A SQLite file an earlier demo made is replaced; a PostgreSQL URL must name an empty
+    database (:func:`_fresh_postgres`). Anything else is refused, left as it was.
+    """
+    url = is_url(db)
     refused = _refuse(
         "demo",
         [
-            writable_target(db, "--db"),
+            None if url else writable_target(db, "--db"),
             None if trace is None else writable_target(trace, "--trace"),
-            None if trace is None else trace_conflict(trace, db=db, inputs=()),
+            None if trace is None else trace_conflict(trace, db=None if url else db, inputs=()),
         ],
     )
     if refused is not None:
         return refused
-    path = Path(db)
-    try:  # a store an earlier demo made (its label), never another file or a live one
-        await SqliteStore.remove(path, label=DEMO_LABEL)
-    except StoreLocked as error:
-        print(f"turnkeeper demo: {redact(error)}", file=sys.stderr)
-        return 2
-    except ForeignStore:
-        print(
-            f"turnkeeper demo: {redact(db)} is a turnkeeper store that turnkeeper demo did not "
-            "make; refusing to replace it (choose another --db, or remove it yourself)",
-            file=sys.stderr,
-        )
-        return 2
-    except TurnkeeperError as error:  # not a store, a damaged one, another version
-        print(f"turnkeeper demo: {redact(error)}; refusing to replace it", file=sys.stderr)
+    problem = await (_fresh_postgres(db) if url else _fresh_sqlite(db))
+    if problem is not None:
+        print(f"turnkeeper demo: {problem}", file=sys.stderr)
         return 2
     with as_file(files("agent_session.harness") / "incident.toml") as incident:
         scenario = load_scenario(incident, supported_ops=SUPPORTED_OPS)
     timeline = Timeline(plain=plain)
-    timeline.header(scenario, path)
+    timeline.header(scenario, shown(db), kind="PostgreSQL" if url else "SQLite, WAL")
     try:
-        store = SqliteStore(path, label=DEMO_LABEL)
+        store = postgres_store(db) if url else SqliteStore(db, label=DEMO_LABEL)
         result = await _locked_or(run_scenario(scenario, store, observers=(timeline,)))
     except TurnkeeperError as error:  # another process took it since the removal, ...
-        print(f"turnkeeper demo: {shorten(redact(error), 300)}", file=sys.stderr)
+        print(f"turnkeeper demo: {shorten(_said(error, db), 300)}", file=sys.stderr)
         return 2
     if trace is not None:
         trace_bytes = b"".join(encode_line(line) + b"\n" for line in result.trace)
@@ -265,3 +273,58 @@ async def demo_command(db: str, trace: str | None, plain: bool) -> int:
     if timeline.closed:
         raise BrokenPipeError(errno.EPIPE, "the reader of the timeline went away")
     return 0 if ok else (result.exit_code or 3)
+
+
+async def _fresh_sqlite(db: str) -> str | None:
+    """Remove a store an earlier demo made at ``db``; why not (a line to print), or ``None``.
+
+    Only a store carrying the demo's label goes, under the store's lock: never another file
+    or a live one.
+    """
+    try:
+        await SqliteStore.remove(Path(db), label=DEMO_LABEL)
+    except StoreLocked as error:
+        return redact(error)
+    except ForeignStore:
+        return (
+            f"{redact(db)} is a turnkeeper store that turnkeeper demo did not make; refusing "
+            "to replace it (choose another --db, or remove it yourself)"
+        )
+    except TurnkeeperError as error:  # not a store, a damaged one, another version
+        return f"{redact(error)}; refusing to replace it"
+    return None
+
+
+#: Why ``demo`` refuses a PostgreSQL database that holds a store.
+_ONLY_EMPTY = (
+    "turnkeeper demo runs only on an empty database and never deletes or writes over rows it "
+    "did not make (give it a fresh database or schema, or drop this one yourself)"
+)
+
+
+async def _fresh_postgres(url: str) -> str | None:
+    """Why the demo may not run at ``url`` (a line to print), or ``None``: it is empty.
+
+    Checked on a read-only open, which writes nothing: a turnkeeper store of any version is
+    refused, even one an earlier demo made (nothing marks its rows as the demo's). A database
+    with no turnkeeper store may be empty (the demo creates the schema) or another
+    application's, which the run's own open then refuses, untouched.
+    """
+    try:
+        view = postgres_store(url, readonly=True)
+        await view.open()
+    except NotATurnkeeperStore:
+        return None
+    except (MigrationRequired, UnsupportedSchemaVersion, DamagedStore) as error:
+        return f"{_said(error, url)}; refusing to use it: {_ONLY_EMPTY}"
+    except TurnkeeperError as error:  # it does not connect, no psycopg
+        return _said(error, url)
+    try:
+        listed = await view.sessions()
+    except TurnkeeperError as error:
+        return f"{_said(error, url)}; refusing to use it: {_ONLY_EMPTY}"
+    finally:
+        await view.close()
+    count = len(listed) + len(listed.corrupt)
+    held = f"{count} session{'' if count == 1 else 's'}"
+    return f"{_said(shown(url), url)} already holds a turnkeeper store ({held}); {_ONLY_EMPTY}"

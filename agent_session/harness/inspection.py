@@ -3,19 +3,21 @@
 ``inspect`` and ``receipts`` show what a store holds, ``resolve`` settles one operation,
 ``migrate`` brings a store of an older schema to this one.
 
-``inspect`` and ``receipts`` open the store with ``SqliteStore(readonly=True)``: they never
-migrate, repair, lock or write a store another process may be using. A file that is not a
-turnkeeper store is refused with a clear message (exit 2), a store of an older schema too,
+``inspect`` and ``receipts`` open the store read-only (``SqliteStore(readonly=True)``, or
+``PostgresStore(readonly=True)`` for a ``--db`` that is a PostgreSQL URL, ``db_url``): they
+never migrate, repair, lock or write a store another process may be using. A file that is not
+a turnkeeper store is refused with a clear message (exit 2), a store of an older schema too,
 naming ``turnkeeper migrate``. Receipts hold no arguments or outputs by construction; as a
-second line of defence every printed value passes through :func:`redact`. ``resolve`` holds
-the lock, checks read-only, and writes only once the operation is found resolvable.
+second line of defence every printed value passes through :func:`redact`, and a URL's
+password never shows. ``resolve`` holds the lock (SQLite), checks read-only, and writes only
+once the operation is found resolvable.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from rich.console import Console
@@ -24,6 +26,14 @@ from rich.table import Table
 from agent_session._recovery import damaged_cut, unreadable
 from agent_session._rows import decode_body
 from agent_session.harness.console import PipeConsole
+from agent_session.harness.db_url import (
+    is_url,
+    postgres_schema_version,
+    postgres_store,
+    scrubbed,
+    shown,
+)
+from agent_session.harness.lease_view import print_leases, read_leases
 from agent_session.harness.queued_view import print_queue, read_queue
 from agent_session.harness.redaction import redact
 from persistence import (
@@ -34,6 +44,7 @@ from persistence import (
     HandleQuery,
     HandleRecord,
     HandleStatus,
+    LeaseLost,
     MigrationRequired,
     NotATurnkeeperStore,
     NotResolvable,
@@ -41,11 +52,13 @@ from persistence import (
     OpState,
     ReceiptQuery,
     RecoveryScan,
+    Resolution,
     RowKind,
     SessionList,
     SessionLoad,
     SessionRecord,
     SqliteStore,
+    Store,
     StoredPartial,
     StoreError,
     StoreLocked,
@@ -59,6 +72,9 @@ from persistence import (
     resolve_operation,
 )
 from stream_manager import Clock, SystemClock
+
+if TYPE_CHECKING:
+    from agent_session.harness.db_url import DbStore
 
 _encoder = msgspec.json.Encoder()
 
@@ -84,20 +100,27 @@ def _handle_row(record: HandleRecord) -> dict[str, Any]:
 EXIT_OK, EXIT_REFUSED, EXIT_FAILED, EXIT_DAMAGED = 0, 2, 3, 4
 
 
-async def _open(db: str) -> SqliteStore | tuple[int, str]:
+def _said(error: BaseException | str, db: str) -> str:
+    """An error as a line shows it: redacted, without the password of a ``--db`` URL."""
+    return redact(scrubbed(str(error), db))
+
+
+async def _open(db: str) -> DbStore | tuple[int, str]:
     """The store, opened read-only; or the exit code and the one line that says why not."""
-    store = SqliteStore(db, readonly=True)
     try:
+        store = postgres_store(db, readonly=True) if is_url(db) else SqliteStore(db, readonly=True)
         await store.open()
     except DamagedStore as error:
-        return EXIT_DAMAGED, redact(error)
+        return EXIT_DAMAGED, _said(error, db)
     except MigrationRequired as error:
-        return EXIT_REFUSED, redact(
-            f"{db} has schema version {error.found} and needs migrating to {error.supported}; "
-            f"read-only commands never migrate: run `turnkeeper migrate --db {shlex.quote(db)}`"
+        name = shown(db)
+        return EXIT_REFUSED, _said(
+            f"{name} has schema version {error.found} and needs migrating to {error.supported}; "
+            f"read-only commands never migrate: run `turnkeeper migrate --db {shlex.quote(name)}`",
+            db,
         )
-    except TurnkeeperError as error:  # not a store, a newer version, unreadable
-        return EXIT_REFUSED, redact(error)
+    except TurnkeeperError as error:  # not a store, a newer version, unreadable, no psycopg
+        return EXIT_REFUSED, _said(error, db)
     return store
 
 
@@ -109,6 +132,8 @@ async def migrate_command(db: str) -> int:
     a store another process owns are refused (exit 2) and left as they were; a damaged store
     is exit 4; a migration that fails (exit 3) leaves the store at its old version.
     """
+    if is_url(db):
+        return await _migrate_postgres(db)
     try:
         found, now = await SqliteStore.migrate(db)
     except DamagedStore as error:
@@ -128,6 +153,52 @@ async def migrate_command(db: str) -> int:
         print(f"turnkeeper migrate: {redact(db)} is at schema version {now} already")
     else:
         print(f"turnkeeper migrate: {redact(db)} migrated from schema version {found} to {now}")
+    return EXIT_OK
+
+
+async def _migrate_postgres(url: str) -> int:
+    """``migrate`` on a PostgreSQL URL: checked read-only first, so it creates nothing.
+
+    An empty database, another application's, a newer schema and a URL that does not connect
+    are refused by the read-only open (exit 2; a damaged store exit 4); only an older schema
+    is then opened read-write, which migrates it in one transaction (exit 3 if that fails).
+    """
+    try:
+        view = postgres_store(url, readonly=True)
+        await view.open()
+    except MigrationRequired as older:
+        found, now = older.found, older.supported
+    except DamagedStore as error:
+        print(f"turnkeeper migrate: {_said(error, url)}", file=sys.stderr)
+        return EXIT_DAMAGED
+    except TurnkeeperError as error:
+        print(f"turnkeeper migrate: {_said(error, url)}", file=sys.stderr)
+        return EXIT_REFUSED
+    else:
+        await view.close()
+        now = postgres_schema_version()
+        print(f"turnkeeper migrate: {_said(shown(url), url)} is at schema version {now} already")
+        return EXIT_OK
+    try:
+        async with postgres_store(url):
+            pass
+    except (NotATurnkeeperStore, UnsupportedSchemaVersion) as error:  # changed meanwhile
+        print(f"turnkeeper migrate: {_said(error, url)}", file=sys.stderr)
+        return EXIT_REFUSED
+    except DamagedStore as error:
+        print(f"turnkeeper migrate: {_said(error, url)}", file=sys.stderr)
+        return EXIT_DAMAGED
+    except TurnkeeperError as error:
+        print(
+            f"turnkeeper migrate: {_said(error, url)} (nothing was migrated: the store keeps "
+            "its schema version)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    print(
+        f"turnkeeper migrate: {_said(shown(url), url)} migrated from schema version {found} "
+        f"to {now}"
+    )
     return EXIT_OK
 
 
@@ -165,7 +236,7 @@ async def receipts_command(db: str, state: str | None, as_json: bool) -> int:
     try:
         query = await opened.receipts(states=states)
     except StoreError as error:  # a damaged page under the receipts
-        print(f"turnkeeper receipts: {redact(error)}", file=sys.stderr)
+        print(f"turnkeeper receipts: {_said(error, db)}", file=sys.stderr)
         return EXIT_DAMAGED
     finally:
         await opened.close()
@@ -249,18 +320,27 @@ async def resolve_command(
     async def resolvable(view: SqliteStore) -> None:
         await _check_resolvable(view, db, op_id)
 
-    store = SqliteStore(db, precheck=resolvable)
     try:
-        async with store:
-            record = await resolve_operation(store, op_id, resolution, note=note, at=now)
+        if is_url(db):
+            record = await _resolve_on_postgres(db, op_id, resolution, note, now)
+        else:
+            async with SqliteStore(db, precheck=resolvable) as store:
+                record = await resolve_operation(store, op_id, resolution, note=note, at=now)
     except NotResolvable as error:
-        print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
+        print(f"turnkeeper resolve: {_said(error, db)}", file=sys.stderr)
         return EXIT_DAMAGED if error.damaged else EXIT_REFUSED
     except DamagedStore as error:
-        print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
+        print(f"turnkeeper resolve: {_said(error, db)}", file=sys.stderr)
         return EXIT_DAMAGED
+    except LeaseLost as error:  # a live process holds the receipt's session (PostgreSQL)
+        print(
+            f"turnkeeper resolve: {_said(error, db)}: settle it through the engine that holds "
+            "the session (engine.resolve_operation)",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
     except TurnkeeperError as error:  # in use by another process, not a store, a failed write
-        print(f"turnkeeper resolve: {redact(error)}", file=sys.stderr)
+        print(f"turnkeeper resolve: {_said(error, db)}", file=sys.stderr)
         return EXIT_REFUSED
     print(
         f"turnkeeper resolve: {redact(record.op_id)} resolved as {resolution.value}: "
@@ -269,7 +349,28 @@ async def resolve_command(
     return EXIT_OK
 
 
-async def _check_resolvable(view: SqliteStore, db: str, op_id: str) -> None:
+async def _resolve_on_postgres(
+    url: str, op_id: str, resolution: Resolution, note: str, now: float
+) -> OperationRecord:
+    """Check ``op_id`` on a read-only open, then settle it on a read-write one.
+
+    So a refusal (no such operation, not indeterminate, not a store, an empty database)
+    writes nothing, creates nothing and takes no lease. The write takes the receipt's
+    session lease for its one commit (its epoch goes up; the close gives it back); a session
+    a live process holds is refused (``LeaseLost``). An older schema is migrated by the
+    read-write open, and the operation checked there.
+    """
+    view = postgres_store(url, readonly=True)
+    try:
+        async with view:
+            await _check_resolvable(view, shown(url), op_id)
+    except MigrationRequired:
+        pass  # the read-write open migrates it; resolve_operation checks again
+    async with postgres_store(url) as store:
+        return await resolve_operation(store, op_id, resolution, note=note, at=now)
+
+
+async def _check_resolvable(view: Store, db: str, op_id: str) -> None:
     """Refuse ``op_id`` unless it is indeterminate in ``view`` (the store read-only).
 
     Raises:
@@ -311,12 +412,17 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
         print(_encoder.encode(report).decode())
         return EXIT_DAMAGED if found.items else EXIT_OK
     console = _console()
-    console.print(f"store: {_shown(db)}", markup=False)
+    console.print(f"store: {_shown(scrubbed(shown(db), db))}", markup=False)
     problems = report["integrity"]["problems"]
     verdict = "ok" if not problems else f"{len(problems)} problems, the store is damaged"
-    console.print(f"integrity (SQLite quick_check): {verdict}")
+    if report["integrity"]["check"] is None:
+        console.print("integrity: not checked (PostgreSQL)")
+    else:
+        console.print(f"integrity (SQLite quick_check): {verdict}")
     names = ", ".join(clip(s["id"]) for s in report["sessions"])
     console.print(f"sessions: {names or 'none'}", markup=False)
+    if "leases" in report:
+        print_leases(console, report["leases"])
     _print_markers(console, report["sessions"])
     _print_retry_off(console, report["sessions"])
     _print_partials(console, partials)
@@ -347,15 +453,17 @@ async def inspect_command(db: str, session: str | None, as_json: bool) -> int:
     return EXIT_DAMAGED if found.items else EXIT_OK
 
 
-async def _read_report(store: SqliteStore, session: str | None, found: _Findings) -> dict[str, Any]:
-    """Every read of ``inspect``, each going on past what it could not read."""
-    try:
-        problems = await store.quick_check()
-    except StoreError as error:
-        problems = [str(error)]
-    for problem in problems:
-        found.add("quick_check", problem)
+async def _read_report(store: DbStore, session: str | None, found: _Findings) -> dict[str, Any]:
+    """Every read of ``inspect``, each going on past what it could not read.
+
+    SQLite's ``quick_check`` on a SQLite store; each session's lease on a PostgreSQL one
+    (``leases``; the integrity check is then ``None``: not run).
+    """
+    integrity = await _integrity(store, found)
     sessions, markers, partials, retry_off, follow_ups = await _sessions(store, session, found)
+    leases = None
+    if not isinstance(store, SqliteStore):
+        leases = await read_leases(store, session, found.add)
     try:
         scan = await store.scan_recoverable()
     except StoreError as error:
@@ -378,8 +486,8 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
     handles = await _handles(store, session, found)
     queued, damaged = await read_queue(store, session, found.add)
     owed = [row for cut in scan.cuts for row in cut.owed if session in (None, row.session)]
-    return {
-        "integrity": {"check": "quick_check", "ok": not problems, "problems": problems},
+    report: dict[str, Any] = {
+        "integrity": integrity,
         "sessions": [_session_row(s, markers.get(s.id), s.id in retry_off) for s in sessions],
         "owed": [
             {
@@ -401,9 +509,25 @@ async def _read_report(store: SqliteStore, session: str | None, found: _Findings
         "handle_records": handles,
         "partials": partials,
     }
+    if leases is not None:
+        report["leases"] = leases
+    return report
 
 
-async def _handles(store: SqliteStore, session: str | None, found: _Findings) -> list[HandleRecord]:
+async def _integrity(store: DbStore, found: _Findings) -> dict[str, Any]:
+    """SQLite's ``quick_check``, each problem reported; not run on PostgreSQL (``check: None``)."""
+    if not isinstance(store, SqliteStore):
+        return {"check": None, "ok": None, "problems": []}
+    try:
+        problems = await store.quick_check()
+    except StoreError as error:
+        problems = [str(error)]
+    for problem in problems:
+        found.add("quick_check", problem)
+    return {"check": "quick_check", "ok": not problems, "problems": problems}
+
+
+async def _handles(store: DbStore, session: str | None, found: _Findings) -> list[HandleRecord]:
     """The delegated handles (every one, or those ``session`` owns or runs), by id."""
     filters = [{}] if session is None else [{"owner": session}, {"target": session}]
     records: dict[str, HandleRecord] = {}
@@ -501,7 +625,7 @@ def _print_partials(console: Console, partials: dict[str, tuple[StoredPartial, .
 
 
 async def _sessions(
-    store: SqliteStore, session: str | None, found: _Findings
+    store: DbStore, session: str | None, found: _Findings
 ) -> tuple[
     list[SessionRecord],
     dict[str, AbandonMarker],

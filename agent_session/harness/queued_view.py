@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_session.harness.redaction import redact
 from message_queue import decode_entry
-from persistence import CorruptRecord, QueueQuery, SqliteStore, StoreError, clip
+from persistence import CorruptRecord, QueueQuery, Store, StoreError, clip
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,7 +24,7 @@ Report = Callable[[str, str], None]
 
 
 async def read_queue(
-    store: SqliteStore, session: str | None, report: Report
+    store: Store, session: str | None, report: Report
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """The queued entries and the damaged ones, as ``inspect --json`` shows them.
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.text import Text
 
 from agent_session._events import EngineEvent
@@ -55,10 +53,10 @@ class Timeline:
         except BrokenPipeError:
             self.closed = True  # an observer must not stop the engine it watches
 
-    def header(self, scenario: Scenario, db: Path) -> None:
-        """Print what is about to run."""
+    def header(self, scenario: Scenario, db: str, *, kind: str = "SQLite, WAL") -> None:
+        """Print what is about to run: the scenario, and the store (``db`` as shown)."""
         self._print(Text(redact(f"turnkeeper demo: {scenario.name}"), style="bold"))
-        self._print(Text(redact(f"store: {db} (SQLite, WAL)"), style="dim"))
+        self._print(Text(redact(f"store: {db} ({kind})"), style="dim"))
 
     def __call__(self, event: EngineEvent) -> None:
         """Print one event."""
