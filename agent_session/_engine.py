@@ -154,6 +154,8 @@ class Engine:
         self._policies = (retry_policy(self.config), self.config.compaction())
         #: Sessions made from the store whose rebuilt queue is not yet taken up.
         self._rebuilt: dict[str, RebuiltQueue] = {}
+        #: Set when a peer gave its leases back: the claim loop runs a round at once (LS-8).
+        self._claim_wake = anyio.Event()
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
         self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None
@@ -205,6 +207,8 @@ class Engine:
                 await self.recover()
                 await self._settle_orphaned_handles()
             if leased:
+                assert isinstance(self.store, LeasedStore)
+                self.store.watch_releases(self._claim_wake.set)  # a peer's close: claim now
                 self._spawn(self._claim_forever)
         except BaseException:
             self._stack = None
@@ -278,12 +282,16 @@ class Engine:
         """LS-8: a claim round every ``claim_every_s``, jittered, on real time.
 
         Real time, not the engine's clock: leases run out on the database's clock, whatever
-        the engine's. A round that fails (the database away) is logged and tried again at the
-        next; what it would have taken waits for it, or for a peer.
+        the engine's. A peer's clean close wakes a round at once (its release is heard
+        through the store's listener), so a graceful handoff waits for no round. A round that
+        fails (the database away) is logged and tried again at the next; what it would have
+        taken waits for it, or for a peer.
         """
         every = self.config.claim_every_s
         while True:
-            await anyio.sleep(every * (0.75 + 0.5 * _jitter.random()))
+            with anyio.move_on_after(every * (0.75 + 0.5 * _jitter.random())):
+                await self._claim_wake.wait()  # a peer gave its leases back (LISTEN)
+            self._claim_wake = anyio.Event()
             try:
                 await self.claim_expired()
             except (TurnkeeperError, OSError) as error:
@@ -362,6 +370,8 @@ class Engine:
         if stack is None:
             return
         assert self._group is not None
+        if isinstance(self.store, LeasedStore):
+            self.store.watch_releases(None)
         self.manager.operations.close()  # from here on, no late resolution is written
         self._group.cancel_scope.cancel("the engine is shutting down")
         try:

@@ -205,3 +205,60 @@ class Renewer:
         while True:
             await anyio.sleep(self._every)
             await self.renew()
+
+
+#: The channel peers hear on (``LISTEN``): ``released`` when an incarnation gave its leases
+#: back, so a peer claims at once instead of at its next round.
+CHANNEL = "turnkeeper"
+RELEASED = "released"
+
+
+class Listener:
+    """Hears the database's notifications on a connection of its own (``LISTEN``).
+
+    Each notification's payload is handed to ``heard``. A connection that drops is made again
+    after a pause (the claim rounds go on meanwhile: polling is the fallback), and a failure
+    is logged, never raised.
+    """
+
+    __slots__ = ("_connect", "_heard", "_task", "drops")
+
+    def __init__(
+        self,
+        *,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        heard: Callable[[str], None],
+    ) -> None:
+        self._connect = connect
+        self._heard = heard
+        self._task: asyncio.Task[None] | None = None
+        #: Connections lost (and made again).
+        self.drops = 0
+
+    def start(self) -> None:
+        """Start listening (on the running event loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="turnkeeper-listen")
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                conn = await self._connect()
+                try:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    async for notice in conn.notifies():
+                        self._heard(notice.payload)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await conn.close()
+            except Exception as exc:  # a dropped listener: polling goes on meanwhile
+                self.drops += 1
+                log.warning("notification listener lost its connection: %s", exc)
+            await anyio.sleep(1.0)

@@ -62,6 +62,8 @@ CREATE_SESSION = (
 )
 #: Every lease of one owner renewed at once (one statement per process, whatever it holds).
 RENEW = f"UPDATE sessions SET lease_expires = {_LEASE} WHERE owner = %(owner)s RETURNING id, epoch"
+#: Tell the peers listening that leases went back (delivered when the transaction commits).
+NOTIFY_RELEASED = "SELECT pg_notify('turnkeeper', 'released')"
 #: Give every lease of one owner back (a clean shutdown): a peer may take them at once.
 RELEASE_ALL = (
     "UPDATE sessions SET owner = NULL, lease_expires = NULL WHERE owner = %(owner)s RETURNING id"

@@ -62,10 +62,10 @@ from persistence._group import GroupCommit, Outcome
 from persistence._open_receipts import OpenReceipts, decode_open
 from persistence._partial import check_chunk
 from persistence._pg_commit import Params
-from persistence._pg_leases import LeaseRow, Leases, Renewer, lease_problem
+from persistence._pg_leases import RELEASED, LeaseRow, Leases, Listener, Renewer, lease_problem
 from persistence._pg_owner import OWNER_PATTERN
 from persistence._text import clip
-from persistence._urls import masked
+from persistence._urls import masked, scrubbed, secrets_of
 from persistence.records import (
     AbandonMarker,
     AbandonQuery,
@@ -132,12 +132,16 @@ def _first_line(error: BaseException) -> str:
 
 
 class _Translate:
-    """Turn a psycopg error escaping a block into one of ours (the store's boundary)."""
+    """Turn a psycopg error escaping a block into one of ours (the store's boundary).
 
-    __slots__ = ("_url",)
+    The driver's message may quote the connection's password back: it is scrubbed.
+    """
 
-    def __init__(self, url: str) -> None:
+    __slots__ = ("_secrets", "_url")
+
+    def __init__(self, url: str, secrets: tuple[str, ...] = ()) -> None:
         self._url = url
+        self._secrets = secrets
 
     def __enter__(self) -> None:
         return None
@@ -150,10 +154,11 @@ class _Translate:
     ) -> None:
         if isinstance(exc, pg_errors.InsufficientPrivilege):
             raise StoreError(
-                f"{self._url}: the role lacks a right turnkeeper needs ({_first_line(exc)})"
-            ) from exc
+                f"{self._url}: the role lacks a right turnkeeper needs "
+                f"({scrubbed(_first_line(exc), self._secrets)})"
+            ) from None
         if isinstance(exc, psycopg.Error):
-            raise StoreError(f"{self._url}: {_first_line(exc)}") from exc
+            raise StoreError(f"{self._url}: {scrubbed(_first_line(exc), self._secrets)}") from None
 
 
 class PostgresStore:
@@ -195,7 +200,8 @@ class PostgresStore:
         self._reader: psycopg.AsyncConnection[Any] | None = None
         self._lock = anyio.Lock(fast_acquire=True)
         self._read_lock = anyio.Lock(fast_acquire=True)
-        self._errors = _Translate(self._shown)
+        self._secrets = secrets_of(url)
+        self._errors = _Translate(self._shown, self._secrets)
         self._group: GroupCommit[_pg_commit.PgJob] = GroupCommit(
             execute=self._execute, lock=self._lock, batching=group_commit
         )
@@ -205,6 +211,9 @@ class PostgresStore:
         self.leases = Leases(lease=self._lease, clock=clock)
         self._renewer: Renewer | None = None
         self._renew_every = renew_every if renew_every is not None else self._lease / 3
+        self._listener: Listener | None = None
+        #: Called when a peer gave its leases back (``watch_releases``).
+        self._on_released: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         state = "open" if self._open else "closed"
@@ -256,6 +265,22 @@ class PostgresStore:
                     every=self._renew_every,
                 )
                 self._renewer.start()
+                self._listener = Listener(
+                    connect=lambda: self._connect(read=False), heard=self._heard
+                )
+                self._listener.start()
+
+    def watch_releases(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` whenever a peer gives its leases back (its clean close).
+
+        Heard through ``LISTEN`` on a connection of the store's own; a peer's release is told
+        in the transaction that releases, so the sessions are claimable when it is heard.
+        """
+        self._on_released = callback
+
+    def _heard(self, payload: str) -> None:
+        if payload == RELEASED and self._on_released is not None:
+            self._on_released()
 
     async def close(self) -> None:
         """Release this incarnation's leases (a peer may take them at once) and disconnect.
@@ -271,10 +296,13 @@ class PostgresStore:
                 renewer, self._renewer = self._renewer, None
                 if renewer is not None:
                     await renewer.stop()
+                listener, self._listener = self._listener, None
+                if listener is not None:
+                    await listener.stop()
                 owner, self._owner = self._owner, None
                 if owner is not None and self._writer is not None:
                     with contextlib.suppress(psycopg.Error):  # else they run out by themselves
-                        await self._writer.execute(sql.RELEASE_ALL, {"owner": owner})
+                        await self._release_all(self._writer, owner)
                 self.leases.reset()
                 for conn in (self._writer, self._reader):
                     if conn is not None:
@@ -293,6 +321,14 @@ class PostgresStore:
     ) -> None:
         await self.close()
 
+    @staticmethod
+    async def _release_all(conn: psycopg.AsyncConnection[Any], owner: str) -> None:
+        """Give back every lease of ``owner`` and tell the peers, in one transaction."""
+        async with conn.transaction():
+            released = await conn.execute(sql.RELEASE_ALL, {"owner": owner})
+            if released.rowcount:
+                await conn.execute(sql.NOTIFY_RELEASED)
+
     @property
     def owner(self) -> str | None:
         """This incarnation's owner id (``None`` while closed or read-only)."""
@@ -307,7 +343,8 @@ class PostgresStore:
                 application_name=APPLICATION,
             )
         except psycopg.Error as exc:
-            raise StoreError(f"{self._shown}: cannot connect: {_first_line(exc)}") from None
+            reason = scrubbed(_first_line(exc), self._secrets)
+            raise StoreError(f"{self._shown}: cannot connect: {reason}") from None
         if read:
             try:
                 await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
@@ -527,9 +564,11 @@ class PostgresStore:
         async with self._lock:
             conn = await self._writer_conn()
             with self._errors:
-                rows = await _fetch(
-                    conn, sql.RELEASE, {"owner": self._owner, "ids": list(sessions)}
-                )
+                async with conn.transaction():
+                    params = {"owner": self._owner, "ids": list(sessions)}
+                    rows = await _fetch(conn, sql.RELEASE, params)
+                    if rows:  # told when the release commits: a peer may claim at once
+                        await conn.execute(sql.NOTIFY_RELEASED)
         released = {str(row[0]) for row in rows}
         self.leases.released(set(sessions))
         return released

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from types import TracebackType
 
     from persistence._open_receipts import OpenReceipts
@@ -242,4 +242,8 @@ class LeasedStore(Store, Protocol):
 
     async def release(self, sessions: Sequence[str]) -> set[str]:
         """Give back the leases of ``sessions``; the ones released."""
+        ...
+
+    def watch_releases(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` whenever a peer gives its leases back (``None``: stop)."""
         ...

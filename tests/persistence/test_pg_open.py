@@ -133,3 +133,23 @@ def test_a_lease_out_of_range_is_refused() -> None:
 def test_a_password_never_shows() -> None:
     assert masked("postgresql://u:s3cret@db/x") == "postgresql://u:***@db/x"
     assert masked("host=db password=s3cret dbname=x") == "host=db password=*** dbname=x"
+
+
+def test_a_password_in_every_spelling_is_masked_and_scrubbed() -> None:
+    from persistence._urls import scrubbed, secrets_of
+
+    assert masked("host=db password='a b' dbname=x") == "host=db password='***' dbname=x"
+    assert masked("postgresql://u@db/x?password=p%40ss&sslmode=off") == (
+        "postgresql://u@db/x?sslmode=off"
+    )
+    assert masked("postgresql://u@/x?host=/s&password=p w") == "postgresql://u@/x?host=/s"
+    secrets = secrets_of("postgresql://u:p%40ss@db/x")
+    assert scrubbed('unexpected "p@ss" and p%40ss', secrets) == 'unexpected "***" and ***'
+
+
+async def test_a_password_the_driver_quotes_back_never_shows() -> None:
+    url = "host=/tmp/no-such-socket-dir dbname=x password='sesame street' connect_timeout=1"
+    with pytest.raises(StoreError) as refused:
+        await PostgresStore(url, connect_timeout=1).open()
+    assert "sesame" not in str(refused.value)
+    assert "street" not in str(refused.value)

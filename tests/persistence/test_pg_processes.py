@@ -138,3 +138,34 @@ async def test_ls3_a_sigstopped_holder_writes_nothing_once_a_peer_took_over(
             assert set(epochs[first_new:]) == {2}
     finally:
         worker.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_ls6_a_clean_close_hands_the_session_over_at_once(pg_url: str, fifo: Path) -> None:
+    """The holder closes cleanly (SIGTERM): its leases go back and its peers are told
+    (``LISTEN``), so a peer that would claim only once an hour takes the turn up at once."""
+    worker = Worker(pg_url, "s1", fifo)
+    try:
+        assert await worker.line() == "tool-started"
+        seen = Seen()
+        clock = SystemClock()
+        slow_peer = Engine(
+            store=PostgresStore(pg_url, lease=LEASE_S),
+            models={"M": ScriptedModel("M", [ScriptStep(text="the peer's answer")], clock=clock)},
+            tools={"bash": HookTool("bash")},
+            clock=clock,
+            config=EngineConfig(max_stream_steps=6, claim_every_s=3_600.0),
+            observers=[seen],
+        )
+        async with slow_peer:
+            assert seen.events == [] or not any(isinstance(e, Recovered) for e in seen.events)
+            worker.process.send_signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(lambda: worker.process.wait(timeout=30)) == 0
+            closed = time.monotonic()
+            await seen.wait_for(lambda e: isinstance(e, Recovered))
+            handoff = time.monotonic() - closed
+            await slow_peer.wait_idle()
+        print(f"\ngraceful handoff: {handoff:.3f} s after the holder's exit")
+        assert handoff < 5.0  # told, not a claim round of an hour
+    finally:
+        worker.stop()
