@@ -24,6 +24,7 @@ BENCHMARKS = (
     "queue_durable",
     "memory",
     "models",
+    "pg_fleet",
 )
 
 

@@ -128,7 +128,7 @@ async def fence(txn: Txn, session: str, create: SessionRecord | None, blob: byte
     raise await _lease_lost(txn, session, None)
 
 
-class _Plan(msgspec.Struct, frozen=True):
+class Plan(msgspec.Struct, frozen=True):
     """A boundary's statements' parameters, made on the event loop."""
 
     session: str
@@ -150,11 +150,11 @@ class _Plan(msgspec.Struct, frozen=True):
     parts: list[tuple[str, str, int, bytes]]
 
 
-def plan(session: str, boundary: Boundary) -> _Plan | None:
+def plan(session: str, boundary: Boundary) -> Plan | None:
     """The parameters of a checked boundary; ``None`` when it writes nothing."""
     queue = None if boundary.queue is None else queue_plan(boundary.queue)
     pending = partial_plan(session, boundary.partial, boundary.drop_partials)
-    made = _Plan(
+    made = Plan(
         session=session,
         create=boundary.create,
         created=None if boundary.create is None else _ENCODE(boundary.create),
@@ -195,7 +195,7 @@ def plan(session: str, boundary: Boundary) -> _Plan | None:
     return None if empty else made
 
 
-def job(made: _Plan) -> PgJob:
+def job(made: Plan) -> PgJob:
     """The job that applies ``made`` in a savepoint of its own (see module)."""
 
     async def run(txn: Txn) -> int:
@@ -221,7 +221,7 @@ async def _many(conn: psycopg.AsyncConnection[Any], query: str, params: list[Any
             await cursor.executemany(query, params)
 
 
-async def _apply(txn: Txn, made: _Plan) -> int:
+async def _apply(txn: Txn, made: Plan) -> int:
     """Run a boundary's statements in ``Boundary``'s order; how many rows it deleted."""
     conn, session = txn.conn, made.session
     epoch = await fence(txn, session, made.create, made.created)
@@ -265,7 +265,7 @@ async def _set_cut_state(
     raise _checks.no_cut(session, row_id)
 
 
-async def _replace_queue(conn: psycopg.AsyncConnection[Any], made: _Plan) -> None:
+async def _replace_queue(conn: psycopg.AsyncConnection[Any], made: Plan) -> None:
     cursor = await conn.execute(sql.PUT_QUEUE_VERSION, (made.session, made.queue_version))
     if cursor.rowcount != 1:  # stale: the one decided last was written already
         return
@@ -273,7 +273,7 @@ async def _replace_queue(conn: psycopg.AsyncConnection[Any], made: _Plan) -> Non
     await _many(conn, sql.PUT_QUEUED, made.queued)
 
 
-async def _settings(conn: psycopg.AsyncConnection[Any], made: _Plan) -> None:
+async def _settings(conn: psycopg.AsyncConnection[Any], made: Plan) -> None:
     """The abandon marker, then the auto-retry preference (each when the plan has one)."""
     session = made.session
     if made.abandon is not None:
@@ -291,7 +291,7 @@ async def _settings(conn: psycopg.AsyncConnection[Any], made: _Plan) -> None:
 
 
 async def _refusal(
-    conn: psycopg.AsyncConnection[Any], made: _Plan, error: pg_errors.IntegrityError
+    conn: psycopg.AsyncConnection[Any], made: Plan, error: pg_errors.IntegrityError
 ) -> UsageError:
     """Name what a refused boundary tripped over (after its savepoint was rolled back)."""
     session = made.session

@@ -36,7 +36,7 @@ import anyio
 import psycopg
 from psycopg import errors as pg_errors
 
-from persistence import _checks, _pg_commit
+from persistence import _checks, _pg_commit, _pg_fast
 from persistence import _pg_sql as sql
 from persistence._decode import (
     Scan,
@@ -202,7 +202,7 @@ class PostgresStore:
         self._read_lock = anyio.Lock(fast_acquire=True)
         self._secrets = secrets_of(url)
         self._errors = _Translate(self._shown, self._secrets)
-        self._group: GroupCommit[_pg_commit.PgJob] = GroupCommit(
+        self._group: GroupCommit[_pg_commit.Plan] = GroupCommit(
             execute=self._execute, lock=self._lock, batching=group_commit
         )
         self._owner: str | None = None
@@ -212,6 +212,9 @@ class PostgresStore:
         self._renewer: Renewer | None = None
         self._renew_every = renew_every if renew_every is not None else self._lease / 3
         self._listener: Listener | None = None
+        #: Batches committed pipelined, and batches that fell back to commit by commit.
+        self.fast_batches = 0
+        self.careful_batches = 0
         #: Called when a peer gave its leases back (``watch_releases``).
         self._on_released: Callable[[], None] | None = None
 
@@ -427,8 +430,14 @@ class PostgresStore:
             self._writer = conn = await self._connect(read=False)
         return conn
 
-    async def _execute(self, jobs: list[_pg_commit.PgJob]) -> list[Outcome]:
-        """One batch: every job in one transaction, each in a savepoint of its own."""
+    async def _execute(self, plans: list[_pg_commit.Plan]) -> list[Outcome]:
+        """One batch in one transaction: pipelined when it can be, else commit by commit.
+
+        The fast way (``_pg_fast``) sends every statement of every commit at once; when one
+        of its checks fails (a fence, a cut state) or a statement fails, the transaction is
+        rolled back whole and the batch runs the careful way: each commit in a savepoint of
+        its own, so a refused one is named and writes nothing while the others commit.
+        """
         owner = self._owner
         if owner is None:
             raise _checks.not_open()
@@ -440,12 +449,23 @@ class PostgresStore:
             held=self.leases.held,
             lost_before=self.leases.lost,
         )
+        if len(plans) > 1 and all(_pg_fast.fast(plan, txn) for plan in plans):
+            try:
+                with self._errors:
+                    async with conn.transaction():
+                        deleted = await _pg_fast.run_fast(txn, plans)
+                self.fast_batches += 1
+                return [Outcome(value=value) for value in deleted]
+            except (_pg_fast.Careful, StoreError):
+                if conn.broken or conn.closed:
+                    raise
+                self.careful_batches += 1  # rolled back whole: commit by commit, then
         outcomes: list[Outcome] = []
         with self._errors:
             async with conn.transaction():
-                for job in jobs:
+                for plan in plans:
                     try:
-                        outcomes.append(Outcome(value=await job(txn)))
+                        outcomes.append(Outcome(value=await _pg_commit.job(plan)(txn)))
                     except (TurnkeeperError, pg_errors.DataError) as error:
                         outcomes.append(Outcome(error=error))
         self.leases.committed(txn.taken, txn.lost)
@@ -487,7 +507,7 @@ class PostgresStore:
         made = _pg_commit.plan(session, boundary)
         if made is None:
             return _NOTHING
-        deleted: int = await self._group.run(_pg_commit.job(made))
+        deleted: int = await self._group.run(made)
         return Committed(deleted=deleted) if deleted else _NOTHING
 
     # -- leases ---------------------------------------------------------------------------------

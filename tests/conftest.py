@@ -22,7 +22,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # -- a real PostgreSQL server (tests/pg_server.py) ----------------------------------------------
 
 import itertools  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -67,3 +67,28 @@ def pg_url(pg_server: _pg.PgServer, pg_database: str) -> Iterator[str]:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("SET synchronous_commit = off")
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def fresh_pg_url(pg_server: _pg.PgServer, pg_database: str) -> Iterator[Callable[[], str]]:
+    """Makes a URL of a fresh, empty schema at each call (all dropped after the test)."""
+    import psycopg
+
+    made: list[str] = []
+    url = pg_server.url(pg_database)
+
+    def fresh() -> str:
+        schema = f"t{next(_schemas)}"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = off")
+            conn.execute(f"CREATE SCHEMA {schema}")
+        made.append(schema)
+        return f"{url}&options=-csearch_path%3D{schema}"
+
+    try:
+        yield fresh
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = off")
+            for schema in made:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")

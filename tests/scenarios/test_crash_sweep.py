@@ -6,7 +6,8 @@ the scenario is run again with one more action, ``crash`` (and, separately, ``re
 expectations, it must *end*: an exit code 0, 1 or 3 within a real-time guard. A hang (the
 guard fires) or an exception escaping ``run_scenario`` is the failure.
 
-``make test`` runs every persisted event on the in-memory store and a sample on SQLite;
+``make test`` runs every persisted event on the in-memory store and a sample on SQLite and on
+PostgreSQL;
 ``TURNKEEPER_FUZZ=full`` (``make fuzz``) runs every persisted event on SQLite too, and every
 event of every kind (not only ``persisted``) on the in-memory store.
 """
@@ -17,12 +18,17 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from agent_session.harness.runner import run_scenario
 from persistence import MemoryStore, SqliteStore, Store
+from persistence.postgres import PostgresStore
 from tests.scenarios.sweep_kit import FULL, library, loaded, run_guarded, with_action
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 #: SQLite runs in ``make test``: the scenarios whose crash lands while a tool runs.
 SQLITE_SAMPLE = ("crash-during-tool", "tool-deadline-timed-out", "user-stop-during-tool")
@@ -87,6 +93,16 @@ def test_a_crash_or_restart_while_a_tool_runs_ends_the_run_on_sqlite(tmp_path: P
     assert chosen
     for index, point in enumerate(chosen):
         trial(point, SqliteStore(tmp_path / f"{index}.db"))
+
+
+def test_a_crash_or_restart_while_a_tool_runs_ends_the_run_on_postgresql(
+    fresh_pg_url: Callable[[], str],
+) -> None:
+    """The same sample on a real PostgreSQL server: each trial in a schema of its own."""
+    chosen = [p for p in points(every_event=False) if FULL or p.scenario in SQLITE_SAMPLE]
+    assert chosen
+    for point in chosen:
+        trial(point, PostgresStore(fresh_pg_url()))
 
 
 def test_a_crash_or_restart_at_every_event_of_any_kind_ends_the_run() -> None:
