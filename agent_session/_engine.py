@@ -45,7 +45,7 @@ from agent_session._session import AgentSession, SessionDisposed
 from agent_session._startup_receipts import plan_startup_receipts, sessions_of
 from agent_session._writer import Writer
 from agent_session.ports import EngineConfig, OpenGate, PreStreamGate
-from message_queue import CancelToken, DispatchMode
+from message_queue import CancelToken, DispatchMode, InvalidEntry, NewMessage
 from persistence import (
     RETRY_SETTINGS,
     AbandonMarker,
@@ -156,6 +156,12 @@ class Engine:
         self._rebuilt: dict[str, RebuiltQueue] = {}
         #: Set when a peer gave its leases back: the claim loop runs a round at once (LS-8).
         self._claim_wake = anyio.Event()
+        #: One taking of posted messages at a time (LS-9): a notification and a poll of the
+        #: same session never queue one message twice.
+        self._mail_lock = anyio.Lock()
+        #: Posted messages this engine queued whose inbox row may still be there (their
+        #: write in flight): never queued again; forgotten once the inbox no longer has them.
+        self._mail_taken: set[str] = set()
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
         self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None
@@ -209,6 +215,7 @@ class Engine:
             if leased:
                 assert isinstance(self.store, LeasedStore)
                 self.store.watch_releases(self._claim_wake.set)  # a peer's close: claim now
+                self.store.watch_inbox(self._mail_heard)  # LS-9: a message for a session
                 self._spawn(self._claim_forever)
         except BaseException:
             self._stack = None
@@ -278,6 +285,91 @@ class Engine:
             await self.recover(only=claimed)
         return tuple(sorted(claimed))
 
+    async def post(self, session_id: str, text: str) -> str:
+        """LS-9: a message to any session, from any engine process; its queue entry id.
+
+        On a store many processes share (``PostgresStore``): the message is committed to the
+        session's inbox with a ``pg_notify`` in one transaction, whichever process holds the
+        session. The holder's listener hears it and takes it into the session's durable
+        queue (as the entry ``inbox-<id>``, exactly once: the queue write that holds it takes
+        it off the inbox in the same transaction); a session nobody holds is taken by the
+        engine that hears it first. The claim rounds poll the inbox too (the fallback when a
+        notification is lost). The message is then a user message like any other.
+
+        Raises:
+            UsageError: The store is not shared (use ``AgentSession.send``), the session does
+                not exist, or the text is blank (nothing posted).
+            StoreError: The database failed (nothing posted).
+        """
+        store = self.store
+        if not isinstance(store, LeasedStore):
+            raise UsageError(
+                "Engine.post needs a store many processes share (PostgresStore); "
+                "on this store, send through the session (AgentSession.send)"
+            )
+        entry = await store.post(session_id, text)
+        self._mail_heard(session_id)  # held here: taken now, not when the notification comes
+        return entry
+
+    def _mail_heard(self, session_id: str) -> None:
+        """A message was posted to ``session_id`` (heard, or posted here): take it up."""
+        if self._group is not None:
+            self._spawn(lambda: self._take_mail(session_id))
+
+    async def _take_mail(self, session_id: str) -> None:
+        """Take ``session_id``'s posted messages into its queue, if this engine may hold it.
+
+        A session a peer holds is left to the peer (it hears the same notification). One that
+        nobody holds is taken (LS-2), what a previous holder left is recovered as a claim's,
+        and it is opened here. A failure is logged: the next claim round polls again.
+        """
+        store = self.store
+        assert isinstance(store, LeasedStore)
+        async with self._mail_lock:
+            try:
+                session = self._sessions.get(session_id)
+                if session is None:
+                    session = await self._take_for_mail(store, session_id)
+                    if session is None:
+                        return
+                waiting = await store.inbox(session_id)
+                here = {f"{session_id}\0{entry_id}" for entry_id, _ in waiting}
+                self._mail_taken = {
+                    key
+                    for key in self._mail_taken
+                    if key in here or not key.startswith(f"{session_id}\0")
+                }
+                for entry_id, text in waiting:
+                    key = f"{session_id}\0{entry_id}"
+                    if key in self._mail_taken:
+                        continue  # queued here already: its write is in flight
+                    try:
+                        session.enqueue_message(NewMessage(text=text, id=entry_id))
+                    except InvalidEntry:
+                        continue  # in the queue already
+                    self._mail_taken.add(key)
+            except (TurnkeeperError, OSError) as error:
+                log.warning("messages posted to %s not taken yet: %s", clip(session_id), error)
+
+    async def _take_for_mail(self, store: LeasedStore, session_id: str) -> AgentSession | None:
+        """The session ``session_id``, taken and opened here; ``None`` when a peer holds it."""
+        if session_id not in store.leases.held and await store.acquire(session_id) is None:
+            return None  # a peer holds it (or it does not exist): the peer takes the message
+        loaded = await self.store.load(session_id, envelopes=False)
+        if loaded is None:
+            return None
+        await self._recover_operations(only={session_id})
+        await self.recover(only={session_id})
+        found = self._sessions.get(session_id)
+        return found or await self.open_session(session_id, model=loaded.record.model)
+
+    async def _poll_mail(self) -> None:
+        """LS-9's fallback: the held sessions with messages waiting take them up."""
+        store = self.store
+        assert isinstance(store, LeasedStore)
+        for session_id in sorted(await store.mail_for(sorted(store.leases.held))):
+            await self._take_mail(session_id)
+
     async def _claim_forever(self) -> None:
         """LS-8: a claim round every ``claim_every_s``, jittered, on real time.
 
@@ -294,6 +386,7 @@ class Engine:
             self._claim_wake = anyio.Event()
             try:
                 await self.claim_expired()
+                await self._poll_mail()
             except (TurnkeeperError, OSError) as error:
                 log.warning("claiming expired sessions failed: %s", error)
 
@@ -372,6 +465,7 @@ class Engine:
         assert self._group is not None
         if isinstance(self.store, LeasedStore):
             self.store.watch_releases(None)
+            self.store.watch_inbox(None)
         self.manager.operations.close()  # from here on, no late resolution is written
         self._group.cancel_scope.cancel("the engine is shutting down")
         try:

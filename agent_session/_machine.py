@@ -125,6 +125,7 @@ from message_queue import (
     SendOptions,
 )
 from persistence import (
+    INBOX_ENTRY,
     AbandonMarker,
     Boundary,
     CutRecord,
@@ -2138,6 +2139,11 @@ class TurnMachine:
         commit = _boundaries.appended(
             row, "user-row", then=answer, failed=_in.AnswerError(), what="user row"
         )
+        if turn.entry_id is not None and turn.entry_id.startswith(INBOX_ENTRY):
+            commit = msgspec.structs.replace(  # LS-9: off the inbox as it enters history
+                commit,
+                boundary=msgspec.structs.replace(commit.boundary, inbox_taken=(turn.entry_id,)),
+            )
         if before is not None:  # PS-2: the leftover partial goes first, in the same commit
             commit = msgspec.structs.replace(
                 commit,

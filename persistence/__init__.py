@@ -46,6 +46,7 @@ from persistence._sqlite import SqliteStore
 from persistence._text import clip
 from persistence._urls import is_postgres_url, masked
 from persistence.records import (
+    INBOX_ENTRY,
     MAX_SEQ,
     MAX_STEPS,
     OPEN_OP_STATES,
@@ -83,6 +84,7 @@ from persistence.records import (
 from persistence.store import LeaseBook, LeasedStore, Store
 
 __all__ = [
+    "INBOX_ENTRY",
     "MAX_SEQ",
     "MAX_STEPS",
     "OPEN_OP_STATES",

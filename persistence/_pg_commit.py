@@ -36,7 +36,7 @@ from persistence._writes import (
     queue_plan,
     row_params,
 )
-from persistence.records import Boundary, HistoryRow, SessionRecord
+from persistence.records import INBOX_ENTRY, Boundary, HistoryRow, QueuedEntryRecord, SessionRecord
 
 _ENCODE = msgspec.json.Encoder().encode
 
@@ -148,6 +148,8 @@ class Plan(msgspec.Struct, frozen=True):
     auto_retry: bool | None
     part_drops: list[tuple[str, str]]
     parts: list[tuple[str, str, int, bytes]]
+    #: The inbox rows (LS-9) the queue snapshot holds as entries ``inbox-<id>``.
+    inbox: list[int]
 
 
 def plan(session: str, boundary: Boundary) -> Plan | None:
@@ -176,6 +178,10 @@ def plan(session: str, boundary: Boundary) -> Plan | None:
         auto_retry=boundary.auto_retry,
         part_drops=[] if pending is None else pending.drops,
         parts=[] if pending is None else pending.parts,
+        inbox=_inbox_ids(
+            (*(() if boundary.queue is None else boundary.queue.entries),),
+            boundary.inbox_taken,
+        ),
     )
     empty = not (
         made.create
@@ -191,8 +197,22 @@ def plan(session: str, boundary: Boundary) -> Plan | None:
         or made.auto_retry is not None
         or made.part_drops
         or made.parts
+        or made.inbox
     )
     return None if empty else made
+
+
+def _inbox_ids(entries: tuple[QueuedEntryRecord, ...], accepted: tuple[str, ...]) -> list[int]:
+    """The inbox rows a boundary takes off (LS-9), by id.
+
+    The entries named ``inbox-<id>`` its queue snapshot holds, and those it accepts.
+    """
+    found: list[int] = []
+    for entry_id in (*(entry.entry_id for entry in entries), *accepted):
+        number = entry_id.removeprefix(INBOX_ENTRY)
+        if number != entry_id and number.isdigit():
+            found.append(int(number))
+    return sorted(set(found))
 
 
 def job(made: Plan) -> PgJob:
@@ -239,6 +259,8 @@ async def _apply(txn: Txn, made: Plan) -> int:
         await _many(conn, sql.PUT_HANDLE, made.handles)
         if made.queue_version is not None:
             await _replace_queue(conn, made)
+        elif made.inbox:  # accepted without a queue write of its own
+            await conn.execute(sql.TAKE_INBOX, (session, made.inbox))
         await _settings(conn, made)
         await _many(conn, sql.DROP_PARTS, made.part_drops)
         await _many(conn, sql.PUT_PART, made.parts)
@@ -271,6 +293,8 @@ async def _replace_queue(conn: psycopg.AsyncConnection[Any], made: Plan) -> None
         return
     await conn.execute(sql.DROP_QUEUED, (made.session, made.spared))
     await _many(conn, sql.PUT_QUEUED, made.queued)
+    if made.inbox:  # LS-9: queued now, so off the inbox, in this same transaction
+        await conn.execute(sql.TAKE_INBOX, (made.session, made.inbox))
 
 
 async def _settings(conn: psycopg.AsyncConnection[Any], made: Plan) -> None:

@@ -34,6 +34,7 @@ def fast(plan: Plan, txn: Txn) -> bool:
         and plan.abandon is None
         and not plan.clear_abandon
         and plan.auto_retry is None
+        and not plan.inbox
         and txn.held.get(plan.session) is not None
     )
 

@@ -231,9 +231,21 @@ CLAIM = (
     "OR EXISTS (SELECT 1 FROM operations o WHERE o.session = s.id "
     "AND o.state IN ('requested', 'running')) "
     "OR EXISTS (SELECT 1 FROM queued_entries q WHERE q.session = s.id) "
+    "OR EXISTS (SELECT 1 FROM inbox i WHERE i.session = s.id) "
     "OR (SELECT h.kind FROM history_rows h WHERE h.session = s.id AND h.kind <> 'system' "
     "ORDER BY h.seq DESC LIMIT 1) <> 'assistant') "
     "ORDER BY s.lease_expires NULLS FIRST, s.id LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED) "
     "UPDATE sessions t SET owner = %(owner)s, epoch = t.epoch + 1, "
     f"lease_expires = {_LEASE} FROM claimable c WHERE t.id = c.id RETURNING t.id, t.epoch"
 )
+
+# -- the inbox (LS-9) -----------------------------------------------------------------------
+
+POST = "INSERT INTO inbox (session, body) VALUES (%s, %s) RETURNING id"
+#: Tell the listeners a session has mail (delivered when the posting transaction commits).
+NOTIFY_INBOX = "SELECT pg_notify('turnkeeper', 'inbox:' || %s)"
+SELECT_INBOX = "SELECT id, body FROM inbox WHERE session = %s ORDER BY id"
+#: The sessions among ``%s`` (a list of ids) that have mail.
+SELECT_MAIL_FOR = "SELECT DISTINCT session FROM inbox WHERE session = ANY(%s)"
+#: A queue write's inbox rows: taken off the inbox in the transaction that queues them.
+TAKE_INBOX = "DELETE FROM inbox WHERE session = %s AND id = ANY(%s)"

@@ -67,6 +67,7 @@ from persistence._pg_owner import OWNER_PATTERN
 from persistence._text import clip
 from persistence._urls import masked, scrubbed, secrets_of
 from persistence.records import (
+    INBOX_ENTRY,
     AbandonMarker,
     AbandonQuery,
     Boundary,
@@ -215,8 +216,10 @@ class PostgresStore:
         #: Batches committed pipelined, and batches that fell back to commit by commit.
         self.fast_batches = 0
         self.careful_batches = 0
-        #: Called when a peer gave its leases back (``watch_releases``).
+        #: Called when a peer gave its leases back (``watch_releases``), and when a message is
+        #: posted to a session (``watch_inbox``).
         self._on_released: Callable[[], None] | None = None
+        self._on_mail: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         state = "open" if self._open else "closed"
@@ -281,9 +284,15 @@ class PostgresStore:
         """
         self._on_released = callback
 
+    def watch_inbox(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback(session)`` whenever a message is posted to ``session`` (LS-9)."""
+        self._on_mail = callback
+
     def _heard(self, payload: str) -> None:
         if payload == RELEASED and self._on_released is not None:
             self._on_released()
+        elif payload.startswith("inbox:") and self._on_mail is not None:
+            self._on_mail(payload.removeprefix("inbox:"))
 
     async def close(self) -> None:
         """Release this incarnation's leases (a peer may take them at once) and disconnect.
@@ -592,6 +601,56 @@ class PostgresStore:
         released = {str(row[0]) for row in rows}
         self.leases.released(set(sessions))
         return released
+
+    # -- the inbox (LS-9) ------------------------------------------------------------------------
+
+    async def post(self, session: str, text: str) -> str:
+        """Post ``text`` to ``session`` from any process; the queue entry id it will have.
+
+        One transaction: the inbox row and a ``pg_notify`` the session's holder (or, when
+        nobody holds it, any listening engine) hears. No lease is needed. The holder takes it
+        into the session's durable queue as the entry ``inbox-<id>``.
+
+        Raises:
+            UsageError: The session does not exist, or ``text`` is empty (nothing posted).
+            StoreError: The database failed (nothing posted).
+        """
+        self._check_writable()
+        if not text.strip():
+            raise UsageError(f"a message posted to {session!r} must not be blank")
+        async with self._lock:
+            conn = await self._writer_conn()
+            try:
+                with self._errors:
+                    async with conn.transaction():
+                        (number,) = (await _fetch(conn, sql.POST, (session, text.encode())))[0]
+                        await conn.execute(sql.NOTIFY_INBOX, (session,))
+            except StoreError as error:
+                if isinstance(error.__context__, pg_errors.ForeignKeyViolation):
+                    raise _checks.unknown_session(session) from None
+                raise
+        return f"{INBOX_ENTRY}{number}"
+
+    async def inbox(self, session: str) -> tuple[tuple[str, str], ...]:
+        """The messages posted to ``session`` and not yet queued: ``(entry id, text)``, in order.
+
+        A body that is not UTF-8 is reported as a ``CorruptRecord`` naming its key.
+        """
+        found = []
+        for number, body in (await self._read([(sql.SELECT_INBOX, (session,))]))[0]:
+            try:
+                text = bytes(body).decode()
+            except UnicodeDecodeError as exc:
+                raise CorruptRecord("inbox", f"{session}/{number}", f"$: {exc}") from None
+            found.append((f"{INBOX_ENTRY}{number}", text))
+        return tuple(found)
+
+    async def mail_for(self, sessions: Sequence[str]) -> set[str]:
+        """Which of ``sessions`` have messages waiting in the inbox (the polling fallback)."""
+        if not sessions:
+            return set()
+        rows = (await self._read([(sql.SELECT_MAIL_FOR, (list(sessions),))]))[0]
+        return {str(sid) for (sid,) in rows}
 
     async def lease_rows(self) -> tuple[LeaseRow, ...]:
         """Every session's lease as the database holds it, by id (for ``inspect``).

@@ -588,6 +588,9 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         drop_partials: Streams whose partial parts are deleted (B5, B6, PS-2).
         partial: Parts of a stream's in-progress message to store (B4). Like receipts they
             need no session record.
+        inbox_taken: Queue entry ids of messages posted to the session's inbox (LS-9,
+            ``inbox-<id>``) this boundary accepts into history: taken off the inbox in the
+            same transaction. A store without an inbox has nothing to take off.
     """
 
     create: SessionRecord | None = None
@@ -603,6 +606,12 @@ class Boundary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     auto_retry: bool | None = None
     drop_partials: tuple[str, ...] = ()
     partial: PartialChunk | None = None
+    inbox_taken: tuple[str, ...] = ()
+
+
+#: The queue entry id of a message posted to a session's inbox is this prefix and the inbox
+#: row's id (LS-9): a boundary that queues or accepts such an entry takes the row off.
+INBOX_ENTRY = "inbox-"
 
 
 class Committed(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -247,3 +247,19 @@ class LeasedStore(Store, Protocol):
     def watch_releases(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` whenever a peer gives its leases back (``None``: stop)."""
         ...
+
+    def watch_inbox(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback(session)`` whenever a message is posted to a session (LS-9)."""
+        ...
+
+    async def post(self, session: str, text: str) -> str:
+        """Post a message to any session, from any process; its queue entry id."""
+        ...
+
+    async def inbox(self, session: str) -> tuple[tuple[str, str], ...]:
+        """The messages posted to ``session`` not yet queued: ``(entry id, text)``."""
+        ...
+
+    async def mail_for(self, sessions: Sequence[str]) -> set[str]:
+        """Which of ``sessions`` have messages waiting."""
+        ...

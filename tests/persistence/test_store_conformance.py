@@ -618,3 +618,11 @@ async def test_concurrent_writers_do_not_leak_into_a_refused_boundary(store: Sto
     assert len(refused) == 1
     assert [r.seq for r in await history(store, "s1")] == list(range(1, 11))
     assert [r.row_id for r in await history(store, "s2")] == ["taken"]
+
+
+async def test_ls9_a_boundary_naming_inbox_entries_commits_on_every_store(store: Store) -> None:
+    """A store without an inbox has nothing to take off; one with it takes what is named."""
+    await commit(store, "s1", create=session("s1"))
+    boundary = Boundary(rows=(row(1, kind=RowKind.USER),), inbox_taken=("inbox-41", "u-7"))
+    await store.commit("s1", boundary, owner=owner(store))
+    assert [r.seq for r in await history(store)] == [1]
