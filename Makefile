@@ -51,7 +51,9 @@ fuzz: $(STAMP)
 test-pg: $(STAMP)
 	TURNKEEPER_STORM=1000 $(BIN)/python -m pytest -q -s tests/persistence/test_pg_storm.py \
 		tests/persistence/test_pg_processes.py tests/persistence/test_pg_leases.py \
-		tests/persistence/test_pg_open.py tests/agent_session/test_engine_leases.py
+		tests/persistence/test_pg_open.py tests/persistence/test_pg_faults.py \
+		tests/persistence/test_pg_batches.py tests/agent_session/test_engine_leases.py \
+		tests/agent_session/test_engine_inbox.py
 
 # The peers are installed for benchmarking only (the `bench` extra); `test` and `demo` never need them.
 bench: $(STAMP)
