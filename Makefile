@@ -49,7 +49,8 @@ fuzz: $(STAMP)
 # engine's recovery on PostgreSQL. `make test` runs them too, the storm at 200 sessions. The
 # tests start their own throwaway server (tests/pg_server.py).
 test-pg: $(STAMP)
-	TURNKEEPER_STORM=1000 $(BIN)/python -m pytest -q -s tests/persistence/test_pg_storm.py \
+	TURNKEEPER_STORM=1000 TURNKEEPER_FLEET=1000 $(BIN)/python -m pytest -q -s \
+		tests/persistence/test_pg_storm.py tests/persistence/test_pg_fleet.py \
 		tests/persistence/test_pg_processes.py tests/persistence/test_pg_leases.py \
 		tests/persistence/test_pg_open.py tests/persistence/test_pg_faults.py \
 		tests/persistence/test_pg_batches.py tests/agent_session/test_engine_leases.py \
