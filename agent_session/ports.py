@@ -85,10 +85,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: a host store that hangs cannot hang the engine's exit (``docs/architecture.md``).
     cleanup_s: float = CLEANUP_S
     #: On a leased store (``PostgresStore``, LS-8): sessions one claim takes at most (each
-    #: process's share of a recovery storm), and the seconds between claims on the engine's
-    #: clock (each one jittered by up to a quarter either way, so peers do not claim in step).
+    #: process's share of a recovery storm), and the seconds of real time between claim
+    #: rounds (each jittered by up to a quarter either way, so peers do not claim in step):
+    #: a dead holder's sessions are taken at most ``lease + claim_every_s * 1.25`` after its
+    #: last renewal.
     claim_limit: int = 64
-    claim_every_s: float = 2.0
+    claim_every_s: float = 0.5
 
     def __post_init__(self) -> None:
         """Refuse a policy the engine cannot keep (one line naming the field)."""

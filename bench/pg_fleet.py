@@ -13,7 +13,7 @@ Starts a throwaway PostgreSQL server (``tests/pg_server.py``: ``fsync`` and
   flight). Beside it, the same turn on ``SqliteStore`` in one process (1,000 sessions).
 * **kill -9 failover**: a holder process (``tests/pg_worker.py``, the default 10 s lease) runs
   a turn whose tool call hangs; it is killed with ``SIGKILL``; a peer engine claiming every
-  2 s (the default) takes the turn up. The figure is the time from the kill to the peer's
+  0.5 s (the default) takes the turn up. The figure is the time from the kill to the peer's
   ``recovered`` event (target: within the lease plus 1 s).
 * **graceful handoff**: the same holder closes its engine cleanly instead (its leases go back
   at once); the time from its exit to the peer's ``recovered`` (target: under 1 s).
