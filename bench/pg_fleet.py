@@ -105,18 +105,17 @@ async def _worker(url: str, prefix: str, sessions: int) -> None:
     )
 
 
-def _fleet(url: str) -> dict[str, Any]:
-    """Four worker processes over 1,000 sessions, started together; their pooled figures."""
-    share = SESSIONS // PROCESSES
+def _together(commands: list[list[str]]) -> list[dict[str, Any]]:
+    """Start a process per command, let them all go at once (a barrier), their JSON reports."""
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "bench.pg_fleet", "--worker", url, f"p{n}-", str(share)],
+            [sys.executable, "-m", "bench.pg_fleet", *command],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for n in range(PROCESSES)
+        for command in commands
     ]
     for worker in workers:
         assert worker.stdout is not None
@@ -125,10 +124,13 @@ def _fleet(url: str) -> dict[str, Any]:
         assert worker.stdin is not None
         worker.stdin.write("go\n")
         worker.stdin.flush()
-    reports = []
-    for worker in workers:
-        out, _ = worker.communicate(timeout=900)
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return [json.loads(w.communicate(timeout=900)[0].strip().splitlines()[-1]) for w in workers]
+
+
+def _fleet(url: str) -> dict[str, Any]:
+    """Four worker processes over 1,000 sessions, started together; their pooled figures."""
+    share = SESSIONS // PROCESSES
+    reports = _together([["--worker", url, f"p{n}-", str(share)] for n in range(PROCESSES)])
     steps = sum(r["steps"] for r in reports)
     wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
     writes = [value for r in reports for value in r["writes_ns"]]
@@ -268,24 +270,7 @@ async def _recoverer(url: str, share: int) -> None:
 def _recovery(url: str) -> float:
     _seed_owed(url, OWED)
     share = OWED // PROCESSES
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.pg_fleet", "--recoverer", url, str(share)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(PROCESSES)
-    ]
-    for worker in workers:
-        assert worker.stdout is not None
-        assert worker.stdout.readline().strip() == "ready"
-    for worker in workers:
-        assert worker.stdin is not None
-        worker.stdin.write("go\n")
-        worker.stdin.flush()
-    reports = [json.loads(w.communicate(timeout=900)[0].strip().splitlines()[-1]) for w in workers]
+    reports = _together([["--recoverer", url, str(share)] for _ in range(PROCESSES)])
     assert sum(r["answered"] for r in reports) == OWED, reports
     return float(max(r["end"] for r in reports) - min(r["start"] for r in reports))
 

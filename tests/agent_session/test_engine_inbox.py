@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
 from agent_session import Engine, EngineConfig
@@ -20,13 +19,8 @@ from stream_manager import ScriptedModel, StreamEnded, VirtualClock
 from tests.agent_session.support import X
 from tests.agent_session.test_engine_leases import Seen
 from tests.persistence.helpers import session as record
+from tests.pg_kit import sql
 from tests.store_kit import commit
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def engine(url: str, answers: int, seen: Seen, *, claim_every_s: float = 3_600.0) -> Engine:

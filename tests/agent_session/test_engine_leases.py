@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
 from agent_session import Engine, EngineConfig, EngineEvent, Recovered
@@ -22,18 +21,7 @@ from persistence import LeaseLost, OpState, RowKind
 from persistence.postgres import PostgresStore
 from stream_manager import ScriptedModel, VirtualClock
 from tests.agent_session.support import T_, HookTool, X
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
-
-
-def expire(url: str, sid: str) -> None:
-    sql(
-        url, "UPDATE sessions SET lease_expires = now() - interval '1 second' WHERE id = %s", (sid,)
-    )
+from tests.pg_kit import expire, sql
 
 
 class Seen:

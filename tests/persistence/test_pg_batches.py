@@ -8,25 +8,17 @@ stand is refused by name and writes nothing, every other commit of the batch lan
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
-import psycopg
 import pytest
 
 from persistence import Boundary, CutState, CutStateChange, LeaseLost, RowKind, UsageError
 from persistence.postgres import PostgresStore
+from tests.pg_kit import sql
 from tests.store_kit import commit, history, owner
 
 from .helpers import cut, row, session
 
 SESSIONS = [f"b{n}" for n in range(7)]
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 async def held(url: str) -> PostgresStore:

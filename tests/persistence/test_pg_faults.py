@@ -14,9 +14,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import psycopg
 import pytest
 
 from agent_session import Engine, EngineConfig
@@ -27,14 +25,9 @@ from tests.agent_session.support import X
 from tests.agent_session.test_engine_leases import Seen
 from tests.persistence.helpers import row, session
 from tests.persistence.test_pg_storm import seed
+from tests.pg_kit import sql
 from tests.pg_server import PgServer
 from tests.store_kit import commit, history, owner
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def kill_backend(url: str, pid: int) -> None:

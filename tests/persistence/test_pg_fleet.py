@@ -18,19 +18,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from bench.many_sessions import STEPS
+from tests.pg_kit import sql
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = int(os.environ.get("TURNKEEPER_FLEET", "100"))
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def run_fleet(url: str, processes: int) -> None:

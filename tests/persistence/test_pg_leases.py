@@ -8,7 +8,7 @@ sleeping.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -16,25 +16,13 @@ import pytest
 from persistence import LeaseLost, RowKind, StaleOwner
 from persistence._pg_owner import OWNER_PATTERN
 from persistence.postgres import Leases, PostgresStore
+from tests.pg_kit import expire, sql
 from tests.store_kit import commit, history, owner
 
 from .helpers import row, session
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
-
-
-def expire(url: str, sid: str) -> None:
-    """Make ``sid``'s lease run out now, on the database's clock."""
-    sql(
-        url, "UPDATE sessions SET lease_expires = now() - interval '1 second' WHERE id = %s", (sid,)
-    )
 
 
 def lease_of(url: str, sid: str) -> tuple[str | None, int]:

@@ -7,9 +7,6 @@ masked) and what was wrong; nothing is written.
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
 import pytest
 
 from persistence import (
@@ -19,23 +16,10 @@ from persistence import (
     UsageError,
 )
 from persistence.postgres import PostgresStore, masked, pg_schema_version
+from tests.pg_kit import sql, tables
 from tests.store_kit import commit
 
 from .helpers import session
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
-
-
-def tables(url: str) -> set[str]:
-    found = sql(
-        url,
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()",
-    )
-    return {name for (name,) in found}
 
 
 async def test_a_fresh_schema_is_migrated_in_full_and_versioned(pg_url: str) -> None:

@@ -14,10 +14,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
 from agent_session import Engine, EngineConfig, Recovered
@@ -26,15 +24,10 @@ from persistence.postgres import PostgresStore
 from stream_manager import ScriptedModel, ScriptStep, SystemClock
 from tests.agent_session.support import HookTool
 from tests.agent_session.test_engine_leases import Seen
+from tests.pg_kit import sql
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_S = 2.0
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 class Worker:

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
 from agent_session import Engine, EngineConfig, Recovered
@@ -21,16 +20,11 @@ from persistence import CutRecord, HistoryRow, RowKind, SessionRecord, TurnEnvel
 from persistence.postgres import PostgresStore
 from stream_manager import ScriptedModel, ScriptStep, StreamEnded, VirtualClock
 from tests.agent_session.test_engine_leases import Seen
+from tests.pg_kit import sql
 from tests.store_kit import commit
 
 STORM_SESSIONS = int(os.environ.get("TURNKEEPER_STORM", "200"))
 ENGINES = 4
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 async def seed(url: str, count: int) -> None:

@@ -6,33 +6,15 @@ connections, so a URL may carry any password: the tests give it one to check it 
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
-import psycopg
 
 from persistence.postgres import PostgresStore
 from tests.persistence.helpers import session
+from tests.pg_kit import sql
 from tests.store_kit import commit
 
 #: The password the tests put in every URL: no output may ever hold it.
 SECRET = "Pw7-kq9zmT"
-
-
-def sql(url: str, query: str, params: Any = None) -> list[Any]:
-    """Run one statement on ``url`` (autocommit); its rows, if it returns any."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
-
-
-def tables(url: str) -> set[str]:
-    """The tables of the URL's schema."""
-    found = sql(
-        url,
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()",
-    )
-    return {name for (name,) in found}
 
 
 def with_password(url: str) -> str:

@@ -17,8 +17,9 @@ import pytest
 from agent_session.cli import main
 from persistence import _postgres
 from persistence.postgres import pg_schema_version
+from tests.pg_kit import sql, tables
 
-from .pg_kit import SECRET, lease, seed, sql, tables, with_password
+from .pg_kit import SECRET, lease, seed, with_password
 
 LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 #: Crashes mid-tool: leaves session ``dev`` and an indeterminate receipt ``dev/1/2/0``.

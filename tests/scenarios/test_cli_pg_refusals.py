@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from agent_session.cli import main
+from tests.pg_kit import sql, tables
 
-from .pg_kit import SECRET, seed, sql, tables, with_password
+from .pg_kit import SECRET, seed, with_password
 
 LIBRARY = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
 SCENARIO = str(LIBRARY / "plain-text-owes-nothing.toml")
