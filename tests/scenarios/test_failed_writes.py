@@ -28,6 +28,7 @@ of every library scenario.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,10 @@ import pytest
 from agent_session.harness.loader import load_scenario
 from agent_session.harness.runner import RunResult
 from agent_session.harness.scenario import Scenario
-from persistence import CutState, MemoryStore
+from persistence import CutState, MemoryStore, Store
 from tests.scenarios import write_checks as checks
 from tests.scenarios.sweep_kit import FULL, library, loaded, run_guarded, with_action
-from tests.scenarios.write_log import LoggedStore, Write
+from tests.scenarios.write_log import LoggedPgStore, LoggedStore, Write
 
 #: In ``make test``: every n-th placement of each scenario (all of them when FULL).
 SAMPLE_EVERY = 1 if FULL else 7
@@ -90,7 +91,7 @@ def _stranded_entries(trace: list[dict[str, Any]]) -> list[str]:
     return [entry for entry in queued if entry not in ended]
 
 
-async def _told_but_owed(store: MemoryStore, trace: list[dict[str, Any]]) -> list[str]:
+async def _told_but_owed(store: Store, trace: list[dict[str, Any]]) -> list[str]:
     """Cuts told ended whose durable record still says owed (told before durable)."""
     ended = {
         (line["session"], line["cut"]) for line in trace if line["event"] == "continuation-ended"
@@ -148,9 +149,10 @@ async def _problems(
     event: str,
     nth: int,
     what: str = "store_write",
+    make: Callable[[], LoggedStore | LoggedPgStore] = LoggedStore,
 ) -> list[str]:
     """What is wrong with the run that fails the next ``what`` write after ``event`` #``nth``."""
-    store = LoggedStore()
+    store = make()
     result = await run_guarded(_faulted(scenario, event, nth, what), store, (store.observe,))
     OUTCOMES[_outcome(result)] += 1
     trace = result.trace
@@ -191,6 +193,34 @@ async def test_a_failed_store_write_at_any_event_never_wedges_a_session(
     problems: list[str] = []
     for event, nth in placements:
         problems += await _problems(scenario, baseline, store.writes, event, nth, what)
+    assert placements
+    assert problems == []
+
+
+#: The PostgreSQL sample of ``make test``: a tool call, a stop during one, a queued message.
+PG_SAMPLE = ("crash-during-tool", "user-stop-during-tool", "user-message-during-tool")
+
+
+@pytest.mark.parametrize("name", PG_SAMPLE)
+async def test_a_failed_store_write_never_wedges_a_session_on_postgresql(
+    name: str, fresh_pg_url: Callable[[], str]
+) -> None:
+    """The same sweep on a real server (each run its own schema), every other placement."""
+    scenario = loaded(name)
+
+    def make() -> LoggedPgStore:
+        return LoggedPgStore(fresh_pg_url())
+
+    store = make()
+    baseline = await run_guarded(scenario, store, (store.observe,))
+    assert baseline.exit_code == 0, baseline.failures or baseline.error
+    assert checks.told_before_durable(baseline.trace, store.writes) == []
+    placements = _placements(baseline.trace)[:: 1 if FULL else 2]
+    problems: list[str] = []
+    for event, nth in placements:
+        problems += await _problems(
+            scenario, baseline, store.writes, event, nth, "store_write", make
+        )
     assert placements
     assert problems == []
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from persistence import Boundary, Committed, CutState, MemoryStore
+from persistence.postgres import PostgresStore
 
 Fact = tuple[str, ...]
 
@@ -56,6 +57,26 @@ class LoggedStore(MemoryStore):
         super().__init__()
         self.writes: list[Write] = []
         #: Engine events emitted so far (``crash`` is the harness's, not counted).
+        self.events = 0
+
+    def observe(self, _event: Any) -> None:
+        """Count one engine event (the run's observer)."""
+        self.events += 1
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Commit, and log the write once it returned."""
+        asked = self.events
+        committed = await super().commit(session, boundary, owner=owner)
+        self.writes.append(Write(session, facts_of(session, boundary), asked, self.events))
+        return committed
+
+
+class LoggedPgStore(PostgresStore):
+    """The same log over a real PostgreSQL schema (the sweep's PostgreSQL sample)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.writes: list[Write] = []
         self.events = 0
 
     def observe(self, _event: Any) -> None:
