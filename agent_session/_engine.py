@@ -59,6 +59,7 @@ from persistence import (
     OperationRecord,
     OpState,
     RecoverableCut,
+    RecoveryScan,
     Resolution,
     RowKind,
     SessionLoad,
@@ -511,6 +512,18 @@ class Engine:
 
     # ------------------------------------------------------------ sessions
 
+    async def _scan(self, only: str | Collection[str] | None) -> RecoveryScan:
+        """The startup scan: on a leased store, of the sessions this engine holds only."""
+        store = self.store
+        if not isinstance(store, LeasedStore):
+            return await store.scan_recoverable()
+        held = set(store.leases.held)
+        if only is not None:
+            held &= {only} if isinstance(only, str) else set(only)
+        if not held:
+            return RecoveryScan()
+        return await store.scan_recoverable_of(held)
+
     def _wanted(self, only: str | Collection[str] | None) -> Callable[[str], bool]:
         """Which sessions a recovery plans: ``only`` (one, or a few), and only this engine's.
 
@@ -546,7 +559,7 @@ class Engine:
         ``EngineConfig.recover_at_start`` is off. ``only``: plan that session (or those) alone
         (:meth:`reopen_session`).
         """
-        scan = await self.store.scan_recoverable()
+        scan = await self._scan(only)
         wanted = self._wanted(only)
         corrupt = [(sid, why) for sid, why in scan.corrupt if wanted(sid)]
         cuts = [found for found in scan.cuts if wanted(found.session.id)]
@@ -567,7 +580,7 @@ class Engine:
                 self._emit(event)  # an abandon is its write: untold when that failed
         superseded -= unwritten
         if superseded and self.config.auto_retry:  # its user row is the tail now (PS-4)
-            again = await self.store.scan_recoverable()
+            again = await self._scan(only)
             retried: list[Recovered | RetryAbandoned] = []
             tails = tuple(t for t in again.tails if t.session.id in superseded)
             resumed += await self._plan_retries(tails, wanted, retried)

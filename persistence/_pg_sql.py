@@ -249,3 +249,25 @@ SELECT_INBOX = "SELECT id, body FROM inbox WHERE session = %s ORDER BY id"
 SELECT_MAIL_FOR = "SELECT DISTINCT session FROM inbox WHERE session = ANY(%s)"
 #: A queue write's inbox rows: taken off the inbox in the transaction that queues them.
 TAKE_INBOX = "DELETE FROM inbox WHERE session = %s AND id = ANY(%s)"
+
+# -- the startup scan of some sessions only (a claim's: LS-8) -------------------------------
+
+_OF = "session = ANY(%(only)s)"
+SCAN_OWED_OF = f"SELECT {COLUMNS} FROM history_rows WHERE {LIVE} AND {_OF} ORDER BY session, seq"
+SCAN_TRAILING_OF = (
+    f"SELECT {H_COLUMNS} FROM history_rows h JOIN (SELECT session, max(seq) AS seq "
+    f"FROM history_rows WHERE {LIVE} AND {_OF} GROUP BY session) o "
+    "ON h.session = o.session AND h.seq > o.seq ORDER BY h.session, h.seq"
+)
+SCAN_SESSIONS_OF = (
+    "SELECT id, record FROM sessions WHERE id = ANY(%(only)s) AND id IN "
+    f"(SELECT DISTINCT session FROM history_rows WHERE {LIVE} AND {_OF})"
+)
+SCAN_STREAMS_OF = (
+    "SELECT session, stream FROM turn_envelopes WHERE session IN "
+    f"(SELECT DISTINCT session FROM history_rows WHERE {LIVE} AND {_OF}) ORDER BY written"
+)
+SCAN_QUEUED_OF = f"SELECT DISTINCT session FROM queued_entries WHERE {_OF} ORDER BY session"
+SCAN_TAIL_ROWS_OF = SCAN_TAIL_ROWS.replace(
+    "FROM sessions s WHERE NOT EXISTS", "FROM sessions s WHERE s.id = ANY(%(only)s) AND NOT EXISTS"
+)

@@ -21,14 +21,14 @@ is written.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.resources
+import logging
 import os
 import re
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 _NOTHING = Committed()
+log = logging.getLogger("turnkeeper.persistence")
 APPLICATION = "turnkeeper"
 #: The default lease: a crashed holder's sessions are taken up this long after its last renewal.
 DEFAULT_LEASE_S = 10.0
@@ -312,9 +313,8 @@ class PostgresStore:
                 if listener is not None:
                     await listener.stop()
                 owner, self._owner = self._owner, None
-                if owner is not None and self._writer is not None:
-                    with contextlib.suppress(psycopg.Error):  # else they run out by themselves
-                        await self._release_all(self._writer, owner)
+                if owner is not None:
+                    await self._release_on_close(owner)
                 self.leases.reset()
                 for conn in (self._writer, self._reader):
                     if conn is not None:
@@ -332,6 +332,23 @@ class PostgresStore:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    async def _release_on_close(self, owner: str) -> None:
+        """Give every lease back on a clean close, on a connection made again if need be.
+
+        The write connection may have been closed under a cancelled query (the engine's tasks
+        are cancelled as it shuts down): a fresh one is made for the release. Bounded by the
+        connect timeout; a release that fails is logged and the leases run out by themselves.
+        """
+        with anyio.move_on_after(self._timeout + 1):
+            try:
+                conn = await self._writer_conn()
+                await self._release_all(conn, owner)
+                return
+            except (psycopg.Error, StoreError) as exc:
+                log.warning("leases of %s not given back at close: %s", owner, exc)
+                return
+        log.warning("leases of %s not given back at close: it took too long", owner)
 
     @staticmethod
     async def _release_all(conn: psycopg.AsyncConnection[Any], owner: str) -> None:
@@ -711,7 +728,7 @@ class PostgresStore:
 
     async def scan_recoverable(self) -> RecoveryScan:
         """Every session with an owed cut record or an unanswered tail (one snapshot)."""
-        owed, trailing, sessions, streams, queued, tail_rows = await self._read(
+        return await self._scan(
             [
                 (sql.SCAN_OWED, ()),
                 (sql.SCAN_TRAILING, ()),
@@ -721,6 +738,28 @@ class PostgresStore:
                 (sql.SCAN_TAIL_ROWS, ()),
             ]
         )
+
+    async def scan_recoverable_of(self, sessions: Collection[str]) -> RecoveryScan:
+        """The startup scan of ``sessions`` only (a claim's, LS-8): what they need recovered.
+
+        Reads through the same indexes as :meth:`scan_recoverable`, bounded by the sessions
+        named: a claim of a few sessions never reads the whole store.
+        """
+        only = {"only": sorted(sessions)}
+        return await self._scan(
+            [
+                (sql.SCAN_OWED_OF, only),
+                (sql.SCAN_TRAILING_OF, only),
+                (sql.SCAN_SESSIONS_OF, only),
+                (sql.SCAN_STREAMS_OF, only),
+                (sql.SCAN_QUEUED_OF, only),
+                (sql.SCAN_TAIL_ROWS_OF, only),
+            ]
+        )
+
+    async def _scan(self, first: list[tuple[str, Params]]) -> RecoveryScan:
+        """The startup scan from its first six reads, then the tails' and versions' reads."""
+        owed, trailing, sessions, streams, queued, tail_rows = await self._read(first)
         tails = sorted({row[0] for row in tail_rows})
         both = sorted({row[0] for row in (*owed, *tail_rows)})
         versions, tail_sessions, tail_streams, last, abandon, retry = await self._read(

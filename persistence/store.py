@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Mapping, Sequence
     from types import TracebackType
 
     from persistence._open_receipts import OpenReceipts
@@ -238,6 +238,10 @@ class LeasedStore(Store, Protocol):
 
     async def acquire(self, session: str) -> int | None:
         """Take one session (``None``: a peer holds it, or it does not exist)."""
+        ...
+
+    async def scan_recoverable_of(self, sessions: Collection[str]) -> RecoveryScan:
+        """The startup scan of ``sessions`` only (the ones this engine holds)."""
         ...
 
     async def release(self, sessions: Sequence[str]) -> set[str]:

@@ -341,3 +341,35 @@ def test_ls4_a_session_taken_while_a_renewal_runs_is_not_lost() -> None:
     assert gone == set()
     assert leases.held == {"old": 3, "new": 1, "retaken": 5}
     assert leases.renewed([("new", 1), ("retaken", 5)], dict(leases.held)) == {"old"}
+
+
+async def test_ls8_a_scan_of_some_sessions_reads_what_the_whole_scan_says_of_them(
+    pg_url: str,
+) -> None:
+    from tests.persistence.test_pg_storm import seed as seed_owed_fleet
+
+    await seed_owed_fleet(pg_url, 9)  # s0000..s0008, each owing a cut
+    async with PostgresStore(pg_url) as store:
+        for n in range(3):  # and three tails (an unanswered user row)
+            await seed_owed(store, f"t{n}")
+        whole = await store.scan_recoverable()
+        chosen = {"s0002", "s0005", "t1", "nobody"}
+        part = await store.scan_recoverable_of(chosen)
+    assert [c.session.id for c in part.cuts] == ["s0002", "s0005"]
+    assert [t.session.id for t in part.tails] == ["t1"]
+    assert part.cuts == tuple(c for c in whole.cuts if c.session.id in chosen)
+    assert part.tails == tuple(t for t in whole.tails if t.session.id in chosen)
+
+
+async def test_ls6_a_close_gives_the_leases_back_even_when_its_connection_was_lost(
+    pg_url: str,
+) -> None:
+    """An engine shutting down cancels its tasks; psycopg closes a connection whose query was
+    cancelled, so the release must not count on the old one (the fleet test found it)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    await commit(store, "s1", create=session("s1"))
+    assert store._writer is not None
+    await store._writer.close()
+    await store.close()
+    assert lease_of(pg_url, "s1") == (None, 1)
