@@ -162,7 +162,7 @@ class Engine:
         self._mail_lock = anyio.Lock()
         #: Posted messages this engine queued whose inbox row may still be there (their
         #: write in flight): never queued again; forgotten once the inbox no longer has them.
-        self._mail_taken: set[str] = set()
+        self._mail_taken: dict[str, set[str]] = {}
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
         self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None
@@ -334,21 +334,17 @@ class Engine:
                     if session is None:
                         return
                 waiting = await store.inbox(session_id)
-                here = {f"{session_id}\0{entry_id}" for entry_id, _ in waiting}
-                self._mail_taken = {
-                    key
-                    for key in self._mail_taken
-                    if key in here or not key.startswith(f"{session_id}\0")
-                }
+                # What the inbox no longer holds was written: it need not be remembered.
+                taken = self._mail_taken.get(session_id, set()) & {e for e, _ in waiting}
                 for entry_id, text in waiting:
-                    key = f"{session_id}\0{entry_id}"
-                    if key in self._mail_taken:
+                    if entry_id in taken:
                         continue  # queued here already: its write is in flight
                     try:
                         session.enqueue_message(NewMessage(text=text, id=entry_id))
                     except InvalidEntry:
                         continue  # in the queue already
-                    self._mail_taken.add(key)
+                    taken.add(entry_id)
+                self._mail_taken[session_id] = taken
             except (TurnkeeperError, OSError) as error:
                 log.warning("messages posted to %s not taken yet: %s", clip(session_id), error)
 

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import anyio
@@ -89,6 +89,11 @@ class Leases:
         self.failures = 0
 
     @property
+    def lease(self) -> float:
+        """Seconds a lease lasts after its last renewal."""
+        return self._lease
+
+    @property
     def held(self) -> Mapping[str, int]:
         """Each held session's epoch."""
         return self._held
@@ -147,6 +152,19 @@ class Leases:
         return self._clock() - self._renewed < self._lease * (1 - MARGIN)
 
 
+def start_task(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """Run ``work`` on a task of its own, on the running event loop."""
+    return asyncio.get_running_loop().create_task(work, name=name)
+
+
+async def stop_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (if any) and wait for it to end."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 class Renewer:
     """Renews an incarnation's leases every ``every`` seconds on a task of its own."""
 
@@ -169,15 +187,12 @@ class Renewer:
 
     def start(self) -> None:
         """Start renewing (on the running event loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="turnkeeper-renew")
+        self._task = start_task(self._run(), "turnkeeper-renew")
 
     async def stop(self) -> None:
         """Stop renewing and close the connection."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.close()
@@ -188,7 +203,7 @@ class Renewer:
             conn = self._conn
             if conn is None or conn.closed or conn.broken:
                 self._conn = conn = await self._connect()
-            params = {"owner": self._owner, "lease": self._leases._lease}
+            params = {"owner": self._owner, "lease": self._leases.lease}
             before = dict(self._leases.held)  # what the statement's snapshot can see, at most
             cursor = await conn.execute(sql.RENEW, params)
             rows = [(str(session), int(epoch)) for session, epoch in await cursor.fetchall()]
@@ -237,15 +252,12 @@ class Listener:
 
     def start(self) -> None:
         """Start listening (on the running event loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="turnkeeper-listen")
+        self._task = start_task(self._run(), "turnkeeper-listen")
 
     async def stop(self) -> None:
         """Stop listening."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def _run(self) -> None:
         while True:

@@ -431,9 +431,8 @@ class PostgresStore:
             async with conn.transaction():
                 await conn.execute(sql.LOCK_MIGRATIONS)
                 version = await self._check_schema(conn)  # again, under the lock
-                for number, _, script in pg_migrations()[version:]:
+                for _, _, script in pg_migrations()[version:]:
                     await conn.execute(script.encode())  # several statements, no parameters
-                    del number
                 if version == 0:
                     await conn.execute(sql.INSERT_VERSION, (pg_schema_version(),))
                 elif version < pg_schema_version():

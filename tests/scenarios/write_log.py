@@ -13,6 +13,7 @@ A fact is a small tuple naming one durable thing, e.g. ``("row", "dev:r2")``, ``
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +51,10 @@ class Write:
     done: int
 
 
-class LoggedStore(MemoryStore):
-    """A ``MemoryStore`` that logs each commit; pass :meth:`observe` as a run's observer."""
+class _Log:
+    """What both logged stores keep: the writes, and the engine events emitted so far."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.writes: list[Write] = []
         #: Engine events emitted so far (``crash`` is the harness's, not counted).
         self.events = 0
@@ -63,12 +63,30 @@ class LoggedStore(MemoryStore):
         """Count one engine event (the run's observer)."""
         self.events += 1
 
-    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
-        """Commit, and log the write once it returned."""
+    async def logged(
+        self, session: str, boundary: Boundary, commit: Awaitable[Committed]
+    ) -> Committed:
+        """Await ``commit``, and log the write once it returned."""
         asked = self.events
-        committed = await super().commit(session, boundary, owner=owner)
+        committed = await commit
         self.writes.append(Write(session, facts_of(session, boundary), asked, self.events))
         return committed
+
+
+class LoggedStore(MemoryStore):
+    """A ``MemoryStore`` that logs each commit; pass :meth:`observe` as a run's observer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = _Log()
+        self.writes = self.log.writes
+        self.observe = self.log.observe
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        """Commit, and log the write once it returned."""
+        return await self.log.logged(
+            session, boundary, super().commit(session, boundary, owner=owner)
+        )
 
 
 class LoggedPgStore(PostgresStore):
@@ -76,16 +94,12 @@ class LoggedPgStore(PostgresStore):
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
-        self.writes: list[Write] = []
-        self.events = 0
-
-    def observe(self, _event: Any) -> None:
-        """Count one engine event (the run's observer)."""
-        self.events += 1
+        self.log = _Log()
+        self.writes = self.log.writes
+        self.observe = self.log.observe
 
     async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
         """Commit, and log the write once it returned."""
-        asked = self.events
-        committed = await super().commit(session, boundary, owner=owner)
-        self.writes.append(Write(session, facts_of(session, boundary), asked, self.events))
-        return committed
+        return await self.log.logged(
+            session, boundary, super().commit(session, boundary, owner=owner)
+        )
