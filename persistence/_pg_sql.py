@@ -136,6 +136,73 @@ PUT_PART = (
 )
 DROP_PARTS = "DELETE FROM partial_parts WHERE session = %s AND stream = %s"
 
+# -- a fast batch's statements (``_pg_fast``): one per table for many sessions ------------
+# One array per column (``unnest``), sent in binary (no text escaping of every element).
+# ``WITH ORDINALITY ... ORDER BY`` keeps the arrays' order, so an identity column
+# (``written``) numbers the rows as one insert after another would. A check that fails
+# (``turnkeeper_check``) fails the transaction before its COMMIT.
+
+#: The SQLSTATE of ``turnkeeper_check`` (migration 0003): a fast batch's check failed.
+CHECK_FAILED = "TK001"
+#: Every session of a batch held by this owner at the epoch it holds (or the batch fails).
+FENCE_MANY = (
+    "SELECT turnkeeper_check(count(*) = %(n)s, 'a lease of the batch did not hold') "
+    "FROM (SELECT 1 FROM sessions s JOIN unnest(%(ids)b::text[], %(epochs)b::bigint[]) "
+    "AS h(id, epoch) ON s.id = h.id AND s.epoch = h.epoch WHERE s.owner = %(owner)s "
+    "ORDER BY s.id FOR KEY SHARE OF s) f"
+)
+DELETE_ROWS_MANY = (
+    "DELETE FROM history_rows h USING unnest(%b::text[], %b::text[]) AS d(session, row_id) "
+    "WHERE h.session = d.session AND h.row_id = d.row_id RETURNING h.session"
+)
+INSERT_ROWS = (
+    "INSERT INTO history_rows (session, seq, row_id, kind, stream, cut_state, cut, body, epoch) "
+    "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
+    "%b::text[], %b::bytea[], %b::bytea[], %b::bigint[])"
+)
+#: Every cut state of a wave moved its row (or the batch fails).
+SET_CUT_STATES = (
+    "WITH moved AS (UPDATE history_rows h SET cut_state = u.state, cut = convert_to(jsonb_set("
+    "convert_from(h.cut, 'UTF8')::jsonb, '{state}', to_jsonb(u.state))::text, 'UTF8') "
+    "FROM unnest(%(sessions)b::text[], %(rows)b::text[], %(states)b::text[]) "
+    "AS u(session, row_id, state) "
+    "WHERE h.session = u.session AND h.row_id = u.row_id AND h.cut IS NOT NULL RETURNING 1) "
+    "SELECT turnkeeper_check(count(*) = %(n)s, 'a cut state of the batch moved no row') "
+    "FROM moved"
+)
+PUT_ENVELOPES = (
+    "INSERT INTO turn_envelopes (session, stream, record) SELECT u.s, u.t, u.r "
+    "FROM unnest(%b::text[], %b::text[], %b::bytea[]) WITH ORDINALITY AS u(s, t, r, n) "
+    "ORDER BY u.n ON CONFLICT (session, stream) DO UPDATE SET record = excluded.record"
+)
+PUT_OPERATIONS = (
+    "INSERT INTO operations "
+    "(op_id, session, state, capability, target, resolved_by, resolved_at, record, epoch) "
+    "SELECT u.a, u.b, u.c, u.d, u.e, u.f, u.g, u.h, u.i FROM unnest(%b::text[], %b::text[], "
+    "%b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], %b::bytea[], %b::bigint[]) "
+    "WITH ORDINALITY AS u(a, b, c, d, e, f, g, h, i, n) ORDER BY u.n "
+    "ON CONFLICT (op_id) DO UPDATE SET "
+    "session = excluded.session, state = excluded.state, capability = excluded.capability, "
+    "target = excluded.target, resolved_by = excluded.resolved_by, "
+    "resolved_at = excluded.resolved_at, record = excluded.record, epoch = excluded.epoch"
+)
+PUT_HANDLES = (
+    "INSERT INTO handles (handle_id, owner, target, status, record) "
+    "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::bytea[]) "
+    "ON CONFLICT (handle_id) DO UPDATE SET owner = excluded.owner, target = excluded.target, "
+    "status = excluded.status, record = excluded.record"
+)
+DROP_PARTS_MANY = (
+    "DELETE FROM partial_parts p USING unnest(%b::text[], %b::text[]) AS d(session, stream) "
+    "WHERE p.session = d.session AND p.stream = d.stream"
+)
+PUT_PARTS = (
+    "INSERT INTO partial_parts (session, stream, position, body) SELECT u.s, u.t, u.p, u.b "
+    "FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bytea[]) WITH ORDINALITY "
+    "AS u(s, t, p, b, n) ORDER BY u.n "
+    "ON CONFLICT (session, stream, position) DO UPDATE SET body = excluded.body"
+)
+
 # -- reads ----------------------------------------------------------------------------------
 
 COLUMNS = "session, seq, row_id, kind, stream, cut_state, cut, body"

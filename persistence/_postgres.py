@@ -477,8 +477,7 @@ class PostgresStore:
         if len(plans) > 1 and all(_pg_fast.fast(plan, txn) for plan in plans):
             try:
                 with self._errors:
-                    async with conn.transaction():
-                        deleted = await _pg_fast.run_fast(txn, plans)
+                    deleted = await _pg_fast.run_fast(txn, plans)
                 self.fast_batches += 1
                 return [Outcome(value=value) for value in deleted]
             except (_pg_fast.Careful, StoreError):
