@@ -65,6 +65,7 @@ from agent_session._events import (
 )
 from agent_session._owners import TurnOwner
 from agent_session._phases import BrokenSession, IllegalTransition, Phase
+from agent_session._requests import RequestRefused, RequestUnanswered
 from agent_session._session import AgentSession, SessionDisposed
 from agent_session._statistics import SessionStatistics
 from agent_session.ports import EngineConfig, OpenGate, PreStreamFailure, PreStreamGate
@@ -113,6 +114,8 @@ __all__ = [
     "PreStreamGate",
     "QueueCleared",
     "Recovered",
+    "RequestRefused",
+    "RequestUnanswered",
     "ResumeAttempted",
     "RetryAbandoned",
     "RetryScheduled",

@@ -39,6 +39,13 @@ from agent_session._recovery import (
     plan_retry,
     steps_done,
 )
+from agent_session._requests import (
+    Asker,
+    RequestRefused,
+    answer_requests,
+    refusal,
+    resolve_by_holder,
+)
 from agent_session._retry import retry_policy
 from agent_session._rows import decode_body, encode_body
 from agent_session._session import AgentSession, SessionDisposed
@@ -56,10 +63,13 @@ from persistence import (
     HandleStatus,
     HistoryRow,
     LeasedStore,
+    LeaseLost,
     OperationRecord,
     OpState,
     RecoverableCut,
     RecoveryScan,
+    Reply,
+    Request,
     Resolution,
     RowKind,
     SessionLoad,
@@ -68,6 +78,7 @@ from persistence import (
     Store,
     TurnkeeperError,
     UsageError,
+    as_resolution,
     clip,
 )
 from stream_manager import (
@@ -82,6 +93,7 @@ from stream_manager import (
     SystemClock,
     Tool,
     ToolResultPart,
+    WriteFailed,
     decode_parts,
 )
 
@@ -163,6 +175,10 @@ class Engine:
         #: Posted messages this engine queued whose inbox row may still be there (their
         #: write in flight): never queued again; forgotten once the inbox no longer has them.
         self._mail_taken: dict[str, set[str]] = {}
+        #: LS-10: what this engine asks of peers (made when a leased store opens), and one
+        #: answering of a session's requests at a time.
+        self._asker: Asker | None = None
+        self._request_lock = anyio.Lock()
         #: Recovered sessions whose resume has no outcome yet: what frees each one's slot.
         self._recovering: dict[str, Callable[[], None]] = {}
         self._group: anyio.abc.TaskGroup | None = None
@@ -217,6 +233,13 @@ class Engine:
                 assert isinstance(self.store, LeasedStore)
                 self.store.watch_releases(self._claim_wake.set)  # a peer's close: claim now
                 self.store.watch_inbox(self._mail_heard)  # LS-9: a message for a session
+                self._asker = Asker(
+                    self.store,
+                    timeout_s=self.config.request_timeout_s,
+                    poll_s=self.config.claim_every_s,
+                )
+                self.store.watch_answers(self._asker.heard)  # LS-10: a peer answered
+                self.store.watch_requests(self._requests_heard)  # LS-10: a peer asks
                 self._spawn(self._claim_forever)
         except BaseException:
             self._stack = None
@@ -384,8 +407,92 @@ class Engine:
             try:
                 await self.claim_expired()
                 await self._poll_mail()
+                await self._poll_requests()
             except (TurnkeeperError, OSError) as error:
                 log.warning("claiming expired sessions failed: %s", error)
+
+    # ------------------------------------------------------------ LS-10: requests
+
+    async def stop(self, session_id: str) -> str:
+        """AS-30 from any process: a user Stop of ``session_id``; the queued text given back.
+
+        A session open here is stopped here (``AgentSession.stop``). On a store many
+        processes share, one held elsewhere (or by nobody) is asked of its holder: the
+        request and a ``pg_notify`` commit in one transaction, the holder (the engine that
+        takes it, when nobody holds it) stops it and answers, and its answer is returned.
+
+        Raises:
+            UsageError: The session is not open here, and the store is not shared; or it
+                does not exist.
+            RequestUnanswered: No answer in ``request_timeout_s`` (the request is withdrawn).
+            RequestRefused: The holder's stop failed (its error type and message).
+        """
+        session = self._sessions.get(session_id)
+        store = self.store
+        if session is not None and (
+            not isinstance(store, LeasedStore) or session_id in store.leases.held
+        ):
+            return session.stop()
+        if self._asker is None:
+            return self.session(session_id).stop()  # not open: the UsageError it names
+        reply = await self._asker.ask(session_id, "stop", {})
+        if not reply.ok:
+            raise RequestRefused(session_id, "stop", reply.error, reply.message)
+        return reply.value
+
+    def _requests_heard(self, session_id: str) -> None:
+        """A request was posted for ``session_id``: answer it, if this engine may hold it."""
+        if self._group is not None:
+            self._spawn(lambda: self._take_requests(session_id))
+
+    async def _take_requests(self, session_id: str) -> None:
+        """Carry out and answer ``session_id``'s requests, when this engine holds it or may.
+
+        A session a peer holds is left to the peer (it hears the same notification); one that
+        nobody holds is taken here (LS-2). A resolution needs the lease alone; a stop needs
+        the session open here, so one not open is opened as for a message (LS-9). A failure
+        is logged: the next claim round polls again.
+        """
+        store = self.store
+        assert isinstance(store, LeasedStore)
+        async with self._request_lock:
+            try:
+                if session_id not in store.leases.held and await store.acquire(session_id) is None:
+                    return  # a peer holds it (or it does not exist): the peer answers
+
+                async def carry_out(request: Request) -> Reply:
+                    return await self._carry_out(store, session_id, request)
+
+                await answer_requests(store, session_id, carry_out)
+            except (TurnkeeperError, OSError) as error:
+                log.warning("requests for %s not answered yet: %s", clip(session_id), error)
+
+    async def _carry_out(self, store: LeasedStore, session_id: str, request: Request) -> Reply:
+        """One request, carried out here: its reply (a failure's type and message)."""
+        try:
+            if request.kind == "resolve":
+                body = request.body  # carried out here only: never asked on of another engine
+                record = await self.manager.operations.resolve_indeterminate(
+                    body.get("op_id", ""),
+                    as_resolution(body.get("as", "")),
+                    note=body.get("note", ""),
+                )
+                return Reply(ok=True, value=record.op_id)
+            session = self._sessions.get(session_id)
+            if session is None:
+                session = await self._take_for_mail(store, session_id)
+            if session is None:
+                raise UsageError(f"session {session_id!r} cannot be opened here")
+            return Reply(ok=True, value=session.stop())
+        except TurnkeeperError as error:
+            return refusal(error)
+
+    async def _poll_requests(self) -> None:
+        """LS-10's fallback: the held sessions with requests waiting answer them."""
+        store = self.store
+        assert isinstance(store, LeasedStore)
+        for session_id in sorted(await store.asked_for(sorted(store.leases.held))):
+            await self._take_requests(session_id)
 
     async def _restart_history(self, session: str) -> tuple[HistoryRow, ...] | None:
         """``session``'s rows, where the restart note goes after them.
@@ -410,13 +517,28 @@ class Engine:
         ``note``), then the overlap guard lets the operation go: an identical call in its
         session runs again (OP-9), and after a restart too.
 
+        On a store many processes share, a receipt whose session a peer holds is resolved by
+        that peer (LS-10): this engine's write is refused by the lease (nothing written), so
+        it asks the holder, which writes the receipt and answers; the receipt returned is
+        then read back from the store.
+
         Raises:
             NotResolvable: No such receipt, a damaged one, or one that is not indeterminate
                 (nothing written).
             UsageError: An unknown resolution or an empty note.
-            WriteFailed: The write failed; the operation stays indeterminate.
+            WriteFailed: The write failed (here or at the holder); the operation stays
+                indeterminate.
+            RequestUnanswered: The holder did not answer in ``request_timeout_s``.
+            RequestRefused: The holder's resolution failed otherwise (its error's type).
         """
-        return await self.manager.operations.resolve_indeterminate(op_id, as_, note=note)
+        resolution = as_resolution(as_)
+        try:
+            return await self.manager.operations.resolve_indeterminate(op_id, resolution, note=note)
+        except WriteFailed as failed:
+            lost = failed.__cause__
+            if not isinstance(lost, LeaseLost) or lost.holder is None or self._asker is None:
+                raise
+        return await resolve_by_holder(self._asker, lost.session, op_id, resolution, note)
 
     async def provider_changed(
         self, *, fixable: frozenset[str] = PROVIDER_FIXABLE
@@ -463,6 +585,8 @@ class Engine:
         if isinstance(self.store, LeasedStore):
             self.store.watch_releases(None)
             self.store.watch_inbox(None)
+            self.store.watch_requests(None)
+            self.store.watch_answers(None)
         self.manager.operations.close()  # from here on, no late resolution is written
         self._group.cancel_scope.cancel("the engine is shutting down")
         try:

@@ -91,6 +91,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: last renewal.
     claim_limit: int = 64
     claim_every_s: float = 0.5
+    #: LS-10: seconds of real time a stop or a resolution asked of a session's holder in
+    #: another process waits for its answer before it is withdrawn (``RequestUnanswered``);
+    #: above the lease plus a claim round, so a dead holder's successor can answer.
+    request_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         """Refuse a policy the engine cannot keep (one line naming the field)."""
@@ -112,4 +116,6 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise UsageError("EngineConfig.claim_limit must be at least 1")
         if not self.claim_every_s > 0:  # NaN too
             raise UsageError("EngineConfig.claim_every_s must be a positive number of seconds")
+        if not self.request_timeout_s > 0:  # NaN too
+            raise UsageError("EngineConfig.request_timeout_s must be a positive number of seconds")
         self.compaction()  # refuses a window, share or prompt no compaction can keep

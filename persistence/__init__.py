@@ -31,6 +31,7 @@ from persistence._errors import (
 from persistence._logging import quiet_aiosqlite
 from persistence._memory import MemoryStore
 from persistence._open_receipts import DamagedReceipt, OpenReceipts
+from persistence._requests import Reply, Request, RequestKind, Withdrawn
 from persistence._resolve import (
     OPERATOR,
     OPERATOR_OUTCOMES,
@@ -124,6 +125,9 @@ __all__ = [
     "ReceiptQuery",
     "RecoverableCut",
     "RecoveryScan",
+    "Reply",
+    "Request",
+    "RequestKind",
     "Resolution",
     "RowKind",
     "SessionList",
@@ -141,6 +145,7 @@ __all__ = [
     "TurnkeeperError",
     "UnsupportedSchemaVersion",
     "UsageError",
+    "Withdrawn",
     "as_resolution",
     "checked_note",
     "clip",

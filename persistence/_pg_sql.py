@@ -299,6 +299,7 @@ CLAIM = (
     "AND o.state IN ('requested', 'running')) "
     "OR EXISTS (SELECT 1 FROM queued_entries q WHERE q.session = s.id) "
     "OR EXISTS (SELECT 1 FROM inbox i WHERE i.session = s.id) "
+    "OR EXISTS (SELECT 1 FROM requests r WHERE r.session = s.id AND r.begun IS NULL) "
     "OR (SELECT h.kind FROM history_rows h WHERE h.session = s.id AND h.kind <> 'system' "
     "ORDER BY h.seq DESC LIMIT 1) <> 'assistant') "
     "ORDER BY s.lease_expires NULLS FIRST, s.id LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED) "
@@ -338,3 +339,26 @@ SCAN_QUEUED_OF = f"SELECT DISTINCT session FROM queued_entries WHERE {_OF} ORDER
 SCAN_TAIL_ROWS_OF = SCAN_TAIL_ROWS.replace(
     "FROM sessions s WHERE NOT EXISTS", "FROM sessions s WHERE s.id = ANY(%(only)s) AND NOT EXISTS"
 )
+
+# -- requests to a session's holder (LS-10) -------------------------------------------------------
+
+ASK = "INSERT INTO requests (session, kind, body) VALUES (%s, %s, %s) RETURNING id"
+NOTIFY_REQUEST = "SELECT pg_notify('turnkeeper', 'request:' || %s)"
+#: The requests a holder has to carry out: not begun (one begun is its beginner's).
+SELECT_REQUESTS = (
+    "SELECT id, session, kind, body FROM requests WHERE session = %s AND begun IS NULL ORDER BY id"
+)
+SELECT_ASKED_FOR = "SELECT DISTINCT session FROM requests WHERE session = ANY(%s) AND begun IS NULL"
+#: The holder takes a request on before it carries it out (only one its asker still asks).
+BEGIN_REQUEST = "UPDATE requests SET begun = now() WHERE id = %s AND begun IS NULL RETURNING id"
+#: The holder's answer, only to a request it began and its asker has not withdrawn.
+ANSWER = (
+    "UPDATE requests SET answer = %s WHERE id = %s AND begun IS NOT NULL AND answer IS NULL "
+    "RETURNING id"
+)
+NOTIFY_ANSWER = "SELECT pg_notify('turnkeeper', 'answer:' || %s)"
+#: The asker takes the answer (the row goes once it is read: a damaged one stays), or
+#: withdraws the unanswered request, learning whether the holder had begun it.
+SELECT_ANSWER = "SELECT answer FROM requests WHERE id = %s AND answer IS NOT NULL FOR UPDATE"
+DELETE_REQUEST = "DELETE FROM requests WHERE id = %s"
+WITHDRAW = "DELETE FROM requests WHERE id = %s AND answer IS NULL RETURNING begun IS NOT NULL"

@@ -64,6 +64,16 @@ from persistence._partial import check_chunk
 from persistence._pg_commit import Params
 from persistence._pg_leases import RELEASED, LeaseRow, Leases, Listener, Renewer, lease_problem
 from persistence._pg_owner import OWNER_PATTERN
+from persistence._requests import (
+    KINDS,
+    Reply,
+    Request,
+    RequestKind,
+    Withdrawn,
+    decode_reply,
+    decode_request,
+    encode,
+)
 from persistence._text import clip
 from persistence._urls import masked, scrubbed, secrets_of
 from persistence.records import (
@@ -221,6 +231,9 @@ class PostgresStore:
         #: posted to a session (``watch_inbox``).
         self._on_released: Callable[[], None] | None = None
         self._on_mail: Callable[[str], None] | None = None
+        #: Called when a request is posted for a session, and when one is answered (LS-10).
+        self._on_request: Callable[[str], None] | None = None
+        self._on_answer: Callable[[int], None] | None = None
 
     def __repr__(self) -> str:
         state = "open" if self._open else "closed"
@@ -294,6 +307,20 @@ class PostgresStore:
             self._on_released()
         elif payload.startswith("inbox:") and self._on_mail is not None:
             self._on_mail(payload.removeprefix("inbox:"))
+        elif payload.startswith("request:") and self._on_request is not None:
+            self._on_request(payload.removeprefix("request:"))
+        elif payload.startswith("answer:") and self._on_answer is not None:
+            number = payload.removeprefix("answer:")
+            if number.isdigit():
+                self._on_answer(int(number))
+
+    def watch_requests(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback(session)`` whenever a request is posted for ``session`` (LS-10)."""
+        self._on_request = callback
+
+    def watch_answers(self, callback: Callable[[int], None] | None) -> None:
+        """Call ``callback(request id)`` whenever a holder answers a request (LS-10)."""
+        self._on_answer = callback
 
     async def close(self) -> None:
         """Release this incarnation's leases (a peer may take them at once) and disconnect.
@@ -633,18 +660,23 @@ class PostgresStore:
         self._check_writable()
         if not text.strip():
             raise UsageError(f"a message posted to {session!r} must not be blank")
+        number = await self._posted(session, sql.POST, (session, text.encode()), sql.NOTIFY_INBOX)
+        return f"{INBOX_ENTRY}{number}"
+
+    async def _posted(self, session: str, insert: str, params: Params, notify: str) -> int:
+        """Insert a row for ``session`` and notify, in one transaction; the row's number."""
         async with self._lock:
             conn = await self._writer_conn()
             try:
                 with self._errors:
                     async with conn.transaction():
-                        (number,) = (await _fetch(conn, sql.POST, (session, text.encode())))[0]
-                        await conn.execute(sql.NOTIFY_INBOX, (session,))
+                        (number,) = (await _fetch(conn, insert, params))[0]
+                        await conn.execute(notify, (session,))
             except StoreError as error:
                 if isinstance(error.__context__, pg_errors.ForeignKeyViolation):
                     raise _checks.unknown_session(session) from None
                 raise
-        return f"{INBOX_ENTRY}{number}"
+        return int(number)
 
     async def inbox(self, session: str) -> tuple[tuple[str, str], ...]:
         """The messages posted to ``session`` and not yet queued: ``(entry id, text)``, in order.
@@ -666,6 +698,104 @@ class PostgresStore:
             return set()
         rows = (await self._read([(sql.SELECT_MAIL_FOR, (list(sessions),))]))[0]
         return {str(sid) for (sid,) in rows}
+
+    # -- requests to a session's holder (LS-10) ------------------------------------------------
+
+    async def ask(self, session: str, kind: RequestKind, body: dict[str, str]) -> int:
+        """Ask ``session``'s holder, whichever process it is, to carry out ``kind``; its id.
+
+        One transaction: the ``requests`` row and a ``pg_notify`` the holder (or, when nobody
+        holds the session, any listening engine) hears. The asker waits for the answer
+        (``take_answer``, woken by ``watch_answers``) or gives up (``withdraw``).
+
+        Raises:
+            UsageError: The session does not exist, or ``kind`` is unknown (nothing asked).
+            StoreError: The database failed (nothing asked).
+        """
+        self._check_writable()
+        if kind not in KINDS:
+            raise UsageError(f"a request must be one of {', '.join(KINDS)}, not {kind!r}")
+        params = (session, kind, encode(body))
+        return await self._posted(session, sql.ASK, params, sql.NOTIFY_REQUEST)
+
+    async def requests(self, session: str) -> tuple[Request, ...]:
+        """The requests for ``session`` not answered yet, oldest first.
+
+        Raises:
+            CorruptRecord: A row's kind or body is damaged (it is named; nothing is deleted).
+        """
+        rows = (await self._read([(sql.SELECT_REQUESTS, (session,))]))[0]
+        return tuple(
+            decode_request(int(number), str(sid), str(kind), bytes(body))
+            for number, sid, kind, body in rows
+        )
+
+    async def asked_for(self, sessions: Sequence[str]) -> set[str]:
+        """Which of ``sessions`` have requests not answered yet (the polling fallback)."""
+        if not sessions:
+            return set()
+        rows = (await self._read([(sql.SELECT_ASKED_FOR, (list(sessions),))]))[0]
+        return {str(sid) for (sid,) in rows}
+
+    async def answer(self, request: int, reply: Reply) -> bool:
+        """Write the holder's ``reply`` to ``request``, with a ``pg_notify``, in one transaction.
+
+        ``False`` when the request is not begun, gone (its asker withdrew it) or answered
+        already: the reply is then not written and nobody is told.
+        """
+        self._check_writable()
+        async with self._lock:
+            conn = await self._writer_conn()
+            with self._errors:
+                async with conn.transaction():
+                    found = await _fetch(conn, sql.ANSWER, (encode(reply), request))
+                    if found:
+                        await conn.execute(sql.NOTIFY_ANSWER, (str(request),))
+        return bool(found)
+
+    async def take_answer(self, request: int) -> Reply | None:
+        """The reply to ``request``, taken (its row deleted); ``None`` while not answered.
+
+        Raises:
+            CorruptRecord: The stored reply is damaged (the row stays).
+        """
+        self._check_writable()
+        async with self._lock:
+            conn = await self._writer_conn()
+            with self._errors:
+                async with conn.transaction():
+                    found = await _fetch(conn, sql.SELECT_ANSWER, (request,))
+                    if not found:
+                        return None
+                    reply = decode_reply(request, bytes(found[0][0]))
+                    await conn.execute(sql.DELETE_REQUEST, (request,))
+        return reply
+
+    async def begin(self, request: int) -> bool:
+        """The holder takes ``request`` on; ``False`` when its asker withdrew it (leave it)."""
+        return await self._one_write(sql.BEGIN_REQUEST, (request,)) is not None
+
+    async def withdraw(self, request: int) -> Withdrawn:
+        """Withdraw ``request`` unanswered (the asker gave up); what became of it.
+
+        ``withdrawn``: the holder had not begun it and never will. ``begun``: the holder began
+        it and has not answered (whether it was carried out is not known; its answer, if it
+        comes, finds no row). ``answered``: an answer is there to take.
+        """
+        found = await self._one_write(sql.WITHDRAW, (request,))
+        if found is None:
+            return "answered"
+        return "begun" if found[0] else "withdrawn"
+
+    async def _one_write(self, statement: str, params: Params) -> Any:
+        """Run one writing statement in a transaction of its own; its first row (or ``None``)."""
+        self._check_writable()
+        async with self._lock:
+            conn = await self._writer_conn()
+            with self._errors:
+                async with conn.transaction():
+                    found = await _fetch(conn, statement, params)
+        return found[0] if found else None
 
     async def lease_rows(self) -> tuple[LeaseRow, ...]:
         """Every session's lease as the database holds it, by id (for ``inspect``).

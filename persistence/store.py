@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from persistence._open_receipts import OpenReceipts
+    from persistence._requests import Reply, Request, RequestKind, Withdrawn
     from persistence.records import (
         AbandonQuery,
         Boundary,
@@ -266,4 +267,40 @@ class LeasedStore(Store, Protocol):
 
     async def mail_for(self, sessions: Sequence[str]) -> set[str]:
         """Which of ``sessions`` have messages waiting."""
+        ...
+
+    def watch_requests(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback(session)`` whenever a request is posted for a session (LS-10)."""
+        ...
+
+    def watch_answers(self, callback: Callable[[int], None] | None) -> None:
+        """Call ``callback(request id)`` whenever a holder answers a request (LS-10)."""
+        ...
+
+    async def ask(self, session: str, kind: RequestKind, body: dict[str, str]) -> int:
+        """Ask ``session``'s holder, in whichever process, to carry out ``kind``; its id."""
+        ...
+
+    async def requests(self, session: str) -> tuple[Request, ...]:
+        """The requests for ``session`` not answered yet, oldest first."""
+        ...
+
+    async def asked_for(self, sessions: Sequence[str]) -> set[str]:
+        """Which of ``sessions`` have requests not answered yet."""
+        ...
+
+    async def answer(self, request: int, reply: Reply) -> bool:
+        """Answer ``request`` (begun); ``False`` when its asker withdrew it (nothing written)."""
+        ...
+
+    async def take_answer(self, request: int) -> Reply | None:
+        """The reply to ``request``, taken; ``None`` while it is not answered."""
+        ...
+
+    async def begin(self, request: int) -> bool:
+        """The holder takes ``request`` on; ``False`` when its asker withdrew it."""
+        ...
+
+    async def withdraw(self, request: int) -> Withdrawn:
+        """Withdraw ``request`` unanswered: ``withdrawn``, ``begun`` or ``answered``."""
         ...

@@ -28,7 +28,7 @@ CATALOGUE = ROOT / "docs" / "rules.md"
 
 #: The families, in the order the catalogue and the coverage table list them.
 FAMILIES = ("SM", "MQ", "AS", "ST", "TD", "PS", "R", "OP", "LS")
-#: How many rules each family has (194 in all): a row lost from the catalogue fails the run.
+#: How many rules each family has (195 in all): a row lost from the catalogue fails the run.
 #: A new rule is added here and in ``docs/rules.md`` together.
 FAMILY_SIZES = {
     "SM": 20,
@@ -39,7 +39,7 @@ FAMILY_SIZES = {
     "PS": 8,
     "R": 65,
     "OP": 12,
-    "LS": 9,
+    "LS": 10,
 }
 
 #: Families whose every rule must have a named test (the issues that finished them).

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent_session._recovery import damaged_cut, unreadable
+from agent_session._requests import Asker, RequestRefused, RequestUnanswered, resolve_by_holder
 from agent_session._rows import decode_body
 from agent_session.harness.console import PipeConsole
 from agent_session.harness.db_url import (
@@ -36,6 +37,7 @@ from agent_session.harness.db_url import (
 from agent_session.harness.lease_view import print_leases, read_leases
 from agent_session.harness.queued_view import print_queue, read_queue
 from agent_session.harness.redaction import redact
+from agent_session.ports import EngineConfig
 from persistence import (
     RETRY_SETTINGS,
     AbandonMarker,
@@ -72,6 +74,10 @@ from persistence import (
     resolve_operation,
 )
 from stream_manager import Clock, SystemClock
+
+#: LS-10: seconds ``resolve`` waits for the answer of the process that holds the receipt's
+#: session (the engine's ``request_timeout_s``), before it withdraws its request.
+HOLDER_WAIT_S = EngineConfig().request_timeout_s
 
 if TYPE_CHECKING:
     from agent_session.harness.db_url import DbStore
@@ -332,12 +338,15 @@ async def resolve_command(
     except DamagedStore as error:
         print(f"turnkeeper resolve: {_said(error, db)}", file=sys.stderr)
         return EXIT_DAMAGED
-    except LeaseLost as error:  # a live process holds the receipt's session (PostgreSQL)
+    except LeaseLost as error:  # held by a live process that vanished before it was asked
         print(
             f"turnkeeper resolve: {_said(error, db)}: settle it through the engine that holds "
             "the session (engine.resolve_operation)",
             file=sys.stderr,
         )
+        return EXIT_REFUSED
+    except (RequestUnanswered, RequestRefused) as error:  # asked of the holder (LS-10)
+        print(f"turnkeeper resolve: {_said(error, db)}", file=sys.stderr)
         return EXIT_REFUSED
     except TurnkeeperError as error:  # in use by another process, not a store, a failed write
         print(f"turnkeeper resolve: {_said(error, db)}", file=sys.stderr)
@@ -356,9 +365,11 @@ async def _resolve_on_postgres(
 
     So a refusal (no such operation, not indeterminate, not a store, an empty database)
     writes nothing, creates nothing and takes no lease. The write takes the receipt's
-    session lease for its one commit (its epoch goes up; the close gives it back); a session
-    a live process holds is refused (``LeaseLost``). An older schema is migrated by the
-    read-write open, and the operation checked there.
+    session lease for its one commit (its epoch goes up; the close gives it back); when a
+    live process holds the session, the write is refused (``LeaseLost``, nothing written)
+    and that process is asked to resolve it (LS-10), its answer awaited for
+    ``EngineConfig.request_timeout_s``. An older schema is migrated by the read-write open,
+    and the operation checked there.
     """
     view = postgres_store(url, readonly=True)
     try:
@@ -367,7 +378,16 @@ async def _resolve_on_postgres(
     except MigrationRequired:
         pass  # the read-write open migrates it; resolve_operation checks again
     async with postgres_store(url) as store:
-        return await resolve_operation(store, op_id, resolution, note=note, at=now)
+        try:
+            return await resolve_operation(store, op_id, resolution, note=note, at=now)
+        except LeaseLost as refused:
+            if refused.holder is None:
+                raise
+            session = refused.session
+        # LS-10: a live process holds the session: it resolves the receipt, asked.
+        asker = Asker(store, timeout_s=HOLDER_WAIT_S, poll_s=0.5)
+        store.watch_answers(asker.heard)
+        return await resolve_by_holder(asker, session, op_id, resolution, note)
 
 
 async def _check_resolvable(view: Store, db: str, op_id: str) -> None:

@@ -2,7 +2,8 @@
 
 ``run`` leaves its rows in the database; ``inspect`` shows each session's lease (owner, epoch,
 expiry, whether it ran out) and reports a malformed one as damage (LS-7); ``receipts`` and
-``resolve`` work as on SQLite; ``migrate`` brings an older schema to this one. The URL's
+``resolve`` work as on SQLite (a receipt whose session a live engine holds is resolved by
+that engine, asked: LS-10); ``migrate`` brings an older schema to this one. The URL's
 password never shows in any output.
 """
 
@@ -12,11 +13,16 @@ import json
 import shlex
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import pytest
 
+from agent_session import Engine, EngineConfig
 from agent_session.cli import main
+from agent_session.harness import inspection
+from agent_session.harness.inspection import resolve_command
 from persistence import _postgres
-from persistence.postgres import pg_schema_version
+from persistence.postgres import PostgresStore, pg_schema_version
 from tests.pg_kit import sql, tables
 
 from .pg_kit import SECRET, lease, seed, with_password
@@ -167,20 +173,50 @@ def test_receipts_and_resolve_on_postgresql(
     assert len(err.splitlines()) == 1
 
 
-def test_resolve_refuses_a_session_a_live_process_holds(
-    pg_url: str, capsys: pytest.CaptureFixture[str]
+def test_ls10_resolve_asks_a_holder_that_never_answers_and_withdraws(
+    pg_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert main(["run", CRASH, "--db", pg_url]) == 0
     outputs(capsys)
     epoch = sql(pg_url, "SELECT epoch FROM sessions")[0][0]
     lease(pg_url, "dev", owner=LIVE_OWNER, epoch=epoch, expires="now() + interval '1 hour'")
+    monkeypatch.setattr(inspection, "HOLDER_WAIT_S", 0.3)  # a holder that never answers
     assert main(["resolve", OP, "--db", pg_url, "--as", "not-run", "--note", "looked"]) == 2
     _, err = outputs(capsys)
     assert len(err.splitlines()) == 1
-    assert err.startswith("turnkeeper resolve: ")
-    assert LIVE_OWNER in err
+    assert err.strip() == (
+        "turnkeeper resolve: the holder of session 'dev' did not answer the resolve in 0.3s: "
+        "it was withdrawn and not carried out"
+    )
     assert sql(pg_url, f"SELECT state FROM operations WHERE op_id = '{OP}'") == [("indeterminate",)]
     assert sql(pg_url, "SELECT owner, epoch FROM sessions") == [(LIVE_OWNER, epoch)]
+    assert sql(pg_url, "SELECT count(*) FROM requests") == [(0,)]
+
+
+@pytest.mark.timeout(60)
+async def test_ls10_resolve_is_carried_out_by_the_engine_that_holds_the_session(
+    pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await anyio.to_thread.run_sync(main, ["run", CRASH, "--db", pg_url]) == 0
+    outputs(capsys)
+    assert (OP, "indeterminate") in sql(pg_url, "SELECT op_id, state FROM operations")
+    config = EngineConfig(recover_at_start=False, claim_every_s=3_600.0)
+    async with Engine(store=PostgresStore(pg_url), models={}, config=config) as holder:
+        epoch = await holder.store.acquire("dev")  # type: ignore[attr-defined]
+        code = await resolve_command(pg_url, OP, "not-run", "nothing ran: the log is empty")
+        assert code == 0
+        out, _ = outputs(capsys)
+        assert out.strip() == (
+            f"turnkeeper resolve: {OP} resolved as not-run: cancelled (operator_not_run), "
+            "by operator"
+        )
+        # Written by the holder, under its epoch; the lease stays the holder's.
+        assert sql(pg_url, f"SELECT state, epoch FROM operations WHERE op_id = '{OP}'") == [
+            ("cancelled", epoch)
+        ]
+        assert sql(pg_url, "SELECT epoch FROM sessions") == [(epoch,)]
+        assert "dev" in holder.store.leases.held  # type: ignore[attr-defined]
+    assert sql(pg_url, "SELECT count(*) FROM requests") == [(0,)]
 
 
 def _one_more_migration(monkeypatch: pytest.MonkeyPatch) -> int:
