@@ -189,8 +189,12 @@ class Delegations:
         spawn: Spawn,
         write: Write,
         claimer: Callable[[str], Claimer | None],
+        holds: Callable[[str], bool] | None = None,
     ) -> None:
         self._clock = clock
+        #: On a store many processes share: whether a session is open in this engine. A
+        #: handle whose owner runs elsewhere is written under its target's lease (LS-11).
+        self._holds = holds
         self._emit = emit
         self._spawn = spawn
         self._write = write
@@ -221,6 +225,10 @@ class Delegations:
             return self._handles[handle]
         except KeyError:
             raise UnknownHandle(f"no delegated turn has the handle {handle!r}") from None
+
+    def find(self, handle: str) -> HandleRecord | None:
+        """The record of ``handle``, or ``None`` (unknown, or damaged)."""
+        return self._handles.get(handle)
 
     @property
     def records(self) -> tuple[HandleRecord, ...]:
@@ -290,6 +298,52 @@ class Delegations:
             if record.status is HandleStatus.ACTIVE:
                 self._begun.add(record.handle_id)
         self._corrupt.update(corrupt)
+
+    def adopt(self, record: HandleRecord, *, begun: bool) -> None:
+        """LS-11: a handle read from the store, whose turn now runs in a session held here.
+
+        Its owner may run in another process (it wrote the handle and posted the prompt);
+        this engine, holding the target, decides the turn's claims and settlement from now
+        on. ``begun``: a stream of the turn may have started already (a claim's recovery).
+        """
+        self._handles[record.handle_id] = record
+        if begun and record.status is HandleStatus.ACTIVE:
+            self._begun.add(record.handle_id)
+        self._corrupt.discard(record.handle_id)
+
+    def elsewhere(self, record: HandleRecord) -> bool:
+        """LS-11: whether ``record``'s target runs in another process (its holder decides)."""
+        return self._holds is not None and not self._holds(record.target)
+
+    def awaited_owners(self) -> set[str]:
+        """The owners held here with an active turn running in another process (LS-11)."""
+        return {
+            r.owner
+            for r in self._handles.values()
+            if r.status is HandleStatus.ACTIVE and self.elsewhere(r)
+        }
+
+    def heard(self, records: Iterable[HandleRecord]) -> None:
+        """LS-11: handles of this engine's owners, as their targets' holders wrote them.
+
+        A turn running elsewhere that settled there is settled here too: told ``settled``
+        (it is durable already) and woken for whoever awaits it. A claim there (a deferred
+        stream) is taken in quietly. A handle not active here is not this side's to move.
+        """
+        for stored in records:
+            mine = self._handles.get(stored.handle_id)
+            if mine is None or mine.status is not HandleStatus.ACTIVE or not self.elsewhere(mine):
+                continue
+            self._handles[stored.handle_id] = stored
+            if stored.status is HandleStatus.ACTIVE:
+                continue
+            self._begun.discard(stored.handle_id)
+            self._emit(
+                HandleSettled(
+                    session=stored.owner, handle=stored.handle_id, status=stored.status.value
+                )
+            )
+            self._wake(stored.handle_id)
 
     async def wait_settled(self, handle: str) -> None:
         """Return once ``handle`` is settled and its settlement durable (or it never started)."""
@@ -653,7 +707,9 @@ class Delegations:
 
     def _told(self, record: HandleRecord, tell: tuple[EngineEvent, ...], *, settles: bool) -> None:
         """``record`` is durable: say so, tell what it decided, wake who waits on it."""
-        self._emit(Persisted(session=record.owner, what="handle", id=record.handle_id))
+        self._emit(
+            Persisted(session=self.written_under(record), what="handle", id=record.handle_id)
+        )
         for event in tell:
             self._emit(event)
         if settles:
@@ -664,7 +720,17 @@ class Delegations:
         if settles and self.fail_next > 0:
             self.fail_next -= 1
             raise SettlementFailed(f"the settlement of {record.handle_id} failed (injected)")
-        await self._write(record.owner, Boundary(handles=(record,)))
+        await self._write(self.written_under(record), Boundary(handles=(record,)))
+
+    def written_under(self, record: HandleRecord) -> str:
+        """The session whose lease a write of ``record`` goes under.
+
+        Its owner's, unless the owner runs in another process (LS-11: then its target's,
+        which this engine holds).
+        """
+        if self._holds is None or self._holds(record.owner):
+            return record.owner
+        return record.target
 
     def _wake(self, handle: str) -> None:
         event = self._settled.pop(handle, None)

@@ -39,6 +39,7 @@ from agent_session._recovery import (
     plan_retry,
     steps_done,
 )
+from agent_session._remote_handles import RemoteHandles
 from agent_session._requests import (
     Asker,
     RequestRefused,
@@ -195,7 +196,12 @@ class Engine:
             spawn=self._spawn,
             write=self._write_handle,
             claimer=self._sessions.get,
+            holds=self._sessions.__contains__ if isinstance(store, LeasedStore) else None,
         )
+        #: LS-11: delegated turns whose owner and target run in different processes.
+        self._remote: RemoteHandles | None = None
+        if isinstance(store, LeasedStore):
+            self._remote = RemoteHandles(store, self.delegations, self._sessions, self._emit)
         #: The host's goals and workspaces (in-process boards unless given): what a resume
         #: asks again before it launches, with the handle of a delegated turn (ST-8, R41).
         self.goals: Goals = goals if goals is not None else GoalBoard()
@@ -240,6 +246,7 @@ class Engine:
                 )
                 self.store.watch_answers(self._asker.heard)  # LS-10: a peer answered
                 self.store.watch_requests(self._requests_heard)  # LS-10: a peer asks
+                self.store.watch_handles(self._handles_heard)  # LS-11: a turn elsewhere moved
                 self._spawn(self._claim_forever)
         except BaseException:
             self._stack = None
@@ -306,7 +313,10 @@ class Engine:
         claimed = await self._claim()
         if claimed:
             await self._recover_operations(only=claimed)
+            if self._remote is not None:
+                await self._remote.adopt_claimed(claimed)  # LS-11: their turns, decided here
             await self.recover(only=claimed)
+            await self._settle_orphaned_handles(only=claimed)
         return tuple(sorted(claimed))
 
     async def post(self, session_id: str, text: str) -> str:
@@ -358,12 +368,17 @@ class Engine:
                         return
                 waiting = await store.inbox(session_id)
                 # What the inbox no longer holds was written: it need not be remembered.
-                taken = self._mail_taken.get(session_id, set()) & {e for e, _ in waiting}
-                for entry_id, text in waiting:
+                taken = self._mail_taken.get(session_id, set()) & {e for e, _, _ in waiting}
+                for entry_id, text, handle in waiting:
                     if entry_id in taken:
                         continue  # queued here already: its write is in flight
                     try:
-                        session.enqueue_message(NewMessage(text=text, id=entry_id))
+                        if handle is None:
+                            session.enqueue_message(NewMessage(text=text, id=entry_id))
+                        else:  # LS-11: a delegated turn's prompt
+                            assert self._remote is not None
+                            if not await self._remote.prompt(session, entry_id, text, handle):
+                                continue
                     except InvalidEntry:
                         continue  # in the queue already
                     taken.add(entry_id)
@@ -408,6 +423,8 @@ class Engine:
                 await self.claim_expired()
                 await self._poll_mail()
                 await self._poll_requests()
+                if self._remote is not None:
+                    await self._remote.poll()
             except (TurnkeeperError, OSError) as error:
                 log.warning("claiming expired sessions failed: %s", error)
 
@@ -483,6 +500,12 @@ class Engine:
                 session = await self._take_for_mail(store, session_id)
             if session is None:
                 raise UsageError(f"session {session_id!r} cannot be opened here")
+            if request.kind == "interrupt":  # LS-11: an owner in another process asks
+                assert self._remote is not None
+                handle = request.body.get("handle", "")
+                return await self._remote.carry_out_interrupt(
+                    session_id, handle, self.interrupt_handle
+                )
             return Reply(ok=True, value=session.stop())
         except TurnkeeperError as error:
             return refusal(error)
@@ -587,6 +610,7 @@ class Engine:
             self.store.watch_inbox(None)
             self.store.watch_requests(None)
             self.store.watch_answers(None)
+            self.store.watch_handles(None)
         self.manager.operations.close()  # from here on, no late resolution is written
         self._group.cancel_scope.cancel("the engine is shutting down")
         try:
@@ -597,7 +621,21 @@ class Engine:
                 session.unsettled_deliveries("the engine closed before the queue write")
 
     async def _write_handle(self, session: str, boundary: Boundary) -> object:
-        return await self._writer.write(session, boundary)
+        written = await self._writer.write(session, boundary)
+        if self._remote is not None:
+            await self._remote.written(session, boundary)  # LS-11: an owner held elsewhere
+        return written
+
+    def _handles_heard(self, owner: str) -> None:
+        """LS-11: a handle of ``owner`` was written in another process: read it."""
+        if self._group is not None and self._remote is not None:
+            remote = self._remote
+            self._spawn(lambda: remote.hear(owner))
+
+    async def _poll_handles(self) -> None:
+        """LS-11's fallback: every owner waiting on a turn elsewhere reads its handles."""
+        if self._remote is not None:
+            await self._remote.poll()
 
     def _spawn(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._group is None:
@@ -926,7 +964,7 @@ class Engine:
                 self._rebuilt[sid] = rebuilt
             await self._take_up_queue(session)
 
-    async def _settle_orphaned_handles(self) -> None:
+    async def _settle_orphaned_handles(self, only: Collection[str] | None = None) -> None:
         """A delegated turn a previous process left active, and nothing owed continues: settled.
 
         After startup recovery the only continuations are the resumed cuts and the rebuilt
@@ -943,8 +981,13 @@ class Engine:
             if (handle := session.owed_handle()) is not None
         }
         carried.update(h for session in self._sessions.values() for h in session.queued_handles())
+        wanted = self._wanted(only)  # on a shared store, only turns whose target is held here
         for record in self.delegations.records:
-            if record.status is HandleStatus.ACTIVE and record.handle_id not in carried:
+            if (
+                record.status is HandleStatus.ACTIVE
+                and record.handle_id not in carried
+                and wanted(record.target)
+            ):
                 self.delegations.settle_orphan(
                     record.handle_id,
                     "its turn did not survive the restart: nothing owed continues it",
@@ -1154,11 +1197,26 @@ class Engine:
         ``owner`` hears how each ends, defers on a claimed cut (ST-15) or settles (TD-2 to
         TD-10). Await the returned :meth:`Delegation.settled` for the settlement.
 
+        On a store many processes share (LS-11), ``target`` may be a session this engine does
+        not hold: the handle and the prompt are then written in one transaction under
+        ``owner``'s lease, the target's holder (or whoever takes it) runs and settles the
+        turn, and this engine hears the settlement. A target that does not exist fails
+        :meth:`Delegation.settled` with a ``UsageError``.
+
         Raises:
-            UsageError: ``owner`` or ``target`` is not an open session, or is disposed; they
-                are the same session; the handle is blank.
+            UsageError: ``owner`` or ``target`` is not an open session (``target`` may be
+                elsewhere on a shared store), or is disposed; they are the same session; the
+                handle is blank.
             HandleInUse: a delegated turn already has ``handle`` (ids are never reused).
         """
+        remote = self._remote
+        if remote is not None and target not in self._sessions:
+            if self.session(owner).disposed:
+                raise SessionDisposed(f"session {owner!r} is disposed")
+            record, _ = self.delegations.open(owner, target, handle)
+            delegation = Delegation(self.delegations, handle)
+            self._spawn(lambda: remote.start(delegation, record, text))
+            return delegation
         for session_id in (owner, target):
             if self.session(session_id).disposed:
                 raise SessionDisposed(f"session {session_id!r} is disposed")
@@ -1191,9 +1249,15 @@ class Engine:
 
         Raises:
             UnknownHandle: no delegated turn has that handle.
-            UsageError: the turn already settled ``completed`` or ``error``.
+            UsageError: the turn already settled ``completed`` or ``error``; or its target
+                runs in another process (:meth:`interrupt_delegated` asks its holder).
         """
         record = self.delegations.record(handle)
+        if self.delegations.elsewhere(record) and record.status is HandleStatus.ACTIVE:
+            raise UsageError(
+                f"the delegated turn {handle!r} runs in session {record.target!r} of another "
+                "process: await engine.interrupt_delegated(handle), which asks its holder"
+            )
         if not self.delegations.interrupt(handle):
             return False
         target = self._sessions.get(record.target)
@@ -1203,6 +1267,29 @@ class Engine:
         if target.running_handle() == handle:
             self.manager.request_stop_nowait(record.target, soft=False, reason=AbortReason.SYSTEM)
         return True
+
+    async def interrupt_delegated(self, handle: str) -> bool:
+        """TD-8 wherever the target runs; ``False`` if the turn already was interrupted.
+
+        A target open here is interrupted here (:meth:`interrupt_handle`). On a store many
+        processes share, one held elsewhere is asked of its holder (LS-10's requests), which
+        settles the turn under the target's lease; the settlement is read back here before
+        this returns, so :meth:`Delegation.settled` has it.
+
+        Raises:
+            UnknownHandle: no delegated turn has that handle.
+            UsageError: the turn already settled ``completed`` or ``error``.
+            RequestUnanswered: the holder did not answer in ``request_timeout_s``.
+            RequestRefused: the holder refused (the turn settled meanwhile ...).
+        """
+        record = self.delegations.record(handle)
+        if self._remote is None or self._asker is None or not self.delegations.elsewhere(record):
+            return self.interrupt_handle(handle)
+        if record.status is HandleStatus.INTERRUPTED:
+            return False
+        if record.status is not HandleStatus.ACTIVE:
+            raise UsageError(f"the delegated turn {handle!r} already settled {record.status}")
+        return await self._remote.interrupt(self._asker, record)
 
     def queue_report(
         self,

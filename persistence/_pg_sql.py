@@ -240,6 +240,13 @@ SELECT_HANDLES = {
     (True, True): f"{_HANDLE_COLUMNS} WHERE owner = %s AND target = %s ORDER BY handle_id",
 }
 
+#: The active handles of turns delegated into any of ``%s`` (a claim's sessions, LS-11).
+SELECT_ACTIVE_INTO = (
+    f"{_HANDLE_COLUMNS} WHERE target = ANY(%s) AND status = 'active' ORDER BY handle_id"
+)
+#: Tell the owner's engine that a handle of ``owner`` was written in another process.
+NOTIFY_HANDLE = "SELECT pg_notify('turnkeeper', 'handle:' || %s)"
+
 # -- the startup scan -----------------------------------------------------------------------
 
 _SETTLED = ", ".join(f"'{state.value}'" for state in CutState if state is not CutState.OWED)
@@ -312,7 +319,11 @@ CLAIM = (
 POST = "INSERT INTO inbox (session, body) VALUES (%s, %s) RETURNING id"
 #: Tell the listeners a session has mail (delivered when the posting transaction commits).
 NOTIFY_INBOX = "SELECT pg_notify('turnkeeper', 'inbox:' || %s)"
-SELECT_INBOX = "SELECT id, body FROM inbox WHERE session = %s ORDER BY id"
+SELECT_INBOX = "SELECT id, body, handle FROM inbox WHERE session = %s ORDER BY id"
+#: A delegated turn's prompt (LS-11): posted in the transaction that writes its handle.
+POST_PROMPT = "INSERT INTO inbox (session, body, handle) VALUES (%s, %s, %s) RETURNING id"
+#: A prompt whose turn settled before it was taken: dropped, never queued.
+DROP_INBOX = "DELETE FROM inbox WHERE session = %s AND id = %s RETURNING id"
 #: The sessions among ``%s`` (a list of ids) that have mail.
 SELECT_MAIL_FOR = "SELECT DISTINCT session FROM inbox WHERE session = ANY(%s)"
 #: A queue write's inbox rows: taken off the inbox in the transaction that queues them.

@@ -51,6 +51,7 @@ from persistence._decode import (
 from persistence._errors import (
     CorruptRecord,
     DamagedStore,
+    LeaseLost,
     MigrationRequired,
     NotATurnkeeperStore,
     StoreError,
@@ -76,6 +77,7 @@ from persistence._requests import (
 )
 from persistence._text import clip
 from persistence._urls import masked, scrubbed, secrets_of
+from persistence._writes import handle_params
 from persistence.records import (
     INBOX_ENTRY,
     AbandonMarker,
@@ -234,6 +236,8 @@ class PostgresStore:
         #: Called when a request is posted for a session, and when one is answered (LS-10).
         self._on_request: Callable[[str], None] | None = None
         self._on_answer: Callable[[int], None] | None = None
+        #: Called when a handle of an owner session is written in another process (LS-11).
+        self._on_handle: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         state = "open" if self._open else "closed"
@@ -307,6 +311,8 @@ class PostgresStore:
             self._on_released()
         elif payload.startswith("inbox:") and self._on_mail is not None:
             self._on_mail(payload.removeprefix("inbox:"))
+        elif payload.startswith("handle:") and self._on_handle is not None:
+            self._on_handle(payload.removeprefix("handle:"))
         elif payload.startswith("request:") and self._on_request is not None:
             self._on_request(payload.removeprefix("request:"))
         elif payload.startswith("answer:") and self._on_answer is not None:
@@ -678,19 +684,94 @@ class PostgresStore:
                 raise
         return int(number)
 
-    async def inbox(self, session: str) -> tuple[tuple[str, str], ...]:
-        """The messages posted to ``session`` and not yet queued: ``(entry id, text)``, in order.
+    async def inbox(self, session: str) -> tuple[tuple[str, str, str | None], ...]:
+        """The messages posted to ``session`` and not yet queued, in order.
 
-        A body that is not UTF-8 is reported as a ``CorruptRecord`` naming its key.
+        Each is ``(entry id, text, handle)``: ``handle`` names the delegated turn a prompt
+        starts (LS-11), ``None`` for a message. A body that is not UTF-8 is reported as a
+        ``CorruptRecord`` naming its key.
         """
         found = []
-        for number, body in (await self._read([(sql.SELECT_INBOX, (session,))]))[0]:
+        for number, body, handle in (await self._read([(sql.SELECT_INBOX, (session,))]))[0]:
             try:
                 text = bytes(body).decode()
             except UnicodeDecodeError as exc:
                 raise CorruptRecord("inbox", f"{session}/{number}", f"$: {exc}") from None
-            found.append((f"{INBOX_ENTRY}{number}", text))
+            found.append((f"{INBOX_ENTRY}{number}", text, None if handle is None else str(handle)))
         return tuple(found)
+
+    async def drop_mail(self, session: str, entry: str) -> None:
+        """Take ``entry`` off ``session``'s inbox unqueued (a prompt whose turn settled)."""
+        number = entry.removeprefix(INBOX_ENTRY)
+        if number.isdigit():
+            await self._one_write(sql.DROP_INBOX, (session, int(number)))
+
+    # -- a delegated turn across processes (LS-11) ---------------------------------------------
+
+    async def delegate(self, record: HandleRecord, text: str) -> str:
+        """Write ``record`` and post its prompt ``text`` to its target, in one transaction.
+
+        Fenced by the lease of the owner session (``record.owner``) this process holds; the
+        prompt is an inbox row of ``record.target`` naming the handle, with a ``pg_notify``
+        the target's holder (or, when nobody holds it, any listening engine) hears. Returns
+        the prompt's queue entry id.
+
+        Raises:
+            LeaseLost: This process does not hold the owner session's lease (nothing written).
+            UsageError: The record is malformed, or the target does not exist (nothing written).
+            StoreError: The database failed (nothing written).
+        """
+        self._check_writable()
+        _checks.check_handles((record,))
+        if not text.strip():
+            raise UsageError(f"the prompt of the delegated turn {record.handle_id!r} is blank")
+        owner, session = self._owner, record.owner
+        held = self.leases.epoch(session)
+        async with self._lock:
+            conn = await self._writer_conn()
+            try:
+                with self._errors:
+                    async with conn.transaction():
+                        found = await _fetch(conn, sql.FENCE, {"id": session, "owner": owner})
+                        if held is None or not found or found[0][0] != held:
+                            holder = await _fetch(conn, sql.HOLDER, {"id": session})
+                            lost = LeaseLost(
+                                session,
+                                held=held,
+                                epoch=holder[0][1] if holder else None,
+                                holder=holder[0][0] if holder else None,
+                            )
+                        else:
+                            lost = None
+                            await conn.execute(sql.PUT_HANDLE, handle_params(record))
+                            params = (record.target, text.encode(), record.handle_id)
+                            (number,) = (await _fetch(conn, sql.POST_PROMPT, params))[0]
+                            await conn.execute(sql.NOTIFY_INBOX, (record.target,))
+            except StoreError as error:
+                if isinstance(error.__context__, pg_errors.ForeignKeyViolation):
+                    raise _checks.unknown_session(record.target) from None
+                raise
+        if lost is not None:
+            if held is not None:
+                self.leases.committed({}, {session})
+            raise lost
+        return f"{INBOX_ENTRY}{number}"
+
+    async def active_handles_into(self, sessions: Sequence[str]) -> HandleQuery:
+        """The active handles of turns delegated into any of ``sessions`` (a claim's)."""
+        if not sessions:
+            return HandleQuery()
+        return self._handle_query(
+            (await self._read([(sql.SELECT_ACTIVE_INTO, (list(sessions),))]))[0]
+        )
+
+    async def notify_handle(self, owner: str) -> None:
+        """Tell ``owner``'s engine that a handle of ``owner``'s was written here (LS-11)."""
+        await self._one_write(sql.NOTIFY_HANDLE, (owner,))
+
+    def watch_handles(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback(owner)`` whenever a handle of ``owner`` is written elsewhere."""
+        self._on_handle = callback
 
     async def mail_for(self, sessions: Sequence[str]) -> set[str]:
         """Which of ``sessions`` have messages waiting in the inbox (the polling fallback)."""
@@ -956,9 +1037,13 @@ class PostgresStore:
         """Handle records by ``handle_id``; a damaged one is reported in ``corrupt``."""
         query = sql.SELECT_HANDLES[owner is not None, target is not None]
         params = tuple(value for value in (owner, target) if value is not None)
+        return self._handle_query((await self._read([(query, params)]))[0])
+
+    @staticmethod
+    def _handle_query(rows: Sequence[Any]) -> HandleQuery:
         records: list[HandleRecord] = []
         corrupt: list[tuple[str, str]] = []
-        for row in (await self._read([(query, params)]))[0]:
+        for row in rows:
             try:
                 records.append(decode_handle(row))
             except CorruptRecord as error:

@@ -1,10 +1,10 @@
 """Requests to a session's holder (LS-10): what one engine process asks of another.
 
-A stop or a resolution asked for a session another process holds is a row of the
-``requests`` table, posted with a ``pg_notify`` in one transaction. The holder carries it out
-and writes its :class:`Reply` (with a ``pg_notify`` of its own); the asker takes the reply and
-the row goes. Bodies and replies are JSON, encoded and decoded here, so a damaged row is a
-``CorruptRecord`` naming its key, never a crash.
+A stop, a resolution or a delegated turn's interrupt (LS-11) asked for a session another
+process holds is a row of the ``requests`` table, posted with a ``pg_notify`` in one
+transaction. The holder carries it out and writes its :class:`Reply` (with a ``pg_notify`` of
+its own); the asker takes the reply and the row goes. Bodies and replies are JSON, encoded and
+decoded here, so a damaged row is a ``CorruptRecord`` naming its key, never a crash.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import msgspec
 from persistence._errors import CorruptRecord
 
 #: What may be asked of a holder.
-RequestKind = Literal["stop", "resolve"]
-KINDS: tuple[RequestKind, ...] = ("stop", "resolve")
+RequestKind = Literal["stop", "resolve", "interrupt"]
+KINDS: tuple[RequestKind, ...] = ("stop", "resolve", "interrupt")
 #: What became of a withdrawn request (``PostgresStore.withdraw``).
 Withdrawn = Literal["withdrawn", "begun", "answered"]
 
@@ -28,8 +28,9 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     Attributes:
         id: The request's number (the ``requests`` row's key).
         session: The session it is for.
-        kind: ``stop`` or ``resolve``.
-        body: Its arguments (a resolve's ``op_id``, ``as`` and ``note``; a stop's none).
+        kind: ``stop``, ``resolve`` or ``interrupt``.
+        body: Its arguments (a resolve's ``op_id``, ``as`` and ``note``; an interrupt's
+            ``handle``; a stop's none).
     """
 
     id: int
@@ -76,7 +77,7 @@ def decode_request(number: int, session: str, kind: str, body: bytes) -> Request
         arguments = _body.decode(body)
     except msgspec.DecodeError as exc:
         raise CorruptRecord("requests", str(number), f"$.body: {exc}") from None
-    checked: RequestKind = "stop" if kind == "stop" else "resolve"
+    checked = next(known for known in KINDS if known == kind)
     return Request(id=number, session=session, kind=checked, body=arguments)
 
 

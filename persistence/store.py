@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         Boundary,
         Committed,
         HandleQuery,
+        HandleRecord,
         OpState,
         QueueQuery,
         ReceiptQuery,
@@ -261,8 +262,28 @@ class LeasedStore(Store, Protocol):
         """Post a message to any session, from any process; its queue entry id."""
         ...
 
-    async def inbox(self, session: str) -> tuple[tuple[str, str], ...]:
-        """The messages posted to ``session`` not yet queued: ``(entry id, text)``."""
+    async def inbox(self, session: str) -> tuple[tuple[str, str, str | None], ...]:
+        """The messages posted to ``session`` not yet queued: ``(entry id, text, handle)``."""
+        ...
+
+    async def drop_mail(self, session: str, entry: str) -> None:
+        """Take ``entry`` off ``session``'s inbox unqueued (a prompt whose turn settled)."""
+        ...
+
+    async def delegate(self, record: HandleRecord, text: str) -> str:
+        """Write ``record`` and post its prompt to its target in one transaction (LS-11)."""
+        ...
+
+    async def active_handles_into(self, sessions: Sequence[str]) -> HandleQuery:
+        """The active handles of turns delegated into any of ``sessions``."""
+        ...
+
+    async def notify_handle(self, owner: str) -> None:
+        """Tell ``owner``'s engine that a handle of ``owner``'s was written here."""
+        ...
+
+    def watch_handles(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback(owner)`` whenever a handle of ``owner`` is written elsewhere."""
         ...
 
     async def mail_for(self, sessions: Sequence[str]) -> set[str]:
