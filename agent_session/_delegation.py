@@ -315,13 +315,18 @@ class Delegations:
         """LS-11: whether ``record``'s target runs in another process (its holder decides)."""
         return self._holds is not None and not self._holds(record.target)
 
+    def _awaited(self, record: HandleRecord) -> bool:
+        """An active turn of an owner held here, running in another process (LS-11)."""
+        return (
+            record.status is HandleStatus.ACTIVE
+            and self._holds is not None
+            and self._holds(record.owner)
+            and not self._holds(record.target)
+        )
+
     def awaited_owners(self) -> set[str]:
         """The owners held here with an active turn running in another process (LS-11)."""
-        return {
-            r.owner
-            for r in self._handles.values()
-            if r.status is HandleStatus.ACTIVE and self.elsewhere(r)
-        }
+        return {r.owner for r in self._handles.values() if self._awaited(r)}
 
     def heard(self, records: Iterable[HandleRecord]) -> None:
         """LS-11: handles of this engine's owners, as their targets' holders wrote them.
@@ -332,8 +337,8 @@ class Delegations:
         """
         for stored in records:
             mine = self._handles.get(stored.handle_id)
-            if mine is None or mine.status is not HandleStatus.ACTIVE or not self.elsewhere(mine):
-                continue
+            if mine is None or not self._awaited(mine):
+                continue  # a peer's turn (a startup read every handle), or decided here
             self._handles[stored.handle_id] = stored
             if stored.status is HandleStatus.ACTIVE:
                 continue

@@ -139,12 +139,14 @@ class RemoteHandles:
         return True
 
     async def adopt_claimed(self, claimed: Collection[str]) -> None:
-        """The active handles delegated into ``claimed`` (just taken here), adopted.
+        """The handles delegated into ``claimed`` (just taken here), adopted as stored.
 
-        Adopted before their recovery: this engine decides them now. One this engine owns
-        stays as it knows it.
+        Adopted before their recovery: this engine decides the active ones now, and a copy
+        read earlier (a startup reads every handle) gives way to what was written since, so
+        a turn settled elsewhere is never settled again here. One this engine owns stays as
+        it knows it.
         """
-        found = await self._store.active_handles_into(sorted(claimed))
+        found = await self._store.handles_into(sorted(claimed))
         for record in found.records:
             if not self._owned_here(record):
                 self._delegations.adopt(record, begun=True)

@@ -240,9 +240,12 @@ SELECT_HANDLES = {
     (True, True): f"{_HANDLE_COLUMNS} WHERE owner = %s AND target = %s ORDER BY handle_id",
 }
 
-#: The active handles of turns delegated into any of ``%s`` (a claim's sessions, LS-11).
-SELECT_ACTIVE_INTO = (
-    f"{_HANDLE_COLUMNS} WHERE target = ANY(%s) AND status = 'active' ORDER BY handle_id"
+#: The handles of turns delegated into any of ``%s`` (a claim's sessions, LS-11).
+SELECT_HANDLES_INTO = f"{_HANDLE_COLUMNS} WHERE target = ANY(%s) ORDER BY handle_id"
+#: A new handle (LS-11's start): never over one that exists (a handle id is never reused).
+INSERT_HANDLE = (
+    "INSERT INTO handles (handle_id, owner, target, status, record) VALUES (%s, %s, %s, %s, %s) "
+    "ON CONFLICT (handle_id) DO NOTHING RETURNING handle_id"
 )
 #: Tell the owner's engine that a handle of ``owner`` was written in another process.
 NOTIFY_HANDLE = "SELECT pg_notify('turnkeeper', 'handle:' || %s)"

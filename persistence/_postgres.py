@@ -718,7 +718,8 @@ class PostgresStore:
 
         Raises:
             LeaseLost: This process does not hold the owner session's lease (nothing written).
-            UsageError: The record is malformed, or the target does not exist (nothing written).
+            UsageError: The record is malformed, its handle id exists already, or the target
+                does not exist (nothing written).
             StoreError: The database failed (nothing written).
         """
         self._check_writable()
@@ -743,7 +744,12 @@ class PostgresStore:
                             )
                         else:
                             lost = None
-                            await conn.execute(sql.PUT_HANDLE, handle_params(record))
+                            put = await _fetch(conn, sql.INSERT_HANDLE, handle_params(record))
+                            if not put:
+                                raise UsageError(
+                                    f"the handle {record.handle_id!r} is taken: a handle id is "
+                                    "never reused; nothing was written"
+                                )
                             params = (record.target, text.encode(), record.handle_id)
                             (number,) = (await _fetch(conn, sql.POST_PROMPT, params))[0]
                             await conn.execute(sql.NOTIFY_INBOX, (record.target,))
@@ -757,12 +763,12 @@ class PostgresStore:
             raise lost
         return f"{INBOX_ENTRY}{number}"
 
-    async def active_handles_into(self, sessions: Sequence[str]) -> HandleQuery:
-        """The active handles of turns delegated into any of ``sessions`` (a claim's)."""
+    async def handles_into(self, sessions: Sequence[str]) -> HandleQuery:
+        """The handles of turns delegated into any of ``sessions`` (a claim's), any status."""
         if not sessions:
             return HandleQuery()
         return self._handle_query(
-            (await self._read([(sql.SELECT_ACTIVE_INTO, (list(sessions),))]))[0]
+            (await self._read([(sql.SELECT_HANDLES_INTO, (list(sessions),))]))[0]
         )
 
     async def notify_handle(self, owner: str) -> None:

@@ -274,8 +274,8 @@ class LeasedStore(Store, Protocol):
         """Write ``record`` and post its prompt to its target in one transaction (LS-11)."""
         ...
 
-    async def active_handles_into(self, sessions: Sequence[str]) -> HandleQuery:
-        """The active handles of turns delegated into any of ``sessions``."""
+    async def handles_into(self, sessions: Sequence[str]) -> HandleQuery:
+        """The handles of turns delegated into any of ``sessions``, any status."""
         ...
 
     async def notify_handle(self, owner: str) -> None:

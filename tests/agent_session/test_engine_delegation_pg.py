@@ -227,8 +227,13 @@ async def test_ls11_an_engine_that_starts_leaves_a_peers_delegated_turn_alone(
             assert d.delegations.record("h-home-8").status is HandleStatus.ACTIVE
             assert not d.delegations.retrying  # no settlement of it was even tried
             assert stored(pg_url, "h-home-8") == [("lead", "crew", "active")]
-        assert not [e for e in seen_d.events if isinstance(e, HandleSettled)]
-        hung.set()
-        with anyio.fail_after(20):
-            settled = await delegation.settled()
-        assert (settled.status, settled.report) == (HandleStatus.COMPLETED, "A's own answer")
+            hung.set()
+            with anyio.fail_after(20):
+                settled = await delegation.settled()
+            assert (settled.status, settled.report) == (HandleStatus.COMPLETED, "A's own answer")
+            assert d.delegations.awaited_owners() == set()  # a peer's owner: not D's to hear
+            await d._poll_handles()
+            assert not [e for e in seen_d.events if isinstance(e, HandleSettled)]
+            assert d._remote is not None
+            await d._remote.adopt_claimed({"crew"})  # as a claim of crew would
+            assert d.delegations.record("h-home-8").status is HandleStatus.COMPLETED

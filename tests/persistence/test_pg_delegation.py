@@ -41,9 +41,12 @@ async def test_ls11_the_handle_and_its_prompt_are_one_fenced_write(pg_url: str) 
             await told.wait()
         assert heard == ["crew"]
         assert await target.inbox("crew") == ((entry, "write the plan in 3 parts", "h-plan-3"),)
-        (found,) = (await target.active_handles_into(["crew", "other"])).records
+        (found,) = (await target.handles_into(["crew", "other"])).records
         assert found == PLAN
-        assert (await target.active_handles_into(["lead"])).records == ()
+        assert (await target.handles_into(["lead"])).records == ()
+        with pytest.raises(UsageError, match=r"h-plan-3.*taken"):
+            await owner.delegate(PLAN, "the same handle again")  # never reused, never overwritten
+        assert len(await target.inbox("crew")) == 1
         await target.drop_mail("crew", entry)  # its turn settled before it was taken
         assert await target.inbox("crew") == ()
 

@@ -199,13 +199,17 @@ async def test_a_failed_store_write_at_any_event_never_wedges_a_session(
 
 #: The PostgreSQL sample of ``make test``: a tool call, a stop during one, a queued message.
 PG_SAMPLE = ("crash-during-tool", "user-stop-during-tool", "user-message-during-tool")
+#: What runs on PostgreSQL: the sample, or (``TURNKEEPER_FUZZ=full``, ``make fuzz``) every
+#: library scenario, every placement.
+PG_SCENARIOS = tuple(path.stem for path in library()) if FULL else PG_SAMPLE
 
 
-@pytest.mark.parametrize("name", PG_SAMPLE)
+@pytest.mark.parametrize("name", PG_SCENARIOS)
 async def test_a_failed_store_write_never_wedges_a_session_on_postgresql(
     name: str, fresh_pg_url: Callable[[], str]
 ) -> None:
-    """The same sweep on a real server (each run its own schema), every other placement."""
+    """The same sweep on a real server (each run its own schema): in ``make test`` three
+    scenarios at every other placement, in ``make fuzz`` every scenario at every placement."""
     scenario = loaded(name)
 
     def make() -> LoggedPgStore:
