@@ -567,9 +567,14 @@ class SummaryBeforeLaunch(_S, frozen=True):
 
 
 class SummaryBeforeLaunchFailed(_S, frozen=True):
-    """AS-36 on send: the summary row was not written; the turn launches on ``rows``."""
+    """AS-36 on send: the summary row was not written; the turn launches on ``rows``.
+
+    ``stream`` and ``tokens``: what the ``compaction`` event, told ``failed``, names.
+    """
 
     rows: tuple[HistoryRow, ...]
+    stream: str = ""
+    tokens: int = 0
     error: Exception | None = None
 
 

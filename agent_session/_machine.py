@@ -1828,7 +1828,8 @@ class TurnMachine:
             row,
             "summary",
             then=_in.Answer((*rows, row)),
-            failed=_in.SummaryBeforeLaunchFailed(rows),  # the turn launches on all of it
+            # the turn launches on all of it, and the host is told the compaction failed
+            failed=_in.SummaryBeforeLaunchFailed(rows, stream=stream, tokens=tokens),
             what="summary row",
         )
         return [msgspec.structs.replace(commit, tell=(*commit.tell, done))]
@@ -2700,7 +2701,10 @@ class TurnMachine:
         return self.summarized_before_launch(given.text, given.through, given.rows)
 
     def _on_SummaryBeforeLaunchFailed(self, given: _in.SummaryBeforeLaunchFailed) -> list[Effect]:
-        return [Reply(given.rows)]
+        failed = Compacted(
+            session=self.id, stream=given.stream, tokens=given.tokens, outcome="failed"
+        )
+        return [Emit(failed), Reply(given.rows)]
 
     def _on_AdoptFollowUp(self, given: _in.AdoptFollowUp) -> list[Effect]:
         self.adopt_follow_up(given.marker, given.row)

@@ -22,12 +22,14 @@ from agent_session._rows import decode_body
 from message_queue import Correlation
 from persistence import (
     Boundary,
+    Committed,
     HandleStatus,
     HistoryRow,
     MemoryStore,
     RowKind,
     SessionRecord,
     Store,
+    StoreError,
 )
 from stream_manager import (
     ModelRequest,
@@ -447,3 +449,29 @@ async def test_ps4_a_crash_after_an_on_send_summary_retries_that_turn_from_the_s
             (Role.SYSTEM, "what happened so far"),
             (Role.USER, "second"),
         ]
+
+
+class _NoSummaryStore(MemoryStore):
+    """Refuses every commit that writes a summary row (the on-send compaction's)."""
+
+    async def commit(self, session: str, boundary: Boundary, *, owner: str | None) -> Committed:
+        if any(row.kind is RowKind.SUMMARY for row in boundary.rows):
+            raise StoreError("the summary write failed (injected)")
+        return await super().commit(session, boundary, owner=owner)
+
+
+async def test_as36_an_on_send_summary_that_is_not_written_is_told_failed_and_the_turn_runs() -> (
+    None
+):
+    script = [step_text(7_500, "first answer"), SUMMARY, step_text(900, "second answer")]
+    async with session_rig({"M": script}, config=CONFIG, store=_NoSummaryStore()) as r:
+        r.session().send("first")
+        await r.settle()
+        r.session().send("second")
+        await r.settle()
+        (failed,) = r.of(Compacted)
+        assert (failed.stream, failed.tokens, failed.outcome) == ("s1/2", 7_500, "failed")
+        second = r.models["M"].requests[-1]
+        assert [m.text for m in second.messages if m.role is Role.USER] == ["first", "second"]
+        kinds = [row.kind for row in await r.history()]
+        assert kinds == [RowKind.USER, RowKind.ASSISTANT, RowKind.USER, RowKind.ASSISTANT]

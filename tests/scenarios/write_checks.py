@@ -154,6 +154,8 @@ def _tells(trace: Trace, after: int) -> Counter[tuple[str, str]]:
             told[(line["session"], line["type"])] += 1
         elif line["event"] == "resume" and line["outcome"] == "failed":
             told[(line["session"], "resume failed")] += 1
+        elif line["event"] == "compaction" and line["outcome"] == "failed":
+            told[(line["session"], "compaction failed")] += 1  # its summary was not written
     return told
 
 
@@ -208,7 +210,8 @@ def failed_write_unanswered(
     ``None`` when it was answered:
 
     * told: the faulted run tells the host a failure the unfaulted run did not (a
-      ``store_write`` or ``pre_stream_failure`` stream error, a resume attempt ``failed``);
+      ``store_write`` or ``pre_stream_failure`` stream error, a resume attempt ``failed``, a
+      compaction ``failed``: its summary row was not written);
       the host's own ``open_session`` raising (the create) is the run's error, checked by the
       caller;
     * written again later in the faulted run (a receipt: any later state of the operation);
