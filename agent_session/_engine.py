@@ -981,6 +981,10 @@ class Engine:
             if (handle := session.owed_handle()) is not None
         }
         carried.update(h for session in self._sessions.values() for h in session.queued_handles())
+        # After a claim a recovered turn may be running already (at startup, none is).
+        carried.update(
+            h for session in self._sessions.values() if (h := session.running_handle()) is not None
+        )
         wanted = self._wanted(only)  # on a shared store, only turns whose target is held here
         for record in self.delegations.records:
             if (
