@@ -433,13 +433,25 @@ class Delegations:
             UnknownHandle: no delegated turn has that handle.
             UsageError: the turn already settled ``completed`` or ``error``.
         """
+        if not self.interruptible(handle):
+            return False
+        record = self.record(handle)
+        self._settle(record, HandleStatus.INTERRUPTED, "interrupted by its owner")
+        self._write_in_a_task()
+        return True
+
+    def interruptible(self, handle: str) -> bool:
+        """TD-8's check: ``True`` while the turn is active, ``False`` once interrupted.
+
+        Raises:
+            UnknownHandle: no delegated turn has that handle.
+            UsageError: the turn already settled ``completed`` or ``error``.
+        """
         record = self.record(handle)
         if record.status is HandleStatus.INTERRUPTED:
             return False
         if record.status is not HandleStatus.ACTIVE:
             raise UsageError(f"the delegated turn {handle!r} already settled {record.status}")
-        self._settle(record, HandleStatus.INTERRUPTED, "interrupted by its owner")
-        self._write_in_a_task()
         return True
 
     def settle_orphan(self, handle: str, why: str, *, report: str | None = None) -> None:

@@ -1289,10 +1289,8 @@ class Engine:
         record = self.delegations.record(handle)
         if self._remote is None or self._asker is None or not self.delegations.elsewhere(record):
             return self.interrupt_handle(handle)
-        if record.status is HandleStatus.INTERRUPTED:
+        if not self.delegations.interruptible(handle):
             return False
-        if record.status is not HandleStatus.ACTIVE:
-            raise UsageError(f"the delegated turn {handle!r} already settled {record.status}")
         return await self._remote.interrupt(self._asker, record)
 
     def queue_report(
