@@ -102,6 +102,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 EngineObserver = Callable[[EngineEvent], None]
+#: How long a close waits for a claim round in flight to end before cancelling it.
+CLAIM_CLOSE_GRACE_S = 5.0
 #: The failure types a provider's configuration can cause, and a change of it fix (PS-8).
 PROVIDER_FIXABLE = frozenset({"authentication", "quota", "model_not_found"})
 log = logging.getLogger("turnkeeper.engine")
@@ -170,6 +172,10 @@ class Engine:
         self._rebuilt: dict[str, RebuiltQueue] = {}
         #: Set when a peer gave its leases back: the claim loop runs a round at once (LS-8).
         self._claim_wake = anyio.Event()
+        #: The claim loop's end: ``closing`` asks it to stop after its round, ``stopped`` is
+        #: set once it has (the close waits for it before cancelling the engine's tasks).
+        self._claim_closing = False
+        self._claim_stopped: anyio.Event | None = None
         #: One taking of posted messages at a time (LS-9): a notification and a poll of the
         #: same session never queue one message twice.
         self._mail_lock = anyio.Lock()
@@ -237,7 +243,8 @@ class Engine:
                 await self._settle_orphaned_handles()
             if leased:
                 assert isinstance(self.store, LeasedStore)
-                self.store.watch_releases(self._claim_wake.set)  # a peer's close: claim now
+                # a peer's close: claim now (the current round's event: one is made per round)
+                self.store.watch_releases(lambda: self._claim_wake.set())
                 self.store.watch_inbox(self._mail_heard)  # LS-9: a message for a session
                 self._asker = Asker(
                     self.store,
@@ -247,6 +254,8 @@ class Engine:
                 self.store.watch_answers(self._asker.heard)  # LS-10: a peer answered
                 self.store.watch_requests(self._requests_heard)  # LS-10: a peer asks
                 self.store.watch_handles(self._handles_heard)  # LS-11: a turn elsewhere moved
+                self._claim_closing = False
+                self._claim_stopped = anyio.Event()
                 self._spawn(self._claim_forever)
         except BaseException:
             self._stack = None
@@ -415,18 +424,25 @@ class Engine:
         taken waits for it, or for a peer.
         """
         every = self.config.claim_every_s
-        while True:
-            with anyio.move_on_after(every * (0.75 + 0.5 * _jitter.random())):
-                await self._claim_wake.wait()  # a peer gave its leases back (LISTEN)
-            self._claim_wake = anyio.Event()
-            try:
-                await self.claim_expired()
-                await self._poll_mail()
-                await self._poll_requests()
-                if self._remote is not None:
-                    await self._remote.poll()
-            except (TurnkeeperError, OSError) as error:
-                log.warning("claiming expired sessions failed: %s", error)
+        stopped = self._claim_stopped
+        try:
+            while True:
+                with anyio.move_on_after(every * (0.75 + 0.5 * _jitter.random())):
+                    await self._claim_wake.wait()  # a peer gave its leases back (LISTEN)
+                if self._claim_closing:
+                    return
+                self._claim_wake = anyio.Event()
+                try:
+                    await self.claim_expired()
+                    await self._poll_mail()
+                    await self._poll_requests()
+                    if self._remote is not None:
+                        await self._remote.poll()
+                except (TurnkeeperError, OSError) as error:
+                    log.warning("claiming expired sessions failed: %s", error)
+        finally:
+            if stopped is not None:
+                stopped.set()
 
     # ------------------------------------------------------------ LS-10: requests
 
@@ -612,6 +628,7 @@ class Engine:
             self.store.watch_answers(None)
             self.store.watch_handles(None)
         self.manager.operations.close()  # from here on, no late resolution is written
+        await self._stop_claiming()
         self._group.cancel_scope.cancel("the engine is shutting down")
         try:
             await stack.__aexit__(exc_type, exc, tb)
@@ -619,6 +636,21 @@ class Engine:
             self._group = None
             for session in self._sessions.values():  # a queue write that never ran: not durable
                 session.unsettled_deliveries("the engine closed before the queue write")
+
+    async def _stop_claiming(self) -> None:
+        """Let a claim round in flight end before the close cancels it (at most a grace).
+
+        A round cancelled in the middle of a query makes the driver cancel it on the server,
+        which the repeated cancellation interrupts too: the connection is dropped with a
+        warning. A round still running after ``CLAIM_CLOSE_GRACE_S`` is cancelled anyway.
+        """
+        stopped, self._claim_stopped = self._claim_stopped, None
+        if stopped is None:
+            return
+        self._claim_closing = True
+        self._claim_wake.set()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLAIM_CLOSE_GRACE_S):
+            await stopped.wait()
 
     async def _write_handle(self, session: str, boundary: Boundary) -> object:
         written = await self._writer.write(session, boundary)
