@@ -21,6 +21,7 @@ is written.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.resources
 import logging
@@ -150,6 +151,8 @@ def _first_line(error: BaseException) -> str:
 #: ran 1,849-3,015 steps/s with none and 2,606-3,962 with four, in six rounds run alternately
 #: (eight turns: 3,065-3,521, with a higher p50).
 GATHER_TURNS = 4
+#: How long a read whose caller was cancelled may still run to its end (``PostgresStore._read``).
+READ_GRACE_S = 5.0
 
 
 class _Translate:
@@ -539,9 +542,32 @@ class PostgresStore:
         return outcomes
 
     async def _read(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
-        """Run read statements in one snapshot; each one's rows."""
+        """Run read statements in one snapshot; each one's rows.
+
+        The read runs on a task of its own, so a caller cancelled in the middle of it (an
+        engine closing while a session loads) does not cut the query half-way: the driver
+        would cancel it on the server, anyio's repeated cancellation would interrupt that
+        too, and the connection would be dropped with a warning. The caller's cancellation
+        is delivered once the read ended, or after ``READ_GRACE_S``, when the read is
+        cancelled once (the driver then cancels it on the server cleanly).
+        """
         if not self._open:
             raise _checks.not_open()
+        task = asyncio.ensure_future(self._read_now(statements))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(READ_GRACE_S):
+                await asyncio.wait({task})
+            if not task.done():
+                task.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: the caller is cancelled, not told
+            raise
+
+    async def _read_now(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
         async with self._read_lock:
             with self._errors:
                 conn = self._reader

@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
+import anyio
 import pytest
 
 from agent_session import Engine, EngineConfig
@@ -143,3 +145,45 @@ async def test_ls8_a_server_crash_during_recovery_loses_and_repeats_no_turn(
         await second.wait_idle()
     assert answers(pg_url) == {f"s{n:04d}": 1 for n in range(sessions)}
     assert sql(pg_url, "SELECT count(*) FROM history_rows WHERE cut_state = 'owed'") == [(0,)]
+
+
+async def _query_running(url: str, text: str) -> None:
+    """Return once a backend runs a query containing ``text`` (bounded by a failure)."""
+    with anyio.fail_after(20):
+        while not sql(  # noqa: ASYNC110 - the server's state has no event to wait on
+            url,
+            "SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s"
+            " AND pid <> pg_backend_pid()",
+            (f"%{text}%",),
+        ):
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+async def test_ls4_a_read_cancelled_half_way_ends_on_the_server_and_keeps_its_connection(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A read cancelled in the middle of its query (an engine closing while a session loads)
+    # used to have psycopg cancel it on the server, interrupted again by anyio's repeated
+    # cancellation: the connection dropped, with a warning. The read now ends first.
+    async with PostgresStore(pg_url) as store:
+        assert await store._read([("SELECT 1", ())]) == [[(1,)]]
+        reader = store._reader
+        assert reader is not None
+        finished: list[bool] = []
+        with caplog.at_level(logging.WARNING):
+            async with anyio.create_task_group() as group:
+
+                async def read() -> None:
+                    await store._read([("SELECT pg_sleep(0.4), 'held read'", ())])
+                    finished.append(True)
+
+                group.start_soon(read)
+                await _query_running(pg_url, "held read")
+                group.cancel_scope.cancel()
+        assert finished == []  # the caller was cancelled all the same
+        assert store._reader is reader
+        assert not reader.closed
+        assert not reader.broken
+        assert await store._read([("SELECT 2", ())]) == [[(2,)]]
+    assert not [r for r in caplog.records if r.name == "psycopg"], caplog.text
