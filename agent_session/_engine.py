@@ -172,9 +172,8 @@ class Engine:
         self._rebuilt: dict[str, RebuiltQueue] = {}
         #: Set when a peer gave its leases back: the claim loop runs a round at once (LS-8).
         self._claim_wake = anyio.Event()
-        #: The claim loop's end: ``closing`` asks it to stop after its round, ``stopped`` is
-        #: set once it has (the close waits for it before cancelling the engine's tasks).
-        self._claim_closing = False
+        #: Set once the claim loop ended (the close waits for it before cancelling the
+        #: engine's tasks); ``None`` when no loop runs or the close asked it to stop.
         self._claim_stopped: anyio.Event | None = None
         #: One taking of posted messages at a time (LS-9): a notification and a poll of the
         #: same session never queue one message twice.
@@ -254,7 +253,6 @@ class Engine:
                 self.store.watch_answers(self._asker.heard)  # LS-10: a peer answered
                 self.store.watch_requests(self._requests_heard)  # LS-10: a peer asks
                 self.store.watch_handles(self._handles_heard)  # LS-11: a turn elsewhere moved
-                self._claim_closing = False
                 self._claim_stopped = anyio.Event()
                 self._spawn(self._claim_forever)
         except BaseException:
@@ -429,8 +427,8 @@ class Engine:
             while True:
                 with anyio.move_on_after(every * (0.75 + 0.5 * _jitter.random())):
                     await self._claim_wake.wait()  # a peer gave its leases back (LISTEN)
-                if self._claim_closing:
-                    return
+                if self._claim_stopped is not stopped:
+                    return  # the close asked the loop to stop
                 self._claim_wake = anyio.Event()
                 try:
                     await self.claim_expired()
@@ -647,7 +645,6 @@ class Engine:
         stopped, self._claim_stopped = self._claim_stopped, None
         if stopped is None:
             return
-        self._claim_closing = True
         self._claim_wake.set()
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLAIM_CLOSE_GRACE_S):
             await stopped.wait()

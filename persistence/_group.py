@@ -5,11 +5,12 @@ An aiosqlite call costs a thread hop that is several times the commit itself
 writes is much cheaper than one call each. The protocol is leader/follower, with no background task:
 
 * A writer adds its job to the *pending* batch. If no batch is being committed, it commits the
-  pending batch itself (it is the leader), at once: a lone writer waits for nothing.
+  pending batch itself (it is the leader), at once: a lone writer waits for no one (but for
+  the gathering turns below, where a store asks for them).
 * Writers arriving while a commit is in flight add their jobs to the next pending batch and
   wait. When the commit in flight ends, one of them leads the next batch.
-* A leader may first let the event loop run ``gather_turns`` turns (``asyncio.sleep(0)``
-  each) before it takes the batch: the writers that the same wake-up made ready (a commit's
+* A leader may first let the event loop run ``gather_turns`` turns (a checkpoint each)
+  before it takes the batch: the writers that the same wake-up made ready (a commit's
   end resumes every session that waited on it, and each reaches its next write a few turns
   later) join the batch instead of each leading a batch of their own. PostgreSQL, whose
   per-transaction cost is the driver's statements and the server's commit, gathers
